@@ -1,0 +1,16 @@
+//! Konnectivity wire types, byte-compatible with apiserver-network-proxy v0.36.
+//!
+//! The code in `gen/` is generated from `proto/` by `tests/bootstrap.rs` (pure Rust,
+//! no system `protoc`) and checked in, so building needs no code generator.
+
+#[allow(clippy::all, clippy::pedantic, unreachable_pub, missing_docs, rust_2018_idioms)]
+pub(crate) mod generated {
+    include!("gen/_.rs");
+}
+
+pub use generated::*;
+
+pub mod header;
+mod packets;
+
+pub use packets::PacketExt;

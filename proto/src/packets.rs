@@ -1,0 +1,93 @@
+//! Constructors for the packets both sides send, so `type` and payload are
+//! always set together (receivers dispatch on `type`).
+
+use crate::generated::{
+    CloseDial, CloseRequest, CloseResponse, Data, DialRequest, DialResponse, Drain, Packet,
+    PacketType, packet::Payload,
+};
+use bytes::Bytes;
+
+pub trait PacketExt {
+    fn dial_request(protocol: &str, address: &str, random: i64) -> Packet;
+    fn dial_response(random: i64, connect_id: i64, error: String) -> Packet;
+    fn close_request(connect_id: i64) -> Packet;
+    fn close_response(connect_id: i64, error: String) -> Packet;
+    fn close_dial(random: i64) -> Packet;
+    fn data(connect_id: i64, data: Bytes) -> Packet;
+    fn drain() -> Packet;
+    /// The `type` as the enum, or `None` for a value this build does not know.
+    fn kind(&self) -> Option<PacketType>;
+    /// Upstream's label for a packet type in metrics (`DIAL_REQ`, …).
+    fn type_label(&self) -> &'static str;
+}
+
+impl PacketExt for Packet {
+    fn dial_request(protocol: &str, address: &str, random: i64) -> Packet {
+        Packet {
+            r#type: PacketType::DialReq as i32,
+            payload: Some(Payload::DialRequest(DialRequest {
+                protocol: protocol.to_string(),
+                address: address.to_string(),
+                random,
+            })),
+        }
+    }
+
+    fn dial_response(random: i64, connect_id: i64, error: String) -> Packet {
+        Packet {
+            r#type: PacketType::DialRsp as i32,
+            payload: Some(Payload::DialResponse(DialResponse {
+                error,
+                connect_id,
+                random,
+            })),
+        }
+    }
+
+    fn close_request(connect_id: i64) -> Packet {
+        Packet {
+            r#type: PacketType::CloseReq as i32,
+            payload: Some(Payload::CloseRequest(CloseRequest { connect_id })),
+        }
+    }
+
+    fn close_response(connect_id: i64, error: String) -> Packet {
+        Packet {
+            r#type: PacketType::CloseRsp as i32,
+            payload: Some(Payload::CloseResponse(CloseResponse { error, connect_id })),
+        }
+    }
+
+    fn close_dial(random: i64) -> Packet {
+        Packet {
+            r#type: PacketType::DialCls as i32,
+            payload: Some(Payload::CloseDial(CloseDial { random })),
+        }
+    }
+
+    fn data(connect_id: i64, data: Bytes) -> Packet {
+        Packet {
+            r#type: PacketType::Data as i32,
+            payload: Some(Payload::Data(Data {
+                connect_id,
+                error: String::new(),
+                data,
+            })),
+        }
+    }
+
+    fn drain() -> Packet {
+        Packet {
+            r#type: PacketType::Drain as i32,
+            payload: Some(Payload::Drain(Drain {})),
+        }
+    }
+
+    fn kind(&self) -> Option<PacketType> {
+        PacketType::try_from(self.r#type).ok()
+    }
+
+    fn type_label(&self) -> &'static str {
+        self.kind().map_or("Unknown", |k| k.as_str_name())
+    }
+}
