@@ -127,8 +127,7 @@ impl AgentIdentifiers {
                     // Only the first value counts, as upstream reads it.
                     if !seen_default_route {
                         seen_default_route = true;
-                        ids.default_route =
-                            parse_go_bool(&v).ok_or(IdentifierError::BadBool(v))?;
+                        ids.default_route = parse_go_bool(&v).ok_or(IdentifierError::BadBool(v))?;
                     }
                 }
                 None => {}
@@ -197,6 +196,8 @@ mod tests {
         assert_eq!(ids.ipv6, ["::1"]);
         assert!(AgentIdentifiers::parse_lenient("host=%zz").is_err());
         assert!(AgentIdentifiers::parse_lenient("default-route=maybe").is_err());
-        assert!(AgentIdentifiers::parse_lenient("").is_ok_and(|i| i == AgentIdentifiers::default()));
+        assert!(
+            AgentIdentifiers::parse_lenient("").is_ok_and(|i| i == AgentIdentifiers::default())
+        );
     }
 }

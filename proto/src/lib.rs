@@ -3,7 +3,13 @@
 //! The code in `gen/` is generated from `proto/` by `tests/bootstrap.rs` (pure Rust,
 //! no system `protoc`) and checked in, so building needs no code generator.
 
-#[allow(clippy::all, clippy::pedantic, unreachable_pub, missing_docs, rust_2018_idioms)]
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    unreachable_pub,
+    missing_docs,
+    rust_2018_idioms
+)]
 pub(crate) mod generated {
     include!("gen/_.rs");
 }

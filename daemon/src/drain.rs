@@ -1,0 +1,106 @@
+//! One shutdown signal for a whole process (or one in-process instance in tests):
+//! listeners stop accepting when draining starts, live tunnels get until the
+//! grace period ends, then everything still running is told to stop.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+#[derive(Clone, Debug, Default)]
+pub struct Drain {
+    draining: CancellationToken,
+    stopping: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Drain {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts draining: accept loops end, components stop taking new work.
+    pub fn start(&self) {
+        self.draining.cancel();
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.is_cancelled()
+    }
+
+    /// Resolves once draining has started.
+    pub async fn draining(&self) {
+        self.draining.cancelled().await
+    }
+
+    /// Resolves once the grace period is over and every task must end now.
+    pub async fn stopping(&self) {
+        self.stopping.cancelled().await
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.is_cancelled()
+    }
+
+    /// A token cancelled when stopping; for APIs that take a token.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stopping.clone()
+    }
+
+    /// Spawns a task that shutdown waits for.
+    pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(fut)
+    }
+
+    /// Number of tracked tasks still running (connections, tunnels, loops).
+    pub fn live_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Drains, waits up to `grace` for tracked tasks, then stops the rest and
+    /// waits for them to notice. Returns whether everything ended within `grace`.
+    pub async fn shutdown(&self, grace: Duration) -> bool {
+        self.start();
+        self.tasks.close();
+        let clean = tokio::time::timeout(grace, self.tasks.wait()).await.is_ok();
+        self.stopping.cancel();
+        // Stopped tasks end at their next await point; bound it anyway.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.tasks.wait()).await;
+        clean
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn waits_for_tasks_then_stops_stragglers() {
+        let d = Drain::new();
+        let quick = d.clone();
+        d.spawn(async move { quick.draining().await });
+        let slow = d.clone();
+        let straggler = d.spawn(async move {
+            slow.stopping().await;
+            "stopped"
+        });
+        // The straggler only ends on stop, so the grace period runs out.
+        assert!(!d.shutdown(Duration::from_millis(50)).await);
+        assert_eq!(straggler.await.ok(), Some("stopped"));
+        assert_eq!(d.live_tasks(), 0);
+    }
+
+    #[tokio::test]
+    async fn clean_when_tasks_finish_within_grace() {
+        let d = Drain::new();
+        let t = d.clone();
+        d.spawn(async move { t.draining().await });
+        assert!(d.shutdown(Duration::from_secs(5)).await);
+    }
+}

@@ -1,0 +1,163 @@
+//! The small HTTP/1.1 servers every binary runs for health, readiness and
+//! metrics. Handlers are plain functions from the request head to a reply.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+use crate::drain::Drain;
+use crate::listen::{AcceptOptions, accept_loop};
+
+/// A reply: status, content type and body; plus an optional `Location`.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub content_type: &'static str,
+    pub body: Bytes,
+    pub location: Option<String>,
+}
+
+impl Reply {
+    pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Self {
+        Reply {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: body.into(),
+            location: None,
+        }
+    }
+
+    pub fn ok() -> Self {
+        Self::text(StatusCode::OK, "ok")
+    }
+
+    pub fn not_found() -> Self {
+        Self::text(StatusCode::NOT_FOUND, "404 page not found\n")
+    }
+
+    pub fn metrics(body: String) -> Self {
+        Reply {
+            status: StatusCode::OK,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: body.into(),
+            location: None,
+        }
+    }
+
+    pub fn redirect(location: String) -> Self {
+        Reply {
+            status: StatusCode::MOVED_PERMANENTLY,
+            content_type: "text/html; charset=utf-8",
+            body: Bytes::new(),
+            location: Some(location),
+        }
+    }
+}
+
+/// What a handler sees of a request.
+pub struct Head<'a> {
+    pub method: &'a http::Method,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub host: Option<&'a str>,
+}
+
+pub type Handler = Arc<dyn Fn(&Head<'_>) -> Reply + Send + Sync>;
+
+/// Serves `handler` on `listener` until the drain starts.
+pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler, drain: Drain) {
+    tracing::info!(listener = name, addr = %crate::listen::Listener::local(&listener), "serving");
+    let stop = drain.clone();
+    accept_loop(listener, name, drain, AcceptOptions::default(), move |io, _, _| {
+        let handler = handler.clone();
+        let stop = stop.clone();
+        async move {
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let handler = handler.clone();
+                async move { Ok::<_, Infallible>(respond(&handler, &req)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(60))
+                .serve_connection(TokioIo::new(io), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => { if let Err(e) = r { tracing::debug!(error = %e, "endpoint connection"); } }
+                _ = stop.draining() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+                }
+            }
+        }
+    })
+    .await
+}
+
+fn respond(handler: &Handler, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let head = Head {
+        method: req.method(),
+        path: req.uri().path(),
+        query: req.uri().query(),
+        host: req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok()),
+    };
+    let reply = handler(&head);
+    let mut resp = Response::new(Full::new(reply.body));
+    *resp.status_mut() = reply.status;
+    if let Ok(v) = http::HeaderValue::from_str(reply.content_type) {
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, v);
+    }
+    if let Some(loc) = reply
+        .location
+        .and_then(|l| http::HeaderValue::from_str(&l).ok())
+    {
+        resp.headers_mut().insert(http::header::LOCATION, loc);
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn routes_and_stops() {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let drain = Drain::new();
+        let handler: Handler = Arc::new(|h| match h.path {
+            "/healthz" => Reply::ok(),
+            _ => Reply::not_found(),
+        });
+        let server = tokio::spawn(serve(l, "health", handler, drain.clone()));
+        for (path, want) in [("/healthz", "200 OK"), ("/nope", "404 Not Found")] {
+            let mut c = tokio::net::TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            c.write_all(req.as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut out = String::new();
+            let _ = c.read_to_string(&mut out).await;
+            assert!(
+                out.starts_with(&format!("HTTP/1.1 {want}")),
+                "{path}: {out}"
+            );
+        }
+        drain.start();
+        assert!(server.await.is_ok());
+    }
+}

@@ -1,0 +1,548 @@
+//! Command-line flags in Go's syntax, so the flags upstream manifests pass keep
+//! working unchanged: `--name=value`, `--name value`, `-name=value` (Go's `flag`
+//! package, which KKP's binaries use), bare `--bool` / `--bool=false`, Go
+//! durations (`1h0m0s`), Go ints (`0x10`), pflag string slices (`a,b`, `[]`).
+//!
+//! Written here rather than taken from clap because clap cannot accept
+//! single-dash long flags or Go's value syntax, and both appear in real manifests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::duration;
+
+/// The type of a flag's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Bool,
+    String,
+    Int,
+    Float,
+    Duration,
+    Strings,
+}
+
+/// A parsed flag value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Bool(bool),
+    String(String),
+    Int(i64),
+    Float(f64),
+    Duration(Duration),
+    Strings(Vec<String>),
+}
+
+impl Value {
+    fn render(&self) -> String {
+        match self {
+            Value::Bool(b) => b.to_string(),
+            Value::String(s) => format!("{s:?}"),
+            Value::Int(i) => i.to_string(),
+            Value::Float(f) => f.to_string(),
+            Value::Duration(d) => duration::format(*d),
+            Value::Strings(v) => format!("[{}]", v.join(",")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Flag {
+    name: &'static str,
+    short: Option<char>,
+    kind: Kind,
+    default: Value,
+    usage: &'static str,
+    deprecated: Option<&'static str>,
+    hidden: bool,
+}
+
+/// Why parsing stopped. `Help` is not a failure: the caller prints usage.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum FlagError {
+    #[error("help requested")]
+    Help,
+    #[error("unknown flag: {0}")]
+    Unknown(String),
+    #[error("flag needs an argument: {0}")]
+    MissingValue(String),
+    #[error("invalid argument {value:?} for \"--{flag}\" flag: {reason}")]
+    Invalid {
+        flag: String,
+        value: String,
+        reason: String,
+    },
+    #[error("unexpected argument {0:?}: this command takes only flags")]
+    Positional(String),
+}
+
+/// A declared set of flags. Build it with the typed adders, then [`FlagSet::parse`].
+#[derive(Debug, Clone)]
+pub struct FlagSet {
+    program: String,
+    about: String,
+    flags: Vec<Flag>,
+}
+
+/// The result of parsing: every declared flag has a value (its default if unset).
+#[derive(Debug, Clone, Default)]
+pub struct Values {
+    values: BTreeMap<&'static str, Value>,
+    explicit: BTreeSet<&'static str>,
+}
+
+impl FlagSet {
+    pub fn new(program: &str, about: &str) -> Self {
+        FlagSet {
+            program: program.to_string(),
+            about: about.to_string(),
+            flags: Vec::new(),
+        }
+    }
+
+    fn add(mut self, name: &'static str, kind: Kind, default: Value, usage: &'static str) -> Self {
+        debug_assert!(
+            self.flags.iter().all(|f| f.name != name),
+            "flag {name} declared twice"
+        );
+        self.flags.push(Flag {
+            name,
+            short: None,
+            kind,
+            default,
+            usage,
+            deprecated: None,
+            hidden: false,
+        });
+        self
+    }
+
+    pub fn bool(self, name: &'static str, default: bool, usage: &'static str) -> Self {
+        self.add(name, Kind::Bool, Value::Bool(default), usage)
+    }
+
+    pub fn string(self, name: &'static str, default: &str, usage: &'static str) -> Self {
+        self.add(
+            name,
+            Kind::String,
+            Value::String(default.to_string()),
+            usage,
+        )
+    }
+
+    pub fn int(self, name: &'static str, default: i64, usage: &'static str) -> Self {
+        self.add(name, Kind::Int, Value::Int(default), usage)
+    }
+
+    pub fn float(self, name: &'static str, default: f64, usage: &'static str) -> Self {
+        self.add(name, Kind::Float, Value::Float(default), usage)
+    }
+
+    pub fn duration(self, name: &'static str, default: Duration, usage: &'static str) -> Self {
+        self.add(name, Kind::Duration, Value::Duration(default), usage)
+    }
+
+    pub fn strings(self, name: &'static str, default: &[&str], usage: &'static str) -> Self {
+        let v = default.iter().map(|s| (*s).to_string()).collect();
+        self.add(name, Kind::Strings, Value::Strings(v), usage)
+    }
+
+    fn last(&mut self) -> Option<&mut Flag> {
+        self.flags.last_mut()
+    }
+
+    /// Gives the flag added last a one-letter alias (`-v`).
+    pub fn short(mut self, c: char) -> Self {
+        if let Some(f) = self.last() {
+            f.short = Some(c);
+        }
+        self
+    }
+
+    /// Accepts the flag added last but warns that it has no effect any more.
+    pub fn deprecated(mut self, message: &'static str) -> Self {
+        if let Some(f) = self.last() {
+            f.deprecated = Some(message);
+            f.hidden = true;
+        }
+        self
+    }
+
+    /// Accepts the flag added last without listing it in the usage text.
+    pub fn hidden(mut self) -> Self {
+        if let Some(f) = self.last() {
+            f.hidden = true;
+        }
+        self
+    }
+
+    /// Adds the klog flags upstream binaries accept; [`crate::logging`] maps
+    /// them onto `tracing`.
+    pub fn with_klog(self, default_verbosity: i64) -> Self {
+        self.int("v", default_verbosity, "number for the log level verbosity")
+            .short('v')
+            .string("vmodule", "", "comma-separated list of pattern=N settings for file-filtered logging (accepted, not applied)")
+            .string("log-dir", "", "if non-empty, write log files in this directory")
+            .string("log-file", "", "if non-empty, use this log file")
+            .int("log-file-max-size", 1800, "maximum size a log file can grow to in megabytes (accepted, not applied: rotate externally)")
+            .bool("logtostderr", true, "log to standard error instead of files")
+            .bool("alsologtostderr", false, "log to standard error as well as files")
+            .string("alsologtostderrthreshold", "ERROR", "logs at or above this threshold go to stderr when writing to files and stderr")
+            .string("stderrthreshold", "ERROR", "logs at or above this threshold go to stderr when writing to files")
+            .bool("legacy-stderr-threshold-behavior", true, "accepted for compatibility")
+            .bool("add-dir-header", false, "accepted for compatibility")
+            .bool("skip-headers", false, "avoid header prefixes in the log messages")
+            .bool("skip-log-headers", false, "accepted for compatibility")
+            .bool("one-output", false, "accepted for compatibility")
+            .string("log-backtrace-at", ":0", "accepted for compatibility")
+    }
+
+    fn find(&self, name: &str) -> Option<&Flag> {
+        let normalized = name.replace('_', "-");
+        self.flags.iter().find(|f| f.name == normalized)
+    }
+
+    fn find_short(&self, c: &str) -> Option<&Flag> {
+        let mut chars = c.chars();
+        let (Some(ch), None) = (chars.next(), chars.next()) else {
+            return None;
+        };
+        self.flags.iter().find(|f| f.short == Some(ch))
+    }
+
+    /// Parses `args` (without the program name).
+    pub fn parse<I, S>(&self, args: I) -> Result<Values, FlagError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut values = Values {
+            values: self
+                .flags
+                .iter()
+                .map(|f| (f.name, f.default.clone()))
+                .collect(),
+            explicit: BTreeSet::new(),
+        };
+        let mut args = args.into_iter().map(Into::into);
+        while let Some(arg) = args.next() {
+            if arg == "--" {
+                if let Some(extra) = args.next() {
+                    return Err(FlagError::Positional(extra));
+                }
+                break;
+            }
+            let Some(body) = arg
+                .strip_prefix("--")
+                .or_else(|| arg.strip_prefix('-'))
+                .filter(|b| !b.is_empty())
+            else {
+                return Err(FlagError::Positional(arg));
+            };
+            let (name, inline) = match body.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (body, None),
+            };
+            if matches!(name, "h" | "help") {
+                return Err(FlagError::Help);
+            }
+            let flag = self
+                .find(name)
+                .or_else(|| self.find_short(name))
+                .ok_or_else(|| FlagError::Unknown(arg.clone()))?;
+            let raw = match (inline, flag.kind) {
+                (Some(v), _) => v,
+                (None, Kind::Bool) => "true".to_string(),
+                (None, _) => args
+                    .next()
+                    .ok_or_else(|| FlagError::MissingValue(format!("--{}", flag.name)))?,
+            };
+            let value = parse_value(flag, &raw)?;
+            if let Some(msg) = flag.deprecated {
+                eprintln!("Flag --{} has been deprecated, {msg}", flag.name);
+            }
+            // A slice flag given twice appends, as pflag does.
+            match (values.values.get_mut(flag.name), value) {
+                (Some(Value::Strings(old)), Value::Strings(new))
+                    if values.explicit.contains(flag.name) =>
+                {
+                    old.extend(new)
+                }
+                (Some(slot), value) => *slot = value,
+                (None, _) => {}
+            }
+            values.explicit.insert(flag.name);
+        }
+        Ok(values)
+    }
+
+    /// The help text: one line per visible flag with its type and default.
+    pub fn usage(&self) -> String {
+        let mut out = format!(
+            "{}\n\nUsage:\n  {} [flags]\n\nFlags:\n",
+            self.about, self.program
+        );
+        for f in self.flags.iter().filter(|f| !f.hidden) {
+            let short = f.short.map(|c| format!("-{c}, ")).unwrap_or_default();
+            let ty = match f.kind {
+                Kind::Bool => "",
+                Kind::String => " string",
+                Kind::Int => " int",
+                Kind::Float => " float",
+                Kind::Duration => " duration",
+                Kind::Strings => " strings",
+            };
+            let _ = writeln!(out, "  {short}--{}{ty}", f.name);
+            let _ = writeln!(out, "        {} (default {})", f.usage, f.default.render());
+        }
+        out
+    }
+
+    /// Parses the process arguments. `-h` prints usage and exits 0; any error
+    /// prints the reason and exits 2, the status Go's flag package uses.
+    pub fn parse_env_or_exit(&self) -> Values {
+        match self.parse(std::env::args().skip(1)) {
+            Ok(v) => v,
+            Err(FlagError::Help) => {
+                print!("{}", self.usage());
+                std::process::exit(0)
+            }
+            Err(e) => usage_error(&format!("{e}\nRun '{} --help' for usage.", self.program)),
+        }
+    }
+}
+
+/// Reports an invalid command line or configuration and exits with status 2.
+pub fn usage_error(message: &str) -> ! {
+    eprintln!("Error: {message}");
+    std::process::exit(2)
+}
+
+fn invalid(flag: &Flag, value: &str, reason: impl ToString) -> FlagError {
+    FlagError::Invalid {
+        flag: flag.name.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn parse_value(flag: &Flag, raw: &str) -> Result<Value, FlagError> {
+    Ok(match flag.kind {
+        Kind::Bool => Value::Bool(
+            parse_go_bool(raw)
+                .ok_or_else(|| invalid(flag, raw, "strconv.ParseBool: parsing: invalid syntax"))?,
+        ),
+        Kind::String => Value::String(raw.to_string()),
+        Kind::Int => {
+            Value::Int(parse_go_int(raw).ok_or_else(|| invalid(flag, raw, "invalid syntax"))?)
+        }
+        Kind::Float => Value::Float(raw.parse().map_err(|e| invalid(flag, raw, e))?),
+        Kind::Duration => Value::Duration(duration::parse(raw).map_err(|e| invalid(flag, raw, e))?),
+        Kind::Strings => {
+            // pflag prints an empty slice as `[]`; test frameworks pass it back verbatim.
+            let inner = raw
+                .strip_prefix('[')
+                .and_then(|r| r.strip_suffix(']'))
+                .unwrap_or(raw);
+            Value::Strings(
+                inner
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+            )
+        }
+    })
+}
+
+fn parse_go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// `strconv.ParseInt(s, 0, 64)`: decimal, `0x`, `0o`/`0`, `0b`, `_` separators.
+fn parse_go_int(v: &str) -> Option<i64> {
+    let (neg, body) = match v.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, v.strip_prefix('+').unwrap_or(v)),
+    };
+    let body = body.replace('_', "");
+    let (radix, digits) =
+        if let Some(h) = body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
+            (16, h.to_string())
+        } else if let Some(b) = body.strip_prefix("0b").or_else(|| body.strip_prefix("0B")) {
+            (2, b.to_string())
+        } else if let Some(o) = body.strip_prefix("0o").or_else(|| body.strip_prefix("0O")) {
+            (8, o.to_string())
+        } else if body.len() > 1 && body.starts_with('0') {
+            (8, body[1..].to_string())
+        } else {
+            (10, body)
+        };
+    if digits.is_empty() {
+        return None;
+    }
+    let n = i64::from_str_radix(&digits, radix).ok()?;
+    Some(if neg { -n } else { n })
+}
+
+impl Values {
+    pub fn bool(&self, name: &str) -> bool {
+        matches!(self.values.get(name), Some(Value::Bool(true)))
+    }
+
+    pub fn string(&self, name: &str) -> String {
+        match self.values.get(name) {
+            Some(Value::String(s)) => s.clone(),
+            _ => String::new(),
+        }
+    }
+
+    pub fn int(&self, name: &str) -> i64 {
+        match self.values.get(name) {
+            Some(Value::Int(i)) => *i,
+            _ => 0,
+        }
+    }
+
+    pub fn float(&self, name: &str) -> f64 {
+        match self.values.get(name) {
+            Some(Value::Float(f)) => *f,
+            _ => 0.0,
+        }
+    }
+
+    pub fn duration(&self, name: &str) -> Duration {
+        match self.values.get(name) {
+            Some(Value::Duration(d)) => *d,
+            _ => Duration::ZERO,
+        }
+    }
+
+    pub fn strings(&self, name: &str) -> Vec<String> {
+        match self.values.get(name) {
+            Some(Value::Strings(v)) => v.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the flag appeared on the command line (as opposed to its default).
+    pub fn is_set(&self, name: &str) -> bool {
+        self.explicit.contains(name)
+    }
+
+    /// A port flag as `u16`, with the flag name in the error.
+    pub fn port(&self, name: &str) -> Result<u16, String> {
+        let v = self.int(name);
+        u16::try_from(v).map_err(|_| format!("--{name}: {v} is not a valid port"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set() -> FlagSet {
+        FlagSet::new("t", "test")
+            .string("mode", "grpc", "m")
+            .int("server-port", 8090, "p")
+            .bool("delete-existing-uds-file", true, "d")
+            .duration("keepalive-time", Duration::from_secs(3600), "k")
+            .strings("alpn-proto", &[], "a")
+            .bool("warn-on-channel-limit", true, "w")
+            .deprecated("no-op")
+            .with_klog(0)
+    }
+
+    #[test]
+    fn accepts_upstream_spellings() {
+        let v = set()
+            .parse([
+                "--mode=http-connect",
+                "--server-port",
+                "0",
+                "--delete-existing-uds-file=false",
+                "--keepalive-time=1h0m0s",
+                "--alpn-proto=[]",
+                "-v=5",
+                "--logtostderr",
+                "--warn-on-channel-limit=true",
+            ])
+            .unwrap_or_default();
+        assert_eq!(v.string("mode"), "http-connect");
+        assert_eq!(v.int("server-port"), 0);
+        assert!(!v.bool("delete-existing-uds-file"));
+        assert_eq!(v.duration("keepalive-time"), Duration::from_secs(3600));
+        assert!(v.strings("alpn-proto").is_empty());
+        assert_eq!(v.int("v"), 5);
+        assert!(v.bool("logtostderr"));
+        assert!(v.is_set("mode") && !v.is_set("log-file"));
+    }
+
+    #[test]
+    fn accepts_go_flag_package_spellings() {
+        let v = set()
+            .parse(["-mode", "grpc", "-server-port=0x10", "-log_file=/tmp/x"])
+            .unwrap_or_default();
+        assert_eq!(v.int("server-port"), 16);
+        assert_eq!(v.string("log-file"), "/tmp/x");
+    }
+
+    #[test]
+    fn slices_split_and_append() {
+        let v = set()
+            .parse(["--alpn-proto=a,b", "--alpn-proto", "c"])
+            .unwrap_or_default();
+        assert_eq!(v.strings("alpn-proto"), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn defaults_apply_when_unset() {
+        let v = set().parse(Vec::<String>::new()).unwrap_or_default();
+        assert_eq!(v.string("mode"), "grpc");
+        assert_eq!(v.int("server-port"), 8090);
+        assert!(v.bool("delete-existing-uds-file"));
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let s = set();
+        assert_eq!(
+            s.parse(["--nope=1"]).err(),
+            Some(FlagError::Unknown("--nope=1".into()))
+        );
+        assert!(
+            matches!(s.parse(["--server-port=abc"]), Err(FlagError::Invalid { flag, .. }) if flag == "server-port")
+        );
+        assert!(matches!(
+            s.parse(["--keepalive-time=10"]),
+            Err(FlagError::Invalid { .. })
+        ));
+        assert!(matches!(
+            s.parse(["--delete-existing-uds-file=maybe"]),
+            Err(FlagError::Invalid { .. })
+        ));
+        assert_eq!(
+            s.parse(["--mode"]).err(),
+            Some(FlagError::MissingValue("--mode".into()))
+        );
+        assert_eq!(
+            s.parse(["stray"]).err(),
+            Some(FlagError::Positional("stray".into()))
+        );
+        assert_eq!(s.parse(["-h"]).err(), Some(FlagError::Help));
+    }
+
+    #[test]
+    fn usage_lists_visible_flags_only() {
+        let u = set().usage();
+        assert!(u.contains("--keepalive-time duration"));
+        assert!(u.contains("(default 1h0m0s)"));
+        assert!(!u.contains("warn-on-channel-limit"));
+    }
+}

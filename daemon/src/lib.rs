@@ -1,0 +1,14 @@
+//! What every binary in this workspace needs besides its own protocol: Go-style
+//! command-line flags (so upstream manifests keep working), TLS configuration
+//! from PEM files, the health/metrics HTTP endpoints, logging mapped from klog
+//! flags, listeners, and one drain signal shared by listeners and live tunnels.
+
+pub mod drain;
+pub mod duration;
+pub mod endpoints;
+pub mod flags;
+pub mod listen;
+pub mod logging;
+pub mod metrics;
+pub mod signals;
+pub mod tls;

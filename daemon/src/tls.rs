@@ -1,0 +1,298 @@
+//! rustls configuration from PEM files and Go-spelled TLS policy flags
+//! (`--tls-min-version=VersionTLS12`, `--cipher-suites=TLS_ECDHE_…`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedCipherSuite};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: no PEM certificate found")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: no PEM private key found")]
+    NoKey { path: PathBuf },
+    #[error("{path}: invalid CA certificate: {reason}")]
+    BadCa { path: PathBuf, reason: String },
+    #[error(
+        "unsupported TLS version {0:?}, supported values are: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13"
+    )]
+    Version(String),
+    #[error("cipher suite {0} not supported or doesn't exist")]
+    Cipher(String),
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("client certificate verifier: {0}")]
+    Verifier(String),
+}
+
+/// The TLS policy flags shared by every listener of a binary.
+#[derive(Debug, Clone)]
+pub struct TlsPolicy {
+    tls13_only: bool,
+    /// Empty means the provider's defaults.
+    suites: Vec<SupportedCipherSuite>,
+}
+
+impl Default for TlsPolicy {
+    fn default() -> Self {
+        TlsPolicy {
+            tls13_only: false,
+            suites: Vec::new(),
+        }
+    }
+}
+
+/// Go cipher-suite names (as listed by Go's `tls.CipherSuites()`) and the rustls
+/// suite each one is. `None`: a name Go accepts but rustls does not implement
+/// (the CBC suites); those are skipped with a warning.
+const GO_SUITES: &[(&str, Option<SupportedCipherSuite>)] = {
+    use rustls::crypto::ring::cipher_suite as cs;
+    &[
+        ("TLS_AES_128_GCM_SHA256", Some(cs::TLS13_AES_128_GCM_SHA256)),
+        ("TLS_AES_256_GCM_SHA384", Some(cs::TLS13_AES_256_GCM_SHA384)),
+        (
+            "TLS_CHACHA20_POLY1305_SHA256",
+            Some(cs::TLS13_CHACHA20_POLY1305_SHA256),
+        ),
+        (
+            "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+            Some(cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256),
+        ),
+        (
+            "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+            Some(cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384),
+        ),
+        (
+            "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+            Some(cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256),
+        ),
+        (
+            "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+            Some(cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256),
+        ),
+        (
+            "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+            Some(cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256),
+        ),
+        (
+            "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+            Some(cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384),
+        ),
+        (
+            "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+            Some(cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256),
+        ),
+        (
+            "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+            Some(cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256),
+        ),
+        ("TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA", None),
+        ("TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA", None),
+        ("TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA", None),
+        ("TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA", None),
+    ]
+};
+
+impl TlsPolicy {
+    /// Builds the policy from `--tls-min-version` and `--cipher-suites`.
+    /// TLS 1.0 and 1.1 are accepted for compatibility but rustls never offers
+    /// them, so they behave as 1.2.
+    pub fn from_flags(min_version: &str, cipher_suites: &[String]) -> Result<Self, TlsError> {
+        let tls13_only = match min_version {
+            "" | "VersionTLS10" | "VersionTLS11" | "VersionTLS12" => false,
+            "VersionTLS13" => true,
+            other => return Err(TlsError::Version(other.to_string())),
+        };
+        let mut suites = Vec::new();
+        for name in cipher_suites {
+            match GO_SUITES.iter().find(|(n, _)| n == name) {
+                Some((_, Some(s))) => {
+                    if !suites.contains(s) {
+                        suites.push(*s)
+                    }
+                }
+                Some((_, None)) => {
+                    tracing::warn!(cipher = %name, "cipher suite not implemented by rustls; skipped")
+                }
+                None => return Err(TlsError::Cipher(name.clone())),
+            }
+        }
+        if !suites.is_empty() {
+            // Go never lets TLS 1.3 suites be configured; keep them all available.
+            for s in rustls::crypto::ring::DEFAULT_CIPHER_SUITES {
+                if s.tls13().is_some() && !suites.contains(s) {
+                    suites.push(*s);
+                }
+            }
+        }
+        Ok(TlsPolicy { tls13_only, suites })
+    }
+
+    fn provider(&self) -> Arc<CryptoProvider> {
+        let mut p = rustls::crypto::ring::default_provider();
+        if !self.suites.is_empty() {
+            p.cipher_suites = self.suites.clone();
+        }
+        Arc::new(p)
+    }
+
+    fn versions(&self) -> &'static [&'static rustls::SupportedProtocolVersion] {
+        if self.tls13_only {
+            TLS13_ONLY
+        } else {
+            rustls::DEFAULT_VERSIONS
+        }
+    }
+}
+
+static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// All certificates in a PEM file.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+        .filter_map(Result::ok)
+        .collect();
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
+/// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read(path)?;
+    rustls_pemfile::private_key(&mut pem.as_slice())
+        .ok()
+        .flatten()
+        .ok_or_else(|| TlsError::NoKey {
+            path: path.to_path_buf(),
+        })
+}
+
+/// A root store with every certificate of a CA bundle.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(path)? {
+        roots.add(cert).map_err(|e| TlsError::BadCa {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// A server configuration; with `client_ca`, clients must present a
+/// certificate signed by it (Go's `RequireAndVerifyClientCert`).
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+    policy: &TlsPolicy,
+    alpn: &[&[u8]],
+) -> Result<ServerConfig, TlsError> {
+    let provider = policy.provider();
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(policy.versions())?;
+    let builder = match client_ca {
+        Some(ca) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(ca)?), provider)
+                    .build()
+                    .map_err(|e| TlsError::Verifier(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(load_certs(cert)?, load_key(key)?)?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
+/// A client configuration trusting `ca`, presenting `identity` (cert, key) if given.
+pub fn client_config(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    alpn: &[Vec<u8>],
+) -> Result<ClientConfig, TlsError> {
+    let builder =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(rustls::DEFAULT_VERSIONS)?
+            .with_root_certificates(load_roots(ca)?);
+    let mut config = match identity {
+        Some((cert, key)) => builder.with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.to_vec();
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_accepts_go_names() {
+        let p = TlsPolicy::from_flags(
+            "VersionTLS12",
+            &[
+                "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".into(),
+                "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA".into(),
+            ],
+        );
+        let p = p.unwrap_or_default();
+        // The GCM suite plus every TLS 1.3 suite; the CBC one is skipped.
+        assert!(p.suites.iter().any(|s| s.tls13().is_none()));
+        assert_eq!(p.suites.iter().filter(|s| s.tls13().is_none()).count(), 1);
+        assert!(TlsPolicy::from_flags("VersionTLS13", &[]).is_ok_and(|p| p.tls13_only));
+    }
+
+    #[test]
+    fn policy_rejects_unknown_names() {
+        assert!(matches!(
+            TlsPolicy::from_flags("TLS1.2", &[]),
+            Err(TlsError::Version(_))
+        ));
+        assert!(matches!(
+            TlsPolicy::from_flags("", &["TLS_FANCY".into()]),
+            Err(TlsError::Cipher(_))
+        ));
+    }
+
+    #[test]
+    fn loads_pem_files() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .and_then(|p| p.self_signed(&key))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (c, k) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&c, cert.pem()).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&k, key.serialize_pem()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(server_config(&c, &k, Some(&c), &TlsPolicy::default(), &[b"h2"]).is_ok());
+        assert!(client_config(&c, Some((&c, &k)), &[]).is_ok());
+        assert!(matches!(load_key(&c), Err(TlsError::NoKey { .. })));
+        assert!(matches!(
+            load_certs(&dir.path().join("missing")),
+            Err(TlsError::Read { .. })
+        ));
+    }
+}
