@@ -1,0 +1,105 @@
+//! Destinations on loopback for tunnels to reach.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A TCP echo server on `127.0.0.1:0`; runs until the test's runtime ends.
+pub async fn echo() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A server that speaks first: writes `greeting` on accept, then echoes.
+pub async fn greeter(greeting: &'static [u8]) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                if s.write_all(greeting).await.is_err() {
+                    return;
+                }
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Serves `len` bytes of a repeating pattern to every connection, then closes.
+pub async fn source(len: usize) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let chunk: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+                let mut left = len;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    if s.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                    left -= n;
+                }
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// A port on loopback that refuses connections: bound, never listened on, and
+/// kept bound so nobody else takes it while the test runs.
+pub fn refused() -> (socket2::Socket, SocketAddr) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    (s, addr)
+}
+
+/// A destination that never answers a TCP handshake, on loopback: a listener
+/// with the smallest backlog whose queue is filled and never accepted, so the
+/// kernel drops further SYNs and a dialer waits until its own timeout.
+pub struct Blackhole {
+    pub addr: SocketAddr,
+    _listener: socket2::Socket,
+    _fillers: Vec<TcpStream>,
+}
+
+pub async fn blackhole() -> Blackhole {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+    s.listen(0).unwrap();
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    // Fill the accept queue. With backlog 0 Linux queues one connection; keep
+    // connecting until a handshake stops completing.
+    let mut fillers = Vec::new();
+    for _ in 0..8 {
+        match tokio::time::timeout(std::time::Duration::from_millis(200), TcpStream::connect(addr)).await {
+            Ok(Ok(c)) => fillers.push(c),
+            _ => break,
+        }
+    }
+    Blackhole { addr, _listener: s, _fillers: fillers }
+}
+
+/// Writes `data`, reads the same number of bytes back, returns them.
+pub async fn roundtrip<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &mut S, data: &[u8]) -> Vec<u8> {
+    s.write_all(data).await.unwrap();
+    let mut buf = vec![0; data.len()];
+    s.read_exact(&mut buf).await.unwrap();
+    buf
+}
