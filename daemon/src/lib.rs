@@ -12,3 +12,8 @@ pub mod logging;
 pub mod metrics;
 pub mod signals;
 pub mod tls;
+pub mod authority;
+pub mod h2io;
+pub mod keepalive;
+pub mod prefixed;
+pub mod relay;

@@ -1,0 +1,263 @@
+//! Copies bytes both ways between a client and an upstream with one fixed-size
+//! buffer per direction, keeps half-closes (EOF one way shuts down the write
+//! side of the other peer and the opposite direction keeps flowing), ends on an
+//! idle timeout, and says which side failed.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// Receives byte counts as they flow, for live metrics.
+pub trait Tally: Send + Sync {
+    fn from_client(&self, bytes: u64);
+    fn from_upstream(&self, bytes: u64);
+}
+
+impl Tally for () {
+    fn from_client(&self, _: u64) {}
+    fn from_upstream(&self, _: u64) {}
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct RelayOptions {
+    /// Size of each of the two buffers.
+    pub buffer_size: usize,
+    /// Ends the relay when no byte moved either way for this long.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        RelayOptions {
+            buffer_size: 16 * 1024,
+            idle_timeout: None,
+        }
+    }
+}
+
+/// How a relay ended.
+#[derive(Debug)]
+pub enum RelayEnd {
+    /// Both directions reached EOF.
+    Closed,
+    /// Nothing moved for the idle timeout.
+    Idle,
+    /// The caller's stop future resolved (drain timeout, shutdown).
+    Stopped,
+    ClientError(io::Error),
+    UpstreamError(io::Error),
+}
+
+impl RelayEnd {
+    /// A short label for logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RelayEnd::Closed => "closed",
+            RelayEnd::Idle => "idle_timeout",
+            RelayEnd::Stopped => "stopped",
+            RelayEnd::ClientError(_) => "client_error",
+            RelayEnd::UpstreamError(_) => "upstream_error",
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RelayBytes {
+    pub from_client: u64,
+    pub from_upstream: u64,
+}
+
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+enum Side {
+    Client,
+    Upstream,
+}
+
+/// Relays until both directions end, one side fails, the idle timeout passes
+/// or `stop` resolves.
+pub async fn relay<C, U>(
+    client: C,
+    upstream: U,
+    options: RelayOptions,
+    tally: &dyn Tally,
+    stop: impl Future<Output = ()>,
+) -> (RelayEnd, RelayBytes)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let activity = Arc::new(Activity {
+        start: Instant::now(),
+        last_ms: AtomicU64::new(0),
+    });
+    let from_client = AtomicU64::new(0);
+    let from_upstream = AtomicU64::new(0);
+    let (cr, cw) = tokio::io::split(client);
+    let (ur, uw) = tokio::io::split(upstream);
+    let size = options.buffer_size.max(1024);
+    let count_up = |n| {
+        from_client.fetch_add(n, Ordering::Relaxed);
+        tally.from_client(n);
+    };
+    let count_down = |n| {
+        from_upstream.fetch_add(n, Ordering::Relaxed);
+        tally.from_upstream(n);
+    };
+    let up = pump(cr, uw, size, &activity, Side::Client, &count_up);
+    let down = pump(ur, cw, size, &activity, Side::Upstream, &count_down);
+    let idle = idle_watch(&activity, options.idle_timeout);
+    let end = tokio::select! {
+        r = async { tokio::try_join!(up, down) } => match r {
+            Ok(_) => RelayEnd::Closed,
+            Err(e) => e,
+        },
+        _ = idle => RelayEnd::Idle,
+        _ = stop => RelayEnd::Stopped,
+    };
+    let bytes = RelayBytes {
+        from_client: from_client.load(Ordering::Relaxed),
+        from_upstream: from_upstream.load(Ordering::Relaxed),
+    };
+    (end, bytes)
+}
+
+async fn idle_watch(activity: &Activity, idle: Option<Duration>) {
+    let Some(idle) = idle.filter(|d| !d.is_zero()) else {
+        return std::future::pending().await;
+    };
+    loop {
+        let deadline = activity.last() + idle;
+        if Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+async fn pump<R, W>(
+    mut r: R,
+    mut w: W,
+    size: usize,
+    activity: &Activity,
+    source: Side,
+    count: &(dyn Fn(u64) + Sync),
+) -> Result<(), RelayEnd>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let (read_err, write_err): (fn(io::Error) -> RelayEnd, fn(io::Error) -> RelayEnd) = match source
+    {
+        Side::Client => (RelayEnd::ClientError, RelayEnd::UpstreamError),
+        Side::Upstream => (RelayEnd::UpstreamError, RelayEnd::ClientError),
+    };
+    let mut buf = vec![0u8; size];
+    loop {
+        let n = r.read(&mut buf).await.map_err(read_err)?;
+        if n == 0 {
+            // Half-close: the peer sees EOF, the other direction goes on.
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        w.write_all(&buf[..n]).await.map_err(write_err)?;
+        w.flush().await.map_err(write_err)?;
+        activity.touch();
+        count(n as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn copies_both_ways_and_keeps_half_close() {
+        let (client, mut client_peer) = tokio::io::duplex(1024);
+        let (upstream, mut upstream_peer) = tokio::io::duplex(1024);
+        let task = tokio::spawn(async move {
+            relay(
+                client,
+                upstream,
+                RelayOptions::default(),
+                &(),
+                std::future::pending(),
+            )
+            .await
+        });
+        client_peer
+            .write_all(b"ping")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        client_peer
+            .shutdown()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut got = Vec::new();
+        upstream_peer
+            .read_to_end(&mut got)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, b"ping");
+        // After the client's half-close the upstream can still answer.
+        upstream_peer
+            .write_all(b"pong")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        drop(upstream_peer);
+        let mut back = Vec::new();
+        client_peer
+            .read_to_end(&mut back)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, b"pong");
+        let (end, bytes) = task.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(end, RelayEnd::Closed), "{end:?}");
+        assert_eq!(
+            bytes,
+            RelayBytes {
+                from_client: 4,
+                from_upstream: 4
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn idle_timeout_ends_relay() {
+        let (client, _c) = tokio::io::duplex(64);
+        let (upstream, _u) = tokio::io::duplex(64);
+        let opts = RelayOptions {
+            idle_timeout: Some(Duration::from_millis(50)),
+            ..Default::default()
+        };
+        let (end, _) = relay(client, upstream, opts, &(), std::future::pending()).await;
+        assert!(matches!(end, RelayEnd::Idle), "{end:?}");
+    }
+
+    #[tokio::test]
+    async fn stop_future_ends_relay() {
+        let (client, _c) = tokio::io::duplex(64);
+        let (upstream, _u) = tokio::io::duplex(64);
+        let (end, _) = relay(client, upstream, RelayOptions::default(), &(), async {}).await;
+        assert!(matches!(end, RelayEnd::Stopped), "{end:?}");
+    }
+}
