@@ -17,6 +17,7 @@ pub(crate) mod generated {
 pub use generated::*;
 
 pub mod header;
+pub mod ids;
 mod packets;
 
 pub use packets::PacketExt;

@@ -1,0 +1,125 @@
+//! `/AgentService/Connect`: agents connect out to the server; each stream
+//! becomes a backend that dials can be routed to.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use daemon::drain::Drain;
+use futures::{Stream, StreamExt};
+use konnectivity_proto::agent_service_server::AgentService;
+use konnectivity_proto::header::{self, AgentIdentifiers};
+use konnectivity_proto::ids::{AgentId, ServerId};
+use konnectivity_proto::Packet;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use crate::backend::Backend;
+use crate::core::Core;
+use crate::metrics::{Segment, Service};
+
+pub struct AgentSvc {
+    pub core: Arc<Core>,
+    pub drain: Drain,
+    pub server_id: ServerId,
+    pub server_count: u32,
+}
+
+pub type AgentStream = Pin<Box<dyn Stream<Item = Result<Packet, Status>> + Send>>;
+
+/// Reads the agent's identity from the request metadata, as upstream does:
+/// exactly one `agentid`, at most one `agentidentifiers`.
+pub fn agent_identity(md: &tonic::metadata::MetadataMap) -> Result<(AgentId, AgentIdentifiers), Status> {
+    let ids: Vec<_> = md.get_all(header::AGENT_ID).iter().collect();
+    let [id] = ids.as_slice() else {
+        return Err(Status::unknown(format!("expected one agent ID in the context, got {:?}", ids.len())));
+    };
+    let id = id
+        .to_str()
+        .map_err(|_| Status::unknown("agent ID is not valid text"))?
+        .to_string();
+    let idents: Vec<_> = md.get_all(header::AGENT_IDENTIFIERS).iter().collect();
+    let identifiers = match idents.as_slice() {
+        [] => AgentIdentifiers::default(),
+        [one] => {
+            let text = one
+                .to_str()
+                .map_err(|_| Status::unknown("agent identifiers are not valid text"))?;
+            AgentIdentifiers::parse_lenient(text)
+                .map_err(|e| Status::unknown(format!("fail to parse url encoded string: {e}")))?
+        }
+        many => {
+            return Err(Status::unknown(format!(
+                "expected at most one set of agent identifiers in the context, got {}",
+                many.len()
+            )));
+        }
+    };
+    Ok((AgentId(id), identifiers))
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentSvc {
+    type ConnectStream = AgentStream;
+
+    async fn connect(&self, request: Request<Streaming<Packet>>) -> Result<Response<AgentStream>, Status> {
+        let (agent_id, identifiers) = agent_identity(request.metadata()).inspect_err(|e| {
+            tracing::warn!(error = %e.message(), "rejecting agent stream");
+        })?;
+        let inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(self.core.cfg.agent_queue);
+        let backend = Backend::new(agent_id.clone(), identifiers, tx, self.core.metrics.clone());
+        tracing::info!(agent_id = %agent_id, stream = backend.id, "agent connected");
+        self.core.backends.add(backend.clone());
+
+        let span = tracing::info_span!("agent", agent_id = %agent_id, stream = backend.id);
+        let core = self.core.clone();
+        let drain = self.drain.clone();
+        let b = backend.clone();
+        self.drain.spawn(
+            async move {
+                let gauge = core.metrics.grpc_connections(Service::Connect);
+                gauge.increment(1.0);
+                serve(&core, &b, inbound, &drain).await;
+                core.agent_gone(&b).await;
+                gauge.decrement(1.0);
+                tracing::info!("agent stream closed");
+            }
+            .instrument(span),
+        );
+
+        // The stream to the agent ends as soon as the backend is retired, even
+        // while tunnels still hold a sender.
+        let retired = backend.clone();
+        let outbound = ReceiverStream::new(rx)
+            .take_until(async move { retired.retired().await })
+            .map(Ok);
+        let mut response = Response::new(Box::pin(outbound) as AgentStream);
+        let md = response.metadata_mut();
+        if let Ok(v) = MetadataValue::try_from(self.server_id.0.as_str()) {
+            md.insert(header::SERVER_ID, v);
+        }
+        md.insert(header::SERVER_COUNT, MetadataValue::from(self.server_count));
+        Ok(response)
+    }
+}
+
+async fn serve(core: &Core, backend: &Arc<Backend>, mut inbound: Streaming<Packet>, drain: &Drain) {
+    loop {
+        let msg = tokio::select! {
+            m = inbound.message() => m,
+            _ = backend.retired() => return,
+            _ = drain.stopping() => return,
+        };
+        match msg {
+            Ok(Some(pkt)) => core.agent_packet(backend, pkt).await,
+            Ok(None) => return,
+            Err(status) => {
+                core.metrics.stream_error(Segment::FromAgent, status.code(), "Unknown");
+                tracing::info!(%status, "agent stream failed");
+                return;
+            }
+        }
+    }
+}

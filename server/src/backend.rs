@@ -1,0 +1,399 @@
+//! Agent streams ("backends") and how a dial picks one.
+//!
+//! Established connections are keyed by (agent stream, connectID): each
+//! [`Backend`] owns its own table, so two streams of one agent id can never
+//! collide on a connectID (upstream keys by agent id and can, #462).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use konnectivity_proto::header::AgentIdentifiers;
+use konnectivity_proto::ids::{AgentId, ConnectId};
+use konnectivity_proto::Packet;
+use parking_lot::{Mutex, RwLock};
+use rand::seq::IndexedRandom;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{Metrics, Segment};
+use crate::tunnel::Tunnel;
+
+/// The agent stream is gone or was retired.
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+#[error("agent stream closed")]
+pub struct BackendGone;
+
+/// One `/AgentService/Connect` stream.
+pub struct Backend {
+    /// Process-unique stream id.
+    pub id: u64,
+    pub agent_id: AgentId,
+    pub identifiers: AgentIdentifiers,
+    to_agent: mpsc::Sender<Packet>,
+    draining: AtomicBool,
+    retired: CancellationToken,
+    conns: Mutex<HashMap<ConnectId, Arc<Tunnel>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend")
+            .field("id", &self.id)
+            .field("agent_id", &self.agent_id)
+            .finish()
+    }
+}
+
+impl Backend {
+    pub fn new(
+        agent_id: AgentId,
+        identifiers: AgentIdentifiers,
+        to_agent: mpsc::Sender<Packet>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Backend> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Arc::new(Backend {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            agent_id,
+            identifiers,
+            to_agent,
+            draining: AtomicBool::new(false),
+            retired: CancellationToken::new(),
+            conns: Mutex::new(HashMap::new()),
+            metrics,
+        })
+    }
+
+    /// Queues a packet for the agent, waiting while the stream is backed up.
+    pub async fn send(&self, pkt: Packet) -> Result<(), BackendGone> {
+        if self.retired.is_cancelled() {
+            return Err(BackendGone);
+        }
+        let t = pkt.r#type;
+        self.to_agent.send(pkt).await.map_err(|_| BackendGone)?;
+        self.metrics.packet(Segment::ToAgent, t);
+        Ok(())
+    }
+
+    /// Like [`Backend::send`] but gives up after `limit`.
+    pub async fn send_within(&self, pkt: Packet, limit: Duration) -> Result<(), SendError> {
+        match tokio::time::timeout(limit, self.send(pkt)).await {
+            Ok(r) => r.map_err(|_| SendError::Gone),
+            Err(_) => Err(SendError::TimedOut),
+        }
+    }
+
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Closes the stream from our side (it is stuck or the server stops).
+    pub fn retire(&self) {
+        self.retired.cancel();
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.is_cancelled()
+    }
+
+    pub async fn retired(&self) {
+        self.retired.cancelled().await
+    }
+
+    pub fn add_conn(&self, id: ConnectId, t: Arc<Tunnel>) {
+        if self.conns.lock().insert(id, t).is_none() {
+            self.metrics.established.increment(1.0);
+        }
+    }
+
+    pub fn conn(&self, id: ConnectId) -> Option<Arc<Tunnel>> {
+        self.conns.lock().get(&id).cloned()
+    }
+
+    /// Removes the connection only if it still belongs to `tunnel`.
+    pub fn remove_conn_of(&self, id: ConnectId, tunnel: &Tunnel) -> bool {
+        let mut conns = self.conns.lock();
+        if conns.get(&id).is_some_and(|t| t.id == tunnel.id) {
+            conns.remove(&id);
+            self.metrics.established.decrement(1.0);
+            return true;
+        }
+        false
+    }
+
+    pub fn remove_conn(&self, id: ConnectId) -> Option<Arc<Tunnel>> {
+        let t = self.conns.lock().remove(&id);
+        if t.is_some() {
+            self.metrics.established.decrement(1.0);
+        }
+        t
+    }
+
+    pub fn take_conns(&self) -> Vec<(ConnectId, Arc<Tunnel>)> {
+        let taken: Vec<_> = self.conns.lock().drain().collect();
+        self.metrics.established.decrement(taken.len() as f64);
+        taken
+    }
+
+    pub fn conn_count(&self) -> usize {
+        self.conns.lock().len()
+    }
+}
+
+/// Why a DIAL_REQ could not be handed to an agent.
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    #[error("agent stream closed")]
+    Gone,
+    #[error("timed out waiting for backend dial")]
+    TimedOut,
+}
+
+/// `--proxy-strategies` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    Default,
+    DestHost,
+    DefaultRoute,
+}
+
+impl Strategy {
+    pub fn parse_list(s: &str) -> Result<Vec<Strategy>, String> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            out.push(match part {
+                "default" => Strategy::Default,
+                "destHost" => Strategy::DestHost,
+                "defaultRoute" => Strategy::DefaultRoute,
+                other => return Err(format!("unknown proxy strategy: {other}, available strategy are: default, destHost, defaultRoute")),
+            });
+        }
+        if out.is_empty() {
+            return Err("proxy strategies cannot be empty".to_string());
+        }
+        Ok(out)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Default => "default",
+            Strategy::DestHost => "destHost",
+            Strategy::DefaultRoute => "defaultRoute",
+        }
+    }
+
+    fn serves(self, b: &Backend, host: &str) -> bool {
+        match self {
+            Strategy::Default => true,
+            Strategy::DestHost => b.identifiers.dest_hosts().any(|h| h == host),
+            Strategy::DefaultRoute => b.identifiers.default_route,
+        }
+    }
+
+    /// How many routing keys this strategy has for the given backends (the
+    /// `ready_backends` gauge and readiness).
+    fn keys(self, backends: &[Arc<Backend>]) -> usize {
+        let mut keys: Vec<&str> = match self {
+            Strategy::Default => backends.iter().map(|b| b.agent_id.0.as_str()).collect(),
+            Strategy::DestHost => backends.iter().flat_map(|b| b.identifiers.dest_hosts()).collect(),
+            Strategy::DefaultRoute => backends
+                .iter()
+                .filter(|b| b.identifiers.default_route)
+                .map(|b| b.agent_id.0.as_str())
+                .collect(),
+        };
+        keys.sort_unstable();
+        keys.dedup();
+        keys.len()
+    }
+}
+
+/// Strips the port from a dial address: `host:port`, `[v6]:port`, bare v6.
+pub fn host_of(address: &str) -> &str {
+    if address.matches(':').count() <= 1 {
+        return address.split(':').next().unwrap_or(address);
+    }
+    let host = if address.contains('[') {
+        address.rfind(':').map_or(address, |i| &address[..i])
+    } else {
+        address
+    };
+    host.trim_matches(['[', ']'])
+}
+
+/// Every live agent stream, and dial routing over them.
+pub struct Backends {
+    strategies: Vec<Strategy>,
+    all: RwLock<Vec<Arc<Backend>>>,
+    metrics: Arc<Metrics>,
+    /// Number of routing keys of the first strategy; readiness follows it.
+    ready_tx: watch::Sender<usize>,
+}
+
+impl Backends {
+    pub fn new(strategies: Vec<Strategy>, metrics: Arc<Metrics>) -> Self {
+        let (ready_tx, _) = watch::channel(0);
+        let b = Backends {
+            strategies,
+            all: RwLock::new(Vec::new()),
+            metrics,
+            ready_tx,
+        };
+        b.publish(&[]);
+        b
+    }
+
+    fn publish(&self, all: &[Arc<Backend>]) {
+        for s in &self.strategies {
+            self.metrics.ready_backends(s.name(), s.keys(all));
+        }
+        let agents = Strategy::Default.keys(all);
+        self.metrics.ready_backend_connections.set(agents as f64);
+        let first = self.strategies.first().map_or(0, |s| s.keys(all));
+        self.ready_tx.send_replace(first);
+    }
+
+    pub fn add(&self, b: Arc<Backend>) {
+        let mut all = self.all.write();
+        all.push(b);
+        self.publish(&all);
+    }
+
+    pub fn remove(&self, b: &Backend) {
+        let mut all = self.all.write();
+        all.retain(|x| x.id != b.id);
+        self.publish(&all);
+    }
+
+    /// Picks the agent stream for a dial to `address`: strategies in order,
+    /// random among agents that are not draining, a draining one only if no
+    /// other agent qualifies. Of several streams of one agent, the newest wins
+    /// (an older one may be a dead connection not yet noticed).
+    pub fn pick(&self, address: &str) -> Option<Arc<Backend>> {
+        let host = host_of(address);
+        let all = self.all.read();
+        let mut rng = rand::rng();
+        for s in &self.strategies {
+            let mut newest: HashMap<&AgentId, &Arc<Backend>> = HashMap::new();
+            for b in all.iter().filter(|b| !b.is_retired() && s.serves(b, host)) {
+                newest.insert(&b.agent_id, b);
+            }
+            let (ready, draining): (Vec<_>, Vec<_>) = newest.into_values().partition(|b| !b.is_draining());
+            if let Some(b) = ready.choose(&mut rng).or_else(|| draining.choose(&mut rng)) {
+                return Some(Arc::clone(b));
+            }
+        }
+        None
+    }
+
+    pub fn len(&self) -> usize {
+        self.all.read().len()
+    }
+
+    pub fn snapshot(&self) -> Vec<Arc<Backend>> {
+        self.all.read().clone()
+    }
+
+    /// Readiness (`/readyz`): the first strategy has at least one agent.
+    pub fn ready(&self) -> bool {
+        *self.ready_tx.borrow() > 0
+    }
+
+    /// Watches the number of routing keys of the first strategy.
+    pub fn watch_ready(&self) -> watch::Receiver<usize> {
+        self.ready_tx.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(agent: &str, ids: &str) -> Arc<Backend> {
+        let (tx, _rx) = mpsc::channel(1);
+        Backend::new(
+            AgentId(agent.into()),
+            AgentIdentifiers::parse_lenient(ids).unwrap_or_default(),
+            tx,
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    #[test]
+    fn host_of_handles_every_form() {
+        assert_eq!(host_of("10.0.0.1:443"), "10.0.0.1");
+        assert_eq!(host_of("node1:10250"), "node1");
+        assert_eq!(host_of("node1"), "node1");
+        assert_eq!(host_of("[::1]:80"), "::1");
+        assert_eq!(host_of("fd00::1"), "fd00::1");
+    }
+
+    #[test]
+    fn strategies_parse_in_order() {
+        assert_eq!(
+            Strategy::parse_list("destHost,default"),
+            Ok(vec![Strategy::DestHost, Strategy::Default])
+        );
+        assert!(Strategy::parse_list("").is_err());
+        assert!(Strategy::parse_list("default,nearest").is_err());
+    }
+
+    #[test]
+    fn dest_host_then_default() {
+        let m = Arc::new(Metrics::new());
+        let bs = Backends::new(vec![Strategy::DestHost, Strategy::Default], m);
+        let a = backend("a", "host=node-a&ipv4=10.0.0.1");
+        let b = backend("b", "host=node-b");
+        bs.add(a.clone());
+        bs.add(b.clone());
+        for _ in 0..20 {
+            assert_eq!(bs.pick("node-a:10250").map(|x| x.id), Some(a.id));
+            assert_eq!(bs.pick("10.0.0.1:80").map(|x| x.id), Some(a.id));
+            assert_eq!(bs.pick("[node-b]:1").map(|x| x.id), Some(b.id));
+        }
+        // Unknown hosts fall through to `default`, which reaches both.
+        let picked: std::collections::HashSet<_> = (0..200).filter_map(|_| bs.pick("elsewhere:1")).map(|x| x.id).collect();
+        assert_eq!(picked.len(), 2);
+    }
+
+    #[test]
+    fn draining_is_last_resort_and_newest_stream_wins() {
+        let bs = Backends::new(vec![Strategy::Default], Arc::new(Metrics::new()));
+        let old = backend("a", "");
+        let new = Backend::new(old.agent_id.clone(), AgentIdentifiers::default(), mpsc::channel(1).0, Arc::new(Metrics::new()));
+        let other = backend("b", "");
+        bs.add(old.clone());
+        bs.add(new.clone());
+        bs.add(other.clone());
+        let picked: std::collections::HashSet<_> = (0..200).filter_map(|_| bs.pick("x:1")).map(|x| x.id).collect();
+        assert_eq!(picked, [new.id, other.id].into_iter().collect());
+        other.set_draining();
+        for _ in 0..50 {
+            assert_eq!(bs.pick("x:1").map(|x| x.id), Some(new.id));
+        }
+        new.set_draining();
+        assert!(bs.pick("x:1").is_some(), "draining agents still serve when nothing else can");
+    }
+
+    #[test]
+    fn default_route_and_readiness_follow_the_first_strategy() {
+        let bs = Backends::new(vec![Strategy::DefaultRoute], Arc::new(Metrics::new()));
+        let plain = backend("a", "host=a");
+        bs.add(plain.clone());
+        assert!(!bs.ready());
+        assert!(bs.pick("x:1").is_none());
+        let gw = backend("gw", "default-route=true");
+        bs.add(gw.clone());
+        assert!(bs.ready());
+        assert_eq!(bs.pick("x:1").map(|x| x.id), Some(gw.id));
+        bs.remove(&gw);
+        assert!(!bs.ready());
+    }
+}

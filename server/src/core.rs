@@ -1,0 +1,438 @@
+//! The packet state machine between frontends and agent streams: pending dials
+//! by dial id, established connections per agent stream, and every close path.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use konnectivity_proto::ids::{ConnectId, DialId};
+use konnectivity_proto::packet::Payload;
+use konnectivity_proto::{Packet, PacketExt, PacketType};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::backend::{Backend, Backends, SendError};
+use crate::metrics::{DialFailure, Metrics, Segment, Service};
+use crate::tunnel::{Abort, Tunnel, TunnelState};
+
+/// Timing and sizing of the data path.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Deadline for handing DIAL_REQ to an agent and getting DIAL_RSP back.
+    pub dial_timeout: Duration,
+    /// How long a frontend may leave its queue full before only it is closed.
+    pub stall_timeout: Duration,
+    /// Packets queued per frontend.
+    pub frontend_queue: usize,
+    /// Packets queued per agent stream.
+    pub agent_queue: usize,
+}
+
+struct Pending {
+    tunnel: Arc<Tunnel>,
+    backend: Arc<Backend>,
+    started: Instant,
+}
+
+pub struct Core {
+    pub backends: Backends,
+    pending: Mutex<HashMap<DialId, Pending>>,
+    pub metrics: Arc<Metrics>,
+    pub cfg: CoreConfig,
+}
+
+/// Why a dial could not start; the frontend is told the `Display` text.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum DialRefused {
+    #[error("No agent available")]
+    NoAgent,
+    #[error("timed out waiting for backend dial")]
+    TimedOut,
+    #[error("agent stream closed before the dial request was sent")]
+    AgentGone,
+    #[error("only one dial is allowed per stream")]
+    AlreadyDialed,
+    #[error("DIAL_REQ without a dial request")]
+    Malformed,
+}
+
+/// Whether the frontend loop goes on after a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    End,
+}
+
+fn close_rsp(connect: i64, error: &str) -> Packet {
+    Packet::close_response(connect, error.to_string())
+}
+
+impl Core {
+    pub fn new(backends: Backends, metrics: Arc<Metrics>, cfg: CoreConfig) -> Self {
+        Core {
+            backends,
+            pending: Mutex::new(HashMap::new()),
+            metrics,
+            cfg,
+        }
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    pub fn established_count(&self) -> usize {
+        self.backends.snapshot().iter().map(|b| b.conn_count()).sum()
+    }
+
+    fn add_pending(&self, dial: DialId, p: Pending) {
+        let mut pending = self.pending.lock();
+        pending.insert(dial, p);
+        self.metrics.pending_dials.set(pending.len() as f64);
+    }
+
+    fn take_pending(&self, dial: DialId) -> Option<Pending> {
+        let mut pending = self.pending.lock();
+        let p = pending.remove(&dial);
+        self.metrics.pending_dials.set(pending.len() as f64);
+        p
+    }
+
+    async fn deliver(&self, t: &Tunnel, pkt: Packet) -> crate::tunnel::Delivery {
+        let started = Instant::now();
+        let gauge = self.metrics.full_receive_channels(Service::Connect);
+        let d = t
+            .deliver(pkt, self.cfg.stall_timeout, |full| {
+                if full {
+                    gauge.increment(1.0)
+                } else {
+                    gauge.decrement(1.0)
+                }
+            })
+            .await;
+        self.metrics.frontend_write_duration.record(started.elapsed().as_secs_f64());
+        d
+    }
+
+    // === Frontend → agent ===
+
+    /// Starts the tunnel's dial. On error the caller tells the frontend.
+    pub async fn dial(&self, tunnel: &Arc<Tunnel>, pkt: Packet) -> Result<(), DialRefused> {
+        let Some(Payload::DialRequest(req)) = &pkt.payload else {
+            return Err(DialRefused::Malformed);
+        };
+        let dial = DialId(req.random);
+        if !matches!(tunnel.state(), TunnelState::Idle) {
+            return Err(DialRefused::AlreadyDialed);
+        }
+        let Some(backend) = self.backends.pick(&req.address) else {
+            self.metrics.dial_failure(DialFailure::NoAgent);
+            return Err(DialRefused::NoAgent);
+        };
+        tracing::debug!(dial_id = %dial, address = %req.address, agent_id = %backend.agent_id, "DIAL_REQ");
+        let started = Instant::now();
+        let deadline = started + self.cfg.dial_timeout;
+        tunnel.with_state(|s| {
+            *s = TunnelState::Dialing { dial, backend: backend.clone(), deadline }
+        });
+        self.add_pending(dial, Pending { tunnel: tunnel.clone(), backend: backend.clone(), started });
+        match backend.send_within(pkt, self.cfg.dial_timeout).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tunnel.with_state(|s| *s = TunnelState::Closed);
+                let reason = match e {
+                    SendError::TimedOut => {
+                        // An agent stream that cannot take one packet in that long is stuck.
+                        tracing::warn!(agent_id = %backend.agent_id, "retiring agent stream: DIAL_REQ send timed out");
+                        backend.retire();
+                        DialFailure::BackendDialTimeout
+                    }
+                    SendError::Gone => DialFailure::BackendClose,
+                };
+                if self.take_pending(dial).is_some() {
+                    self.metrics.dial_failure(reason);
+                }
+                Err(match e {
+                    SendError::TimedOut => DialRefused::TimedOut,
+                    SendError::Gone => DialRefused::AgentGone,
+                })
+            }
+        }
+    }
+
+    /// When the tunnel's dial must have been answered, if it is dialing.
+    pub fn dial_deadline(tunnel: &Tunnel) -> Option<Instant> {
+        match tunnel.state() {
+            TunnelState::Dialing { deadline, .. } => Some(deadline),
+            _ => None,
+        }
+    }
+
+    /// The dial deadline passed: gives up on the dial if it is still pending.
+    /// Returns the dial id that expired.
+    pub async fn expire_dial(&self, tunnel: &Tunnel) -> Option<DialId> {
+        let TunnelState::Dialing { dial, backend, .. } = tunnel.state() else {
+            return None;
+        };
+        self.take_pending(dial)?;
+        tunnel.with_state(|s| *s = TunnelState::Closed);
+        self.metrics.dial_failure(DialFailure::BackendDialTimeout);
+        tracing::warn!(dial_id = %dial, agent_id = %backend.agent_id, "dial timed out waiting for DIAL_RSP");
+        // Lets an agent that supports it drop the dial; others ignore it.
+        let _ = backend.send_within(Packet::close_dial(dial.0), Duration::from_secs(1)).await;
+        Some(dial)
+    }
+
+    /// DATA from a gRPC frontend.
+    pub async fn frontend_data(&self, tunnel: &Tunnel, pkt: Packet) -> Flow {
+        let Some(Payload::Data(data)) = &pkt.payload else {
+            return Flow::Continue;
+        };
+        let id = data.connect_id;
+        if id == 0 {
+            tracing::debug!("DATA without connectID from frontend; ignored");
+            return Flow::Continue;
+        }
+        match tunnel.state() {
+            TunnelState::Idle => {
+                tunnel.deliver_last(close_rsp(id, "backend not initialized"), self.cfg.stall_timeout).await;
+                Flow::End
+            }
+            TunnelState::Dialing { .. } => {
+                tunnel.deliver_last(close_rsp(id, "connection not established"), self.cfg.stall_timeout).await;
+                Flow::End
+            }
+            TunnelState::Established { backend, connect } if connect.0 == id => {
+                if backend.send(pkt).await.is_err() {
+                    tracing::debug!(connection_id = id, "DATA to agent failed: stream closed");
+                }
+                Flow::Continue
+            }
+            TunnelState::Established { backend, connect } => {
+                // Only this stream's own connection is closed at the agent: the
+                // other id may belong to somebody else's tunnel.
+                tracing::warn!(first = %connect, got = id, "mismatched connection IDs from frontend");
+                tunnel.with_state(|s| *s = TunnelState::Closed);
+                if backend.remove_conn_of(connect, tunnel) {
+                    let _ = backend.send(Packet::close_request(connect.0)).await;
+                }
+                let _ = self.deliver(tunnel, close_rsp(id, "mismatched connection IDs")).await;
+                tunnel.deliver_last(close_rsp(connect.0, "mismatched connection IDs"), self.cfg.stall_timeout).await;
+                Flow::End
+            }
+            TunnelState::Closing { .. } | TunnelState::Closed => Flow::Continue,
+        }
+    }
+
+    /// CLOSE_REQ from a gRPC frontend.
+    pub async fn frontend_close(&self, tunnel: &Tunnel, id: i64) -> Flow {
+        match tunnel.state() {
+            TunnelState::Idle => {
+                let _ = self.deliver(tunnel, close_rsp(id, "backend uninitialized")).await;
+                Flow::Continue
+            }
+            TunnelState::Established { backend, connect } if connect.0 == id => {
+                if backend.send(Packet::close_request(id)).await.is_err() {
+                    tunnel.with_state(|s| *s = TunnelState::Closed);
+                    backend.remove_conn_of(connect, tunnel);
+                    tunnel.deliver_last(close_rsp(id, "CLOSE_REQ to backend failed"), self.cfg.stall_timeout).await;
+                    return Flow::End;
+                }
+                tunnel.with_state(|s| *s = TunnelState::Closing { backend, connect });
+                Flow::Continue
+            }
+            TunnelState::Dialing { .. } | TunnelState::Established { .. } => {
+                let _ = self.deliver(tunnel, close_rsp(id, "unrecognized connectID")).await;
+                Flow::Continue
+            }
+            TunnelState::Closing { .. } | TunnelState::Closed => Flow::Continue,
+        }
+    }
+
+    /// DIAL_CLS from a frontend: it gave up waiting.
+    pub async fn frontend_dial_close(&self, tunnel: &Tunnel, random: i64) -> Flow {
+        let TunnelState::Dialing { dial, backend, .. } = tunnel.state() else {
+            return Flow::Continue;
+        };
+        if dial.0 != random {
+            return Flow::Continue;
+        }
+        tunnel.with_state(|s| *s = TunnelState::Closed);
+        if self.take_pending(dial).is_some() {
+            self.metrics.dial_failure(DialFailure::FrontendClose);
+            tracing::debug!(dial_id = %dial, "dial cancelled by frontend");
+            let _ = backend.send_within(Packet::close_dial(random), Duration::from_secs(1)).await;
+        }
+        tunnel.finish();
+        Flow::End
+    }
+
+    /// HTTP CONNECT: the client's bytes for the established connection.
+    pub async fn frontend_bytes(&self, backend: &Backend, connect: ConnectId, data: bytes::Bytes) -> bool {
+        backend.send(Packet::data(connect.0, data)).await.is_ok()
+    }
+
+    /// The frontend is gone (EOF, error, reset, or its task ended): release
+    /// whatever the tunnel still holds. Safe to call more than once.
+    pub async fn frontend_gone(&self, tunnel: &Tunnel) {
+        let previous = tunnel.with_state(|s| std::mem::replace(s, TunnelState::Closed));
+        match previous {
+            TunnelState::Dialing { dial, backend, .. } => {
+                if self.take_pending(dial).is_some() {
+                    self.metrics.dial_failure(DialFailure::FrontendClose);
+                    let _ = backend.send_within(Packet::close_dial(dial.0), Duration::from_secs(1)).await;
+                }
+            }
+            TunnelState::Established { backend, connect } => {
+                if backend.remove_conn_of(connect, tunnel) {
+                    let _ = backend
+                        .send_within(Packet::close_request(connect.0), Duration::from_secs(1))
+                        .await;
+                }
+            }
+            TunnelState::Closing { backend, connect } => {
+                backend.remove_conn_of(connect, tunnel);
+            }
+            TunnelState::Idle | TunnelState::Closed => {}
+        }
+        tunnel.finish();
+    }
+
+    // === Agent → frontend ===
+
+    /// Routes one packet that arrived on an agent stream.
+    pub async fn agent_packet(&self, backend: &Arc<Backend>, pkt: Packet) {
+        self.metrics.packet(Segment::FromAgent, pkt.r#type);
+        match (PacketType::try_from(pkt.r#type), &pkt.payload) {
+            (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
+                let (random, connect, failed) = (rsp.random, rsp.connect_id, !rsp.error.is_empty());
+                self.agent_dial_response(backend, random, connect, failed, pkt).await
+            }
+            (Ok(PacketType::Data), Some(Payload::Data(d))) => {
+                let id = d.connect_id;
+                if id == 0 {
+                    tracing::debug!(agent_id = %backend.agent_id, "DATA without connectID from agent; ignored");
+                    return;
+                }
+                let Some(t) = backend.conn(ConnectId(id)) else {
+                    tracing::debug!(agent_id = %backend.agent_id, connection_id = id, "DATA for unknown connection; closing it at the agent");
+                    let _ = backend.send(Packet::close_request(id)).await;
+                    return;
+                };
+                match self.deliver(&t, pkt).await {
+                    crate::tunnel::Delivery::Queued => {}
+                    crate::tunnel::Delivery::Gone | crate::tunnel::Delivery::Stalled => {
+                        if t.aborted().is_some() {
+                            tracing::warn!(agent_id = %backend.agent_id, connection_id = id, "frontend stalled; closing its connection");
+                        }
+                        t.with_state(|s| *s = TunnelState::Closed);
+                        if backend.remove_conn_of(ConnectId(id), &t) {
+                            let _ = backend.send(Packet::close_request(id)).await;
+                        }
+                    }
+                }
+            }
+            (Ok(PacketType::CloseRsp), Some(Payload::CloseResponse(c))) => {
+                let id = c.connect_id;
+                match backend.remove_conn(ConnectId(id)) {
+                    Some(t) => {
+                        t.with_state(|s| *s = TunnelState::Closed);
+                        t.deliver_last(pkt, self.cfg.stall_timeout).await;
+                    }
+                    None => tracing::debug!(agent_id = %backend.agent_id, connection_id = id, "CLOSE_RSP for unknown connection; dropped"),
+                }
+            }
+            (Ok(PacketType::DialCls), Some(Payload::CloseDial(c))) => {
+                let dial = DialId(c.random);
+                match self.take_pending(dial) {
+                    Some(p) if p.backend.id == backend.id => {
+                        self.metrics.dial_failure(DialFailure::BackendClose);
+                        p.tunnel.with_state(|s| *s = TunnelState::Closed);
+                        p.tunnel.deliver_last(pkt, self.cfg.stall_timeout).await;
+                    }
+                    Some(p) => self.add_pending(dial, p),
+                    None => tracing::debug!(dial_id = %dial, "DIAL_CLS for unknown dial; dropped"),
+                }
+            }
+            (Ok(PacketType::Drain), _) => {
+                tracing::info!(agent_id = %backend.agent_id, "agent is draining; new dials go elsewhere when possible");
+                backend.set_draining();
+            }
+            _ => {
+                tracing::debug!(agent_id = %backend.agent_id, packet_type = pkt.r#type, "ignoring unexpected packet from agent");
+            }
+        }
+    }
+
+    async fn agent_dial_response(&self, backend: &Arc<Backend>, random: i64, connect: i64, failed: bool, pkt: Packet) {
+        let dial = DialId(random);
+        let pending = match self.take_pending(dial) {
+            // A dial id answered by a stream we did not send it to is not ours.
+            Some(p) if p.backend.id != backend.id => {
+                self.add_pending(dial, p);
+                None
+            }
+            other => other,
+        };
+        let Some(p) = pending else {
+            self.metrics.dial_failure(DialFailure::UnrecognizedResponse);
+            tracing::debug!(dial_id = %dial, connection_id = connect, "DIAL_RSP for unknown dial");
+            if connect != 0 {
+                // The frontend gave up; the agent's connection must not linger.
+                let _ = backend.send(Packet::close_request(connect)).await;
+            }
+            return;
+        };
+        if failed {
+            self.metrics.dial_failure(DialFailure::ErrorResponse);
+            p.tunnel.with_state(|s| *s = TunnelState::Closed);
+            p.tunnel.deliver_last(pkt, self.cfg.stall_timeout).await;
+            return;
+        }
+        let connect_id = ConnectId(connect);
+        p.tunnel.with_state(|s| {
+            *s = TunnelState::Established { backend: backend.clone(), connect: connect_id }
+        });
+        backend.add_conn(connect_id, p.tunnel.clone());
+        self.metrics.dial_duration.record(p.started.elapsed().as_secs_f64());
+        if self.deliver(&p.tunnel, pkt).await != crate::tunnel::Delivery::Queued {
+            self.metrics.dial_failure(DialFailure::SendResponse);
+            p.tunnel.with_state(|s| *s = TunnelState::Closed);
+            if backend.remove_conn_of(connect_id, &p.tunnel) {
+                let _ = backend.send(Packet::close_request(connect)).await;
+            }
+        }
+    }
+
+    /// An agent stream ended: its frontends are closed and its pending dials
+    /// fail now instead of hanging until their deadline.
+    pub async fn agent_gone(&self, backend: &Arc<Backend>) {
+        backend.retire();
+        self.backends.remove(backend);
+        let conns = backend.take_conns();
+        if !conns.is_empty() {
+            tracing::info!(agent_id = %backend.agent_id, count = conns.len(), "agent stream closed; closing its connections");
+        }
+        for (id, t) in conns {
+            t.with_state(|s| *s = TunnelState::Closed);
+            t.close_now(close_rsp(id.0, ""), Abort::AgentGone);
+        }
+        let dials: Vec<(DialId, Pending)> = {
+            let mut pending = self.pending.lock();
+            let ids: Vec<DialId> = pending
+                .iter()
+                .filter(|(_, p)| p.backend.id == backend.id)
+                .map(|(id, _)| *id)
+                .collect();
+            let taken = ids.into_iter().filter_map(|id| pending.remove(&id).map(|p| (id, p))).collect();
+            self.metrics.pending_dials.set(pending.len() as f64);
+            taken
+        };
+        for (dial, p) in dials {
+            self.metrics.dial_failure(DialFailure::BackendClose);
+            p.tunnel.with_state(|s| *s = TunnelState::Closed);
+            let rsp = Packet::dial_response(dial.0, 0, "agent stream closed before the dial completed".into());
+            p.tunnel.close_now(rsp, Abort::AgentGone);
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! HTTP CONNECT frontend: `CONNECT host:port HTTP/1.1`, then raw bytes.
+//!
+//! The request head is parsed with httparse and every response is written by
+//! hand because upstream's exact bytes matter to kube-apiserver: a bare
+//! `HTTP/1.1 200 Connection Established` with no headers, and nothing after it
+//! that is not tunnel data. One task owns the socket; the 200 line and the
+//! agent's data go through the same queue, so the 200 always comes first.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use daemon::drain::Drain;
+use konnectivity_proto::ids::{ConnectId, DialId};
+use konnectivity_proto::packet::Payload;
+use konnectivity_proto::{Packet, PacketExt, PacketType};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::backend::Backend;
+use crate::core::{Core, DialRefused};
+use crate::metrics::Segment;
+use crate::tunnel::{FrontendQueue, Tunnel, TunnelState};
+
+/// Longest request head accepted; a CONNECT head is a few dozen bytes.
+const MAX_HEAD: usize = 64 * 1024;
+/// How long a client may take to send its request head (Go's ReadHeaderTimeout).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Read size from the client, and how much it may send before the 200.
+const CHUNK: usize = 64 * 1024;
+
+const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
+
+/// A CONNECT target in authority form (`host:port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectAuthority(pub String);
+
+/// A parsed request head.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Head {
+    Connect { authority: ConnectAuthority, user_agent: String },
+    OtherMethod(String),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HeadError {
+    #[error("malformed request: {0}")]
+    Malformed(String),
+    #[error("request head larger than {MAX_HEAD} bytes")]
+    TooLarge,
+    #[error("CONNECT target {0:?} is not host:port")]
+    BadTarget(String),
+}
+
+/// Parses a request head from `buf`. `Ok(None)`: need more bytes.
+/// On success also returns the head's length.
+pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(HeadError::TooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(HeadError::Malformed(e.to_string())),
+    };
+    let method = req.method.unwrap_or_default();
+    if method != "CONNECT" {
+        return Ok(Some((Head::OtherMethod(method.to_string()), len)));
+    }
+    let target = req.path.unwrap_or_default();
+    let valid = target
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && !h.contains('/') && p.parse::<u16>().is_ok());
+    if !valid {
+        return Err(HeadError::BadTarget(target.to_string()));
+    }
+    let user_agent = req
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("user-agent"))
+        .and_then(|h| std::str::from_utf8(h.value).ok())
+        .unwrap_or_default()
+        .to_string();
+    Ok(Some((
+        Head::Connect { authority: ConnectAuthority(target.to_string()), user_agent },
+        len,
+    )))
+}
+
+/// The status upstream maps an agent's dial error text to.
+pub fn status_for_dial_error(error: &str) -> u16 {
+    let e = error.to_ascii_lowercase();
+    if e.contains("timeout") || e.contains("deadline exceeded") {
+        504
+    } else if e.contains("too many open files") {
+        503
+    } else {
+        502
+    }
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        400 => "Bad Request",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    }
+}
+
+/// A response the way Go's `http.Response.Write` renders one with an unsized body.
+fn go_response(code: u16, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {code} {}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{body}",
+        reason(code)
+    )
+    .into_bytes()
+}
+
+/// A response the way Go's `http.Error` renders one.
+fn go_error(code: u16, body: &str) -> Vec<u8> {
+    let body = format!("{body}\n");
+    format!(
+        "HTTP/1.1 {code} {}\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        reason(code),
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn refused_response(why: &DialRefused) -> Vec<u8> {
+    match why {
+        DialRefused::NoAgent => {
+            format!("HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: {why}")
+                .into_bytes()
+        }
+        DialRefused::TimedOut => format!(
+            "HTTP/1.1 504 Gateway Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nFailed to tunnel dial request: {why}\r\n"
+        )
+        .into_bytes(),
+        other => format!(
+            "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nFailed to tunnel dial request: {other}\r\n"
+        )
+        .into_bytes(),
+    }
+}
+
+/// Serves one client connection.
+pub async fn serve_conn<IO>(core: Arc<Core>, mut io: IO, drain: Drain)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let gauge = core.metrics.http_connections.clone();
+    gauge.increment(1.0);
+    serve_inner(&core, &mut io, &drain).await;
+    let _ = io.shutdown().await;
+    gauge.decrement(1.0);
+}
+
+async fn serve_inner<IO>(core: &Arc<Core>, io: &mut IO, drain: &Drain)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let mut buf = BytesMut::with_capacity(1024);
+    let head = tokio::time::timeout(HEAD_TIMEOUT, async {
+        loop {
+            match parse_head(&buf) {
+                Ok(None) => {}
+                other => return other,
+            }
+            match io.read_buf(&mut buf).await {
+                Ok(0) => return Err(HeadError::Malformed("connection closed before the request head ended".into())),
+                Ok(_) => {}
+                Err(e) => return Err(HeadError::Malformed(e.to_string())),
+            }
+        }
+    })
+    .await;
+    let (head, len) = match head {
+        Ok(Ok(Some(h))) => h,
+        Ok(Ok(None)) => return,
+        Ok(Err(HeadError::TooLarge)) => {
+            let _ = io.write_all(&go_error(431, "request header too large")).await;
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "bad CONNECT request");
+            let _ = io.write_all(&go_error(400, &e.to_string())).await;
+            return;
+        }
+        Err(_) => {
+            tracing::debug!("client did not send a request head in time");
+            return;
+        }
+    };
+    let (authority, user_agent) = match head {
+        Head::Connect { authority, user_agent } => (authority, user_agent),
+        Head::OtherMethod(m) => {
+            tracing::debug!(method = %m, "non-CONNECT request");
+            let _ = io.write_all(&go_error(405, "this proxy only supports CONNECT passthrough")).await;
+            return;
+        }
+    };
+    let early = buf.split_off(len);
+    tracing::debug!(host = %authority.0, user_agent = %user_agent, "CONNECT");
+
+    let (tunnel, queue) = Tunnel::new(core.cfg.frontend_queue);
+    let dial = DialId::random();
+    let req = Packet::dial_request("tcp", &authority.0, dial.0);
+    core.metrics.packet(Segment::FromClient, PacketType::DialReq as i32);
+    if let Err(why) = core.dial(&tunnel, req).await {
+        tracing::debug!(host = %authority.0, error = %why, "dial refused");
+        let _ = io.write_all(&refused_response(&why)).await;
+        core.frontend_gone(&tunnel).await;
+        return;
+    }
+    run_tunnel(core, &tunnel, queue, io, early, drain).await;
+    core.frontend_gone(&tunnel).await;
+}
+
+async fn run_tunnel<IO>(core: &Core, tunnel: &Arc<Tunnel>, queue: FrontendQueue, io: &mut IO, early: BytesMut, drain: &Drain)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let (rd, wr) = tokio::io::split(io);
+    let (est_tx, est_rx) = watch::channel(None);
+    tokio::select! {
+        _ = write_loop(core, tunnel, queue, wr, est_tx) => {}
+        _ = read_loop(core, rd, early, est_rx) => {}
+        _ = drain.stopping() => {}
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Everything the client receives is written here, in queue order.
+async fn write_loop<W>(
+    core: &Core,
+    tunnel: &Arc<Tunnel>,
+    mut queue: FrontendQueue,
+    mut wr: W,
+    est_tx: watch::Sender<Option<(Arc<Backend>, ConnectId)>>,
+) where
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        let deadline = Core::dial_deadline(tunnel);
+        let pkt = tokio::select! {
+            biased;
+            p = queue.rx.recv() => p,
+            _ = queue.finished.cancelled() => queue.rx.try_recv().ok(),
+            _ = sleep_until_opt(deadline) => {
+                if core.expire_dial(tunnel).await.is_some() {
+                    let msg = format!(
+                        "HTTP/1.1 504 Gateway Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nBackend dial timeout: {}\r\n",
+                        DialRefused::TimedOut
+                    );
+                    let _ = wr.write_all(msg.as_bytes()).await;
+                    return;
+                }
+                continue;
+            }
+        };
+        let Some(pkt) = pkt else { return };
+        if tunnel.aborted().is_some() {
+            return;
+        }
+        core.metrics.packet(Segment::ToClient, pkt.r#type);
+        let written = match (PacketType::try_from(pkt.r#type), pkt.payload) {
+            (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) if rsp.error.is_empty() => {
+                let TunnelState::Established { backend, connect } = tunnel.state() else {
+                    return;
+                };
+                let r = write_or_abort(tunnel, &mut wr, ESTABLISHED).await;
+                let _ = est_tx.send(Some((backend, connect)));
+                r
+            }
+            (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
+                let resp = go_response(status_for_dial_error(&rsp.error), &rsp.error);
+                let _ = write_or_abort(tunnel, &mut wr, &resp).await;
+                return;
+            }
+            (Ok(PacketType::Data), Some(Payload::Data(d))) => write_or_abort(tunnel, &mut wr, &d.data).await,
+            (Ok(PacketType::CloseRsp | PacketType::DialCls), _) => return,
+            _ => true,
+        };
+        if !written {
+            return;
+        }
+    }
+}
+
+/// Writes unless the tunnel is aborted meanwhile (a client that stopped
+/// reading must not pin this task forever).
+async fn write_or_abort<W: AsyncWrite + Unpin>(tunnel: &Tunnel, wr: &mut W, data: &[u8]) -> bool {
+    tokio::select! {
+        r = async { wr.write_all(data).await?; wr.flush().await } => r.is_ok(),
+        _ = tunnel.aborted_wait() => false,
+    }
+}
+
+/// Everything the client sends goes to the agent from here. Bytes that arrive
+/// before the 200 are kept (up to one chunk) and sent once the dial succeeds.
+async fn read_loop<R>(core: &Core, mut rd: R, early: BytesMut, mut est_rx: watch::Receiver<Option<(Arc<Backend>, ConnectId)>>)
+where
+    R: AsyncRead + Unpin,
+{
+    let mut buf = early;
+    let (backend, connect) = loop {
+        if let Some(v) = est_rx.borrow_and_update().clone() {
+            break v;
+        }
+        if buf.len() >= CHUNK {
+            if est_rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            continue;
+        }
+        buf.reserve(CHUNK - buf.len());
+        tokio::select! {
+            r = est_rx.changed() => if r.is_err() { return std::future::pending().await },
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            },
+        }
+    };
+    if !buf.is_empty() && !send(core, &backend, connect, buf.split().freeze()).await {
+        return;
+    }
+    // Start small so idle connections hold little memory; grow while reads fill
+    // the buffer, shrink when they stop doing so.
+    let mut want = 4096;
+    loop {
+        if buf.capacity() < want {
+            buf.reserve(want);
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) if n >= want => want = (want * 2).min(CHUNK),
+            Ok(n) if n < want / 4 => want = (want / 2).max(4096),
+            Ok(_) => {}
+        }
+        if !send(core, &backend, connect, buf.split().freeze()).await {
+            return;
+        }
+    }
+}
+
+async fn send(core: &Core, backend: &Backend, connect: ConnectId, data: Bytes) -> bool {
+    core.metrics.packet(Segment::FromClient, PacketType::Data as i32);
+    core.frontend_bytes(backend, connect, data).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_kube_apiserver_sends() {
+        let req = b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: kube\r\n\r\nEXTRA";
+        let (head, len) = parse_head(req).ok().flatten().unwrap_or((Head::OtherMethod(String::new()), 0));
+        assert_eq!(
+            head,
+            Head::Connect { authority: ConnectAuthority("10.0.0.5:10250".into()), user_agent: "kube".into() }
+        );
+        assert_eq!(&req[len..], b"EXTRA");
+    }
+
+    #[test]
+    fn partial_heads_wait_and_bad_ones_fail() {
+        assert_eq!(parse_head(b"CONNECT a:1 HTTP/1.1\r\nHo"), Ok(None));
+        assert!(matches!(parse_head(b"CONNECT /path HTTP/1.1\r\n\r\n"), Err(HeadError::BadTarget(_))));
+        assert!(matches!(parse_head(b"CONNECT a:99999 HTTP/1.1\r\n\r\n"), Err(HeadError::BadTarget(_))));
+        assert!(matches!(parse_head(b"\x16\x03\x01garbage\r\n\r\n"), Err(HeadError::Malformed(_))));
+        let huge = [b"CONNECT a:1 HTTP/1.1\r\nX: ".as_slice(), &vec![b'a'; MAX_HEAD + 1]].concat();
+        assert_eq!(parse_head(&huge), Err(HeadError::TooLarge));
+        assert!(matches!(parse_head(b"GET / HTTP/1.1\r\n\r\n"), Ok(Some((Head::OtherMethod(m), _))) if m == "GET"));
+    }
+
+    #[test]
+    fn dial_errors_map_like_upstream() {
+        assert_eq!(status_for_dial_error("dial tcp 10.0.0.1:80: i/o timeout"), 504);
+        assert_eq!(status_for_dial_error("context deadline exceeded"), 504);
+        assert_eq!(status_for_dial_error("dial tcp: socket: too many open files"), 503);
+        assert_eq!(status_for_dial_error("dial tcp 127.0.0.1:1: connect: connection refused"), 502);
+        assert_eq!(status_for_dial_error("dial tcp: lookup x.invalid: no such host"), 502);
+        assert_eq!(status_for_dial_error("something else"), 502);
+    }
+}

@@ -1,0 +1,279 @@
+//! Konnectivity proxy server, wire-compatible with apiserver-network-proxy
+//! v0.36: kube-apiserver dials through it (gRPC `Proxy` or HTTP CONNECT, on a
+//! Unix socket or mTLS TCP) and agents connect out to it (`AgentService`).
+//!
+//! `main.rs` parses flags into a [`Config`], binds every socket, and calls
+//! [`Server::run`]; tests do the same with sockets bound to port 0.
+
+mod agents;
+mod backend;
+mod core;
+mod frontend;
+mod health;
+pub mod metrics;
+pub mod options;
+mod transport;
+mod tunnel;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use daemon::drain::Drain;
+use daemon::listen::{AcceptOptions, Listener, accept_loop};
+use konnectivity_proto::agent_service_server::AgentServiceServer;
+use konnectivity_proto::ids::ServerId;
+use konnectivity_proto::proxy_service_server::ProxyServiceServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+
+pub use crate::backend::Strategy;
+pub use crate::core::CoreConfig;
+pub use crate::frontend::http_connect::{ConnectAuthority, Head, HeadError, parse_head, status_for_dial_error};
+
+use crate::agents::AgentSvc;
+use crate::backend::Backends;
+use crate::core::Core;
+use crate::frontend::grpc::ProxySvc;
+use crate::metrics::Metrics;
+use crate::transport::{H2Settings, acceptor, serve_h2, tls_handshake};
+
+/// How kube-apiserver talks to the frontend listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Grpc,
+    HttpConnect,
+}
+
+/// Everything the server needs besides its sockets.
+#[derive(Clone)]
+pub struct Config {
+    pub mode: Mode,
+    /// TLS for a TCP frontend (client certificates required); `None` for a Unix socket.
+    pub frontend_tls: Option<Arc<rustls::ServerConfig>>,
+    pub agent_tls: Arc<rustls::ServerConfig>,
+    pub server_id: ServerId,
+    pub server_count: u32,
+    pub strategies: Vec<Strategy>,
+    pub core: CoreConfig,
+    pub keepalive_time: Duration,
+    pub frontend_keepalive_time: Duration,
+    pub graceful_shutdown_timeout: Duration,
+}
+
+/// The frontend listener.
+pub enum FrontendListener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+/// Every socket the server serves, bound before [`Server::run`].
+pub struct Listeners {
+    pub frontend: FrontendListener,
+    pub agent: TcpListener,
+    pub health: TcpListener,
+    pub admin: TcpListener,
+}
+
+/// Errors that stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("binding {what}: {source}")]
+    Bind {
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+/// Binds every listener named by the flags.
+pub async fn bind(addrs: &options::Addresses) -> Result<Listeners, ServerError> {
+    let frontend = match &addrs.frontend {
+        options::FrontendAddr::Unix { path, delete_existing } => FrontendListener::Unix(
+            daemon::listen::bind_unix(path, *delete_existing).map_err(|source| ServerError::Bind { what: "frontend unix socket", source })?,
+        ),
+        options::FrontendAddr::Tcp { host, port } => FrontendListener::Tcp(
+            daemon::listen::bind_tcp(host, *port)
+                .await
+                .map_err(|source| ServerError::Bind { what: "frontend port", source })?,
+        ),
+    };
+    let tcp = |what: &'static str, (host, port): &(String, u16)| {
+        let host = host.clone();
+        let port = *port;
+        async move { daemon::listen::bind_tcp(&host, port).await.map_err(|source| ServerError::Bind { what, source }) }
+    };
+    Ok(Listeners {
+        frontend,
+        agent: tcp("agent port", &addrs.agent).await?,
+        health: tcp("health port", &addrs.health).await?,
+        admin: tcp("admin port", &addrs.admin).await?,
+    })
+}
+
+/// A running or ready-to-run server.
+pub struct Server {
+    config: Config,
+    core: Arc<Core>,
+    drain: Drain,
+}
+
+/// A view of a server's state, for tests and the demo.
+#[derive(Clone)]
+pub struct ServerHandle {
+    core: Arc<Core>,
+    drain: Drain,
+}
+
+impl ServerHandle {
+    /// Dials waiting for the agent's DIAL_RSP.
+    pub fn pending_dials(&self) -> usize {
+        self.core.pending_count()
+    }
+
+    /// Connections established through agents.
+    pub fn established(&self) -> usize {
+        self.core.established_count()
+    }
+
+    /// Agent streams currently connected.
+    pub fn agent_streams(&self) -> usize {
+        self.core.backends.len()
+    }
+
+    /// Number of agents the first proxy strategy can route to; `/readyz` is
+    /// OK when it is above zero.
+    pub fn watch_ready(&self) -> watch::Receiver<usize> {
+        self.core.backends.watch_ready()
+    }
+
+    /// Waits until `n` agent streams are connected (counted by agent id for
+    /// the first strategy).
+    pub async fn wait_for_agents(&self, n: usize) {
+        let mut rx = self.watch_ready();
+        let _ = rx.wait_for(|c| *c >= n).await;
+    }
+
+    /// Tasks still running (frontends, agent streams, accept loops).
+    pub fn live_tasks(&self) -> usize {
+        self.drain.live_tasks()
+    }
+
+    /// The Prometheus exposition text.
+    pub fn metrics(&self) -> String {
+        self.core.metrics.render()
+    }
+}
+
+impl Server {
+    pub fn new(config: Config) -> Server {
+        let metrics = Arc::new(Metrics::new());
+        let backends = Backends::new(config.strategies.clone(), metrics.clone());
+        let core = Arc::new(Core::new(backends, metrics, config.core.clone()));
+        Server { config, core, drain: Drain::new() }
+    }
+
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle { core: self.core.clone(), drain: self.drain.clone() }
+    }
+
+    /// Serves until `shutdown` resolves, then drains for the configured grace
+    /// period and returns.
+    pub async fn run(self, listeners: Listeners, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+        let Server { config, core, drain } = self;
+        log_bound("agent", &listeners.agent);
+        log_bound("health", &listeners.health);
+        log_bound("admin", &listeners.admin);
+        match &listeners.frontend {
+            FrontendListener::Unix(l) => log_bound("frontend", l),
+            FrontendListener::Tcp(l) => log_bound("frontend", l),
+        }
+
+        let registry = core.metrics.registry().clone();
+        drain.spawn(registry.run_upkeep(drain.clone()));
+        drain.spawn(daemon::endpoints::serve(listeners.health, "health", health::health_handler(core.clone()), drain.clone()));
+        drain.spawn(daemon::endpoints::serve(listeners.admin, "admin", health::admin_handler(core.clone()), drain.clone()));
+        drain.spawn(serve_agents(listeners.agent, &config, core.clone(), drain.clone()));
+        match listeners.frontend {
+            FrontendListener::Unix(l) => {
+                let path = l.local_addr().ok().and_then(|a| a.as_pathname().map(PathBuf::from));
+                drain.spawn(serve_frontend(l, None, &config, core.clone(), drain.clone()));
+                shutdown.await;
+                finish(&drain, config.graceful_shutdown_timeout).await;
+                if let Some(p) = path {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            FrontendListener::Tcp(l) => {
+                drain.spawn(serve_frontend(l, config.frontend_tls.clone(), &config, core.clone(), drain.clone()));
+                shutdown.await;
+                finish(&drain, config.graceful_shutdown_timeout).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn log_bound<L: Listener>(name: &str, l: &L) {
+    tracing::info!(listener = name, addr = %l.local(), "listening");
+}
+
+async fn finish(drain: &Drain, grace: Duration) {
+    tracing::info!(grace = %daemon::duration::format(grace), "shutting down");
+    if !drain.shutdown(grace).await {
+        tracing::info!("grace period over; remaining tunnels were closed");
+    }
+}
+
+fn serve_agents(listener: TcpListener, config: &Config, core: Arc<Core>, drain: Drain) -> impl Future<Output = ()> + Send + use<> {
+    let svc = AgentServiceServer::new(AgentSvc {
+        core,
+        drain: drain.clone(),
+        server_id: config.server_id.clone(),
+        server_count: config.server_count,
+    });
+    let settings = H2Settings { keepalive: config.keepalive_time, keepalive_timeout: Duration::from_secs(20) };
+    let tls = acceptor(config.agent_tls.clone());
+    let d = drain.clone();
+    accept_loop(listener, "agent", drain, AcceptOptions::default(), move |io, _, _| {
+        let (svc, settings, tls, d) = (svc.clone(), settings.clone(), tls.clone(), d.clone());
+        async move {
+            if let Some(io) = tls_handshake(&tls, io).await {
+                serve_h2(io, svc, &settings, &d).await;
+            }
+        }
+    })
+}
+
+fn serve_frontend<L: Listener>(
+    listener: L,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    config: &Config,
+    core: Arc<Core>,
+    drain: Drain,
+) -> impl Future<Output = ()> + Send + use<L> {
+    let mode = config.mode;
+    let svc = ProxyServiceServer::new(ProxySvc { core: core.clone(), drain: drain.clone() });
+    let settings = H2Settings { keepalive: config.frontend_keepalive_time, keepalive_timeout: Duration::from_secs(20) };
+    let tls = tls.map(acceptor);
+    let d = drain.clone();
+    accept_loop(listener, "frontend", drain, AcceptOptions::default(), move |io, _, _| {
+        let (svc, settings, tls, d, core) = (svc.clone(), settings.clone(), tls.clone(), d.clone(), core.clone());
+        async move {
+            match (mode, tls) {
+                (Mode::Grpc, None) => serve_h2(io, svc, &settings, &d).await,
+                (Mode::Grpc, Some(tls)) => {
+                    if let Some(io) = tls_handshake(&tls, io).await {
+                        serve_h2(io, svc, &settings, &d).await
+                    }
+                }
+                (Mode::HttpConnect, None) => frontend::http_connect::serve_conn(core, io, d).await,
+                (Mode::HttpConnect, Some(tls)) => {
+                    if let Some(io) = tls_handshake(&tls, io).await {
+                        frontend::http_connect::serve_conn(core, io, d).await
+                    }
+                }
+            }
+        }
+    })
+}

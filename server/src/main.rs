@@ -1,0 +1,26 @@
+//! `proxy-server`: parse flags, bind, serve; first SIGTERM drains, second exits.
+
+use anyhow::Context;
+use daemon::flags::usage_error;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let values = proxy_server::options::flags().parse_env_or_exit();
+    if let Err(e) = daemon::logging::init(&values) {
+        usage_error(&e);
+    }
+    let (config, addrs) = proxy_server::options::parse(&values).unwrap_or_else(|e| usage_error(&e));
+    let listeners = proxy_server::bind(&addrs).await.context("binding listeners")?;
+    let mut signals = daemon::signals::Terminations::install().context("installing signal handlers")?;
+    let server = proxy_server::Server::new(config);
+    let shutdown = async move {
+        signals.next().await;
+        tracing::info!("received termination signal; draining (send it again to exit at once)");
+        tokio::spawn(async move {
+            signals.next().await;
+            std::process::exit(1);
+        });
+    };
+    server.run(listeners, shutdown).await?;
+    Ok(())
+}

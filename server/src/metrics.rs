@@ -1,0 +1,264 @@
+//! The server's metrics: upstream's names, labels, buckets and HELP text
+//! (`konnectivity_network_proxy_server_*`), registered once per server instance.
+
+use std::sync::Arc;
+
+use daemon::metrics::Registry;
+use metrics::{Counter, Gauge, Histogram};
+
+const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
+
+const DIAL_DURATION: &str = "konnectivity_network_proxy_server_dial_duration_seconds";
+const FRONTEND_WRITE_DURATION: &str = "konnectivity_network_proxy_server_frontend_write_duration_seconds";
+const GRPC_CONNECTIONS: &str = "konnectivity_network_proxy_server_grpc_connections";
+const HTTP_CONNECTIONS: &str = "konnectivity_network_proxy_server_http_connections";
+const READY_BACKEND_CONNECTIONS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+const READY_BACKENDS: &str = "konnectivity_network_proxy_server_ready_backends";
+const PENDING_DIALS: &str = "konnectivity_network_proxy_server_pending_backend_dials";
+const ESTABLISHED: &str = "konnectivity_network_proxy_server_established_connections";
+const FULL_RECV_CHANNELS: &str = "konnectivity_network_proxy_server_full_receive_channels";
+const DIAL_FAILURES: &str = "konnectivity_network_proxy_server_dial_failure_count";
+const STREAM_PACKETS: &str = "konnectivity_network_proxy_server_stream_packets_total";
+const STREAM_ERRORS: &str = "konnectivity_network_proxy_server_stream_errors_total";
+
+/// Why a dial failed, as upstream labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DialFailure {
+    NoAgent,
+    ErrorResponse,
+    UnrecognizedResponse,
+    SendResponse,
+    BackendClose,
+    BackendDialTimeout,
+    FrontendClose,
+}
+
+impl DialFailure {
+    const ALL: [DialFailure; 7] = [
+        DialFailure::NoAgent,
+        DialFailure::ErrorResponse,
+        DialFailure::UnrecognizedResponse,
+        DialFailure::SendResponse,
+        DialFailure::BackendClose,
+        DialFailure::BackendDialTimeout,
+        DialFailure::FrontendClose,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            DialFailure::NoAgent => "no_agent",
+            DialFailure::ErrorResponse => "error_response",
+            DialFailure::UnrecognizedResponse => "unrecognized_response",
+            DialFailure::SendResponse => "send_rsp",
+            DialFailure::BackendClose => "backend_close",
+            DialFailure::BackendDialTimeout => "backend_dial_timeout",
+            DialFailure::FrontendClose => "frontend_close",
+        }
+    }
+}
+
+/// The four legs a packet can travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment {
+    FromClient,
+    ToClient,
+    FromAgent,
+    ToAgent,
+}
+
+const PACKET_TYPES: [&str; 8] = [
+    "DIAL_REQ", "DIAL_RSP", "CLOSE_REQ", "CLOSE_RSP", "DATA", "DIAL_CLS", "DRAIN", "Unknown",
+];
+
+impl Segment {
+    const ALL: [Segment; 4] = [Segment::FromClient, Segment::ToClient, Segment::FromAgent, Segment::ToAgent];
+
+    fn label(self) -> &'static str {
+        match self {
+            Segment::FromClient => "from_client",
+            Segment::ToClient => "to_client",
+            Segment::FromAgent => "from_agent",
+            Segment::ToAgent => "to_agent",
+        }
+    }
+}
+
+/// Which gRPC service a connection gauge counts.
+#[derive(Debug, Clone, Copy)]
+pub enum Service {
+    Proxy,
+    Connect,
+}
+
+pub struct Metrics {
+    registry: Arc<Registry>,
+    pub dial_duration: Histogram,
+    pub frontend_write_duration: Histogram,
+    grpc_proxy: Gauge,
+    grpc_connect: Gauge,
+    pub http_connections: Gauge,
+    pub ready_backend_connections: Gauge,
+    pub pending_dials: Gauge,
+    pub established: Gauge,
+    full_recv_proxy: Gauge,
+    full_recv_connect: Gauge,
+    dial_failures: Vec<Counter>,
+    /// Indexed by segment, then packet type (0..=6, 7 for unknown types): the
+    /// data path counts every packet, so no registry lookup per packet.
+    packets: Vec<Vec<Counter>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Arc::new(Registry::new(&[
+            (DIAL_DURATION, LATENCY_BUCKETS),
+            (FRONTEND_WRITE_DURATION, LATENCY_BUCKETS),
+        ]));
+        r.describe_histogram(DIAL_DURATION, "Latency of dial to the remote endpoint in seconds");
+        r.describe_histogram(FRONTEND_WRITE_DURATION, "Latency of write to the frontend in seconds");
+        r.describe_gauge(GRPC_CONNECTIONS, "Number of current grpc connections, partitioned by service method.");
+        r.describe_gauge(HTTP_CONNECTIONS, "Number of current HTTP CONNECT connections");
+        r.describe_gauge(
+            READY_BACKEND_CONNECTIONS,
+            "Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
+        );
+        r.describe_gauge(READY_BACKENDS, "Number of konnectivity agent connected to the proxy server");
+        r.describe_gauge(PENDING_DIALS, "Current number of pending backend dial requests");
+        r.describe_gauge(ESTABLISHED, "Current number of established end-to-end connections (post-dial).");
+        r.describe_gauge(
+            FULL_RECV_CHANNELS,
+            "Number of current connections blocked by a full receive channel, partitioned by service method.",
+        );
+        r.describe_counter(
+            DIAL_FAILURES,
+            "Number of dial failures observed. Multiple failures can occur for a single dial request.",
+        );
+        r.describe_counter(
+            STREAM_PACKETS,
+            "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
+        );
+        r.describe_counter(
+            STREAM_ERRORS,
+            "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
+        );
+        Metrics {
+            dial_duration: r.histogram(DIAL_DURATION, &[]),
+            frontend_write_duration: r.histogram(FRONTEND_WRITE_DURATION, &[]),
+            grpc_proxy: r.gauge(GRPC_CONNECTIONS, &[("service_method", "Proxy")]),
+            grpc_connect: r.gauge(GRPC_CONNECTIONS, &[("service_method", "Connect")]),
+            http_connections: r.gauge(HTTP_CONNECTIONS, &[]),
+            ready_backend_connections: r.gauge(READY_BACKEND_CONNECTIONS, &[]),
+            pending_dials: r.gauge(PENDING_DIALS, &[]),
+            established: r.gauge(ESTABLISHED, &[]),
+            full_recv_proxy: r.gauge(FULL_RECV_CHANNELS, &[("service_method", "Proxy")]),
+            full_recv_connect: r.gauge(FULL_RECV_CHANNELS, &[("service_method", "Connect")]),
+            dial_failures: DialFailure::ALL
+                .iter()
+                .map(|f| r.counter(DIAL_FAILURES, &[("reason", f.label())]))
+                .collect(),
+            packets: Segment::ALL
+                .iter()
+                .map(|seg| {
+                    PACKET_TYPES
+                        .iter()
+                        .map(|t| r.counter(STREAM_PACKETS, &[("segment", seg.label()), ("packet_type", t)]))
+                        .collect()
+                })
+                .collect(),
+            registry: r,
+        }
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn dial_failure(&self, reason: DialFailure) {
+        if let Some(c) = DialFailure::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .and_then(|i| self.dial_failures.get(i))
+        {
+            c.increment(1);
+        }
+    }
+
+    pub fn grpc_connections(&self, service: Service) -> &Gauge {
+        match service {
+            Service::Proxy => &self.grpc_proxy,
+            Service::Connect => &self.grpc_connect,
+        }
+    }
+
+    pub fn full_receive_channels(&self, service: Service) -> &Gauge {
+        match service {
+            Service::Proxy => &self.full_recv_proxy,
+            Service::Connect => &self.full_recv_connect,
+        }
+    }
+
+    pub fn ready_backends(&self, strategy: &str, count: usize) {
+        // Strategy names are few and fixed; registering on use is cheap and
+        // keeps the label set to the configured strategies.
+        self.registry
+            .gauge(READY_BACKENDS, &[("proxy_strategy", strategy)])
+            .set(count as f64);
+    }
+
+    /// Counts one packet of raw type `packet_type` on `segment`.
+    pub fn packet(&self, segment: Segment, packet_type: i32) {
+        let t = usize::try_from(packet_type).ok().filter(|t| *t < 7).unwrap_or(7);
+        if let Some(c) = self.packets.get(segment as usize).and_then(|s| s.get(t)) {
+            c.increment(1);
+        }
+    }
+
+    pub fn stream_error(&self, segment: Segment, code: tonic::Code, packet_type: &'static str) {
+        self.registry
+            .counter(
+                STREAM_ERRORS,
+                &[("segment", segment.label()), ("code", code_name(code)), ("packet_type", packet_type)],
+            )
+            .increment(1);
+    }
+
+    pub fn render(&self) -> String {
+        self.registry.render()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// grpc-go's `codes.Code.String()` spelling.
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "Canceled",
+        Unknown => "Unknown",
+        InvalidArgument => "InvalidArgument",
+        DeadlineExceeded => "DeadlineExceeded",
+        NotFound => "NotFound",
+        AlreadyExists => "AlreadyExists",
+        PermissionDenied => "PermissionDenied",
+        ResourceExhausted => "ResourceExhausted",
+        FailedPrecondition => "FailedPrecondition",
+        Aborted => "Aborted",
+        OutOfRange => "OutOfRange",
+        Unimplemented => "Unimplemented",
+        Internal => "Internal",
+        Unavailable => "Unavailable",
+        DataLoss => "DataLoss",
+        Unauthenticated => "Unauthenticated",
+    }
+}

@@ -1,0 +1,237 @@
+//! `proxy-server` flags: upstream's names, defaults and Go value syntax, and
+//! their validation into a [`Config`]. Invalid input is reported as a message;
+//! the binary prints it and exits 2.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use daemon::flags::{FlagSet, Values};
+use daemon::tls::{self, TlsPolicy};
+use konnectivity_proto::ids::ServerId;
+
+use crate::backend::Strategy;
+use crate::core::CoreConfig;
+use crate::{Config, Mode};
+
+/// Our default for `--backend-dial-timeout` (upstream: 0, off). Longer than
+/// the agent's own 5 s dial timeout, shorter than kube-apiserver's 30 s
+/// backstop, so a lost DIAL_RSP is noticed here first.
+pub const DEFAULT_BACKEND_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Applied when `--backend-dial-timeout=0` asks for no limit: dials still end.
+pub const MAX_BACKEND_DIAL_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub fn flags() -> FlagSet {
+    FlagSet::new("proxy-server", "Konnectivity proxy server: kube-apiserver dials through it to agents in the cluster.")
+        .string("server-cert", "", "If non-empty secure communication with this cert.")
+        .string("server-key", "", "If non-empty secure communication with this key.")
+        .string("server-ca-cert", "", "If non-empty the CA we use to validate KAS clients.")
+        .string("cluster-cert", "", "If non-empty secure communication with this cert.")
+        .string("cluster-key", "", "If non-empty secure communication with this key.")
+        .string("cluster-ca-cert", "", "If non-empty the CA we use to validate Agent clients.")
+        .string("mode", "grpc", "mode can be either 'grpc' or 'http-connect'.")
+        .string("uds-name", "", "uds-name should be empty for TCP traffic. For UDS set to its name.")
+        .bool("delete-existing-uds-file", true, "If true and if file UdsName already exists, delete the file before listen on that UDS file.")
+        .int("server-port", 8090, "Port we listen for server connections on. Set to 0 for UDS.")
+        .string("server-bind-address", "", "Bind address for server connections. If empty, we will bind to all interfaces.")
+        .int("agent-port", 8091, "Port we listen for agent connections on.")
+        .string("agent-bind-address", "", "Bind address for agent connections. If empty, we will bind to all interfaces.")
+        .int("admin-port", 8095, "Port we listen for admin connections on.")
+        .string("admin-bind-address", "127.0.0.1", "Bind address for admin connections. If empty, we will bind to localhost.")
+        .int("health-port", 8092, "Port we listen for health connections on.")
+        .string("health-bind-address", "", "Bind address for health connections. If empty, we will bind to all interfaces.")
+        .duration("keepalive-time", Duration::from_secs(3600), "Time for gRPC agent server keepalive.")
+        .duration("frontend-keepalive-time", Duration::from_secs(3600), "Time for gRPC frontend server keepalive.")
+        .bool("enable-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
+        .bool("enable-contention-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
+        .string("server-id", "", "The unique ID of this server. Can also be set by the 'PROXY_SERVER_ID' environment variable.")
+        .int("server-count", 1, "The number of proxy server instances, should be 1 unless it is an HA server.")
+        .string("agent-namespace", "", "Expected agent's namespace during agent authentication (used with agent-service-account, authentication-audience, kubeconfig).")
+        .string("agent-service-account", "", "Expected agent's service account during agent authentication (used with agent-namespace, authentication-audience, kubeconfig).")
+        .string("kubeconfig", "", "absolute path to the kubeconfig file (used with agent-namespace, agent-service-account, authentication-audience).")
+        .float("kubeconfig-qps", 0.0, "Maximum client QPS (proxy server uses this client to authenticate agent tokens).")
+        .int("kubeconfig-burst", 0, "Maximum client burst (proxy server uses this client to authenticate agent tokens).")
+        .string("kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to apiserver.")
+        .string("authentication-audience", "", "Expected agent's token authentication audience (used with agent-namespace, agent-service-account, kubeconfig).")
+        .string("proxy-strategies", "default", "The list of proxy strategies used by the server to pick an agent/tunnel, available strategies are: default, destHost, defaultRoute.")
+        .strings("cipher-suites", &[], "The comma separated list of allowed cipher suites. Has no effect on TLS1.3. Empty means allow default list.")
+        .string("tls-min-version", "", "Minimum TLS version for server connections. Accepted values: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13. Empty defaults to VersionTLS12.")
+        .int("xfr-channel-size", 10, "Packets queued per frontend connection towards kube-apiserver (and, at least 16, per agent stream).")
+        .bool("enable-lease-controller", false, "Enable lease controller to publish and garbage collect proxy server leases.")
+        .string("lease-namespace", "kube-system", "The namespace where lease objects are managed by the controller.")
+        .string("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")
+        .duration("graceful-shutdown-timeout", Duration::ZERO, "How long live tunnels may continue after SIGTERM before they are cut. 0 stops at once.")
+        .duration("backend-dial-timeout", DEFAULT_BACKEND_DIAL_TIMEOUT, "Deadline for sending DIAL_REQ to an agent and receiving its DIAL_RSP. 0 means the 60s maximum.")
+        .duration("frontend-stall-timeout", Duration::from_secs(10), "How long a frontend may leave its queue full before only its connection is closed (protects the shared agent stream).")
+        .bool("warn-on-channel-limit", true, "Deprecated no-op.")
+        .deprecated("This behavior is now thread safe and always on. This flag will be removed in a future release.")
+        .with_klog(0)
+}
+
+/// Where the frontend listens, from the flags.
+#[derive(Debug, Clone)]
+pub enum FrontendAddr {
+    Unix { path: PathBuf, delete_existing: bool },
+    Tcp { host: String, port: u16 },
+}
+
+/// Every listening address, from the flags.
+#[derive(Debug, Clone)]
+pub struct Addresses {
+    pub frontend: FrontendAddr,
+    pub agent: (String, u16),
+    pub health: (String, u16),
+    pub admin: (String, u16),
+}
+
+fn port(v: &Values, name: &str) -> Result<u16, String> {
+    let p = v.int(name);
+    // 0 picks a free port (tests, local runs); otherwise upstream's range.
+    if p == 0 || (1024..=49151).contains(&p) {
+        Ok(p as u16)
+    } else {
+        Err(format!("please do not try to use reserved port {p} for --{name}; use 1024-49151, or 0 for any free port"))
+    }
+}
+
+fn file(v: &Values, name: &str) -> Result<Option<PathBuf>, String> {
+    let s = v.string(name);
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let p = PathBuf::from(&s);
+    if !p.is_file() {
+        return Err(format!("error checking --{name} {s:?}: no such file"));
+    }
+    Ok(Some(p))
+}
+
+fn pair(v: &Values, cert: &str, key: &str) -> Result<Option<(PathBuf, PathBuf)>, String> {
+    match (file(v, cert)?, file(v, key)?) {
+        (Some(c), Some(k)) => Ok(Some((c, k))),
+        (None, None) => Ok(None),
+        _ => Err(format!("--{cert} and --{key} must be set together")),
+    }
+}
+
+/// Validates the flags into the server configuration and its addresses.
+pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
+    let mode = match v.string("mode").as_str() {
+        "grpc" => Mode::Grpc,
+        "http-connect" => Mode::HttpConnect,
+        other => return Err(format!("mode must be set to either 'grpc' or 'http-connect', got {other:?}")),
+    };
+    let policy = TlsPolicy::from_flags(&v.string("tls-min-version"), &v.strings("cipher-suites")).map_err(|e| e.to_string())?;
+
+    let uds = v.string("uds-name");
+    let server_pair = pair(v, "server-cert", "server-key")?;
+    let server_ca = file(v, "server-ca-cert")?;
+    let alpn: &[&[u8]] = match mode {
+        Mode::Grpc => &[b"h2"],
+        Mode::HttpConnect => &[b"http/1.1"],
+    };
+    let (frontend, frontend_tls) = if uds.is_empty() {
+        let Some((cert, key)) = server_pair else {
+            return Err("a TCP frontend needs --server-cert and --server-key (or set --uds-name)".into());
+        };
+        let Some(ca) = server_ca else {
+            return Err("a TCP frontend needs --server-ca-cert: kube-apiserver clients must present certificates".into());
+        };
+        let tls = tls::server_config(&cert, &key, Some(&ca), &policy, alpn).map_err(|e| e.to_string())?;
+        let host = v.string("server-bind-address");
+        (FrontendAddr::Tcp { host, port: port(v, "server-port")? }, Some(Arc::new(tls)))
+    } else {
+        if v.int("server-port") != 0 {
+            return Err("--server-port must be 0 when --uds-name is set".into());
+        }
+        if server_pair.is_some() || server_ca.is_some() {
+            return Err("--server-cert, --server-key and --server-ca-cert must not be set with --uds-name".into());
+        }
+        (
+            FrontendAddr::Unix { path: PathBuf::from(uds), delete_existing: v.bool("delete-existing-uds-file") },
+            None,
+        )
+    };
+
+    let Some((cluster_cert, cluster_key)) = pair(v, "cluster-cert", "cluster-key")? else {
+        return Err("--cluster-cert and --cluster-key are required: the agent listener always uses TLS".into());
+    };
+    let cluster_ca = file(v, "cluster-ca-cert")?;
+
+    let token_flags = [v.string("agent-namespace"), v.string("agent-service-account"), v.string("authentication-audience")];
+    if token_flags.iter().any(|f| !f.is_empty()) {
+        if token_flags.iter().any(String::is_empty) {
+            return Err("token authentication needs all of --agent-namespace, --agent-service-account and --authentication-audience".into());
+        }
+        if cluster_ca.is_some() {
+            return Err("--cluster-ca-cert cannot be used with agent token authentication".into());
+        }
+        file(v, "kubeconfig")?;
+        return Err("agent token authentication (TokenReview) is not available in this build yet; authenticate agents with mTLS (--cluster-ca-cert)".into());
+    }
+    if v.bool("enable-lease-controller") {
+        v.string("lease-label")
+            .split(',')
+            .all(|kv| kv.split_once('=').is_some_and(|(k, _)| !k.trim().is_empty()))
+            .then_some(())
+            .ok_or_else(|| format!("--lease-label {:?} is not a list of key=value", v.string("lease-label")))?;
+        return Err("--enable-lease-controller is not available in this build yet".into());
+    }
+
+    let agent_tls = tls::server_config(&cluster_cert, &cluster_key, cluster_ca.as_deref(), &policy, &[b"h2"])
+        .map_err(|e| e.to_string())?;
+    let strategies = Strategy::parse_list(&v.string("proxy-strategies"))?;
+    let xfr = v.int("xfr-channel-size");
+    if xfr <= 0 {
+        return Err(format!("--xfr-channel-size must be greater than 0, got {xfr}"));
+    }
+    let xfr = usize::try_from(xfr).map_err(|_| "--xfr-channel-size is too large".to_string())?;
+    let server_count = u32::try_from(v.int("server-count")).map_err(|_| "--server-count must be a non-negative count".to_string())?;
+    let mut dial_timeout = v.duration("backend-dial-timeout");
+    if dial_timeout.is_zero() || dial_timeout > MAX_BACKEND_DIAL_TIMEOUT {
+        tracing::warn!(
+            requested = %daemon::duration::format(dial_timeout),
+            applied = %daemon::duration::format(MAX_BACKEND_DIAL_TIMEOUT),
+            "--backend-dial-timeout capped: pending dials always get a deadline"
+        );
+        dial_timeout = MAX_BACKEND_DIAL_TIMEOUT;
+    }
+    let server_id = match v.string("server-id") {
+        s if !s.is_empty() => s,
+        _ => std::env::var("PROXY_SERVER_ID")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+    };
+    if v.bool("enable-profiling") || v.bool("enable-contention-profiling") {
+        tracing::warn!("--enable-profiling has no effect: this server has no pprof endpoint");
+    }
+
+    let config = Config {
+        mode,
+        frontend_tls,
+        agent_tls: Arc::new(agent_tls),
+        server_id: ServerId(server_id),
+        server_count,
+        strategies,
+        core: CoreConfig {
+            dial_timeout,
+            stall_timeout: v.duration("frontend-stall-timeout").max(Duration::from_millis(100)),
+            frontend_queue: xfr,
+            agent_queue: xfr.max(16),
+        },
+        keepalive_time: v.duration("keepalive-time"),
+        frontend_keepalive_time: v.duration("frontend-keepalive-time"),
+        graceful_shutdown_timeout: v.duration("graceful-shutdown-timeout"),
+    };
+    let addrs = Addresses {
+        frontend,
+        agent: (v.string("agent-bind-address"), port(v, "agent-port")?),
+        health: (v.string("health-bind-address"), port(v, "health-port")?),
+        admin: (
+            Some(v.string("admin-bind-address")).filter(|a| !a.is_empty()).unwrap_or_else(|| "127.0.0.1".into()),
+            port(v, "admin-port")?,
+        ),
+    };
+    Ok((config, addrs))
+}

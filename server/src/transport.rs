@@ -1,0 +1,114 @@
+//! Serving the gRPC services over any byte stream with hyper's HTTP/2 server:
+//! one accept loop per listener (from `daemon`), TLS where configured, GOAWAY
+//! on drain, and the stream cut when the grace period ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use daemon::drain::Drain;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::TlsAcceptor;
+
+/// How long a client may take to complete a TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// HTTP/2 settings for one listener.
+#[derive(Debug, Clone)]
+pub struct H2Settings {
+    /// PING interval when the connection is idle (`--keepalive-time`).
+    pub keepalive: Duration,
+    /// How long a PING may stay unanswered.
+    pub keepalive_timeout: Duration,
+}
+
+impl H2Settings {
+    fn builder(&self) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+        let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new())
+            .keep_alive_interval(Some(self.keepalive))
+            .keep_alive_timeout(self.keepalive_timeout)
+            // Generous windows so one tunnel can fill a fast link; memory is
+            // only used while a peer actually has data in flight.
+            .initial_stream_window_size(4 << 20)
+            .initial_connection_window_size(16 << 20)
+            .max_frame_size(64 << 10)
+            .max_send_buf_size(1 << 20)
+            .max_concurrent_streams(Some(1000))
+            .max_header_list_size(64 << 10);
+        b
+    }
+}
+
+/// A tower service as tonic's generated servers are.
+pub trait GrpcService:
+    tower_service::Service<
+        Request<Incoming>,
+        Response = Response<tonic::body::Body>,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> GrpcService for S where
+    S: tower_service::Service<
+            Request<Incoming>,
+            Response = Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// Serves gRPC on one connection until it ends or the drain stops it.
+pub async fn serve_h2<IO, S>(io: IO, svc: S, settings: &H2Settings, drain: &Drain)
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: GrpcService,
+{
+    let conn = settings
+        .builder()
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc));
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r { tracing::debug!(error = %e, "connection ended with error"); }
+            return;
+        }
+        _ = drain.draining() => conn.as_mut().graceful_shutdown(),
+    }
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = drain.stopping() => {}
+    }
+}
+
+/// Completes a TLS handshake within [`HANDSHAKE_TIMEOUT`].
+pub async fn tls_handshake<IO>(acceptor: &TlsAcceptor, io: IO) -> Option<tokio_rustls::server::TlsStream<IO>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::info!("TLS handshake timed out");
+            None
+        }
+    }
+}
+
+pub fn acceptor(config: Arc<rustls::ServerConfig>) -> TlsAcceptor {
+    TlsAcceptor::from(config)
+}
