@@ -30,7 +30,7 @@ impl ConnectAuthority {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':'));
         // A colon is only allowed inside a bracketed IPv6 literal.
         let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
-        if !valid && !(bracketed && port != 0) {
+        if !(valid || bracketed && port != 0) {
             return Err(AuthorityError::BadHost(format!("{host}:{port}")));
         }
         if host.contains(':') && !bracketed {

@@ -14,13 +14,13 @@ use tokio::time::Instant;
 
 /// Receives byte counts as they flow, for live metrics.
 pub trait Tally: Send + Sync {
-    fn from_client(&self, bytes: u64);
-    fn from_upstream(&self, bytes: u64);
+    fn client_bytes(&self, bytes: u64);
+    fn upstream_bytes(&self, bytes: u64);
 }
 
 impl Tally for () {
-    fn from_client(&self, _: u64) {}
-    fn from_upstream(&self, _: u64) {}
+    fn client_bytes(&self, _: u64) {}
+    fn upstream_bytes(&self, _: u64) {}
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +88,8 @@ impl Activity {
     }
 }
 
+type ErrorOf = fn(io::Error) -> RelayEnd;
+
 enum Side {
     Client,
     Upstream,
@@ -117,11 +119,11 @@ where
     let size = options.buffer_size.max(1024);
     let count_up = |n| {
         from_client.fetch_add(n, Ordering::Relaxed);
-        tally.from_client(n);
+        tally.client_bytes(n);
     };
     let count_down = |n| {
         from_upstream.fetch_add(n, Ordering::Relaxed);
-        tally.from_upstream(n);
+        tally.upstream_bytes(n);
     };
     let up = pump(cr, uw, size, &activity, Side::Client, &count_up);
     let down = pump(ur, cw, size, &activity, Side::Upstream, &count_down);
@@ -166,8 +168,7 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let (read_err, write_err): (fn(io::Error) -> RelayEnd, fn(io::Error) -> RelayEnd) = match source
-    {
+    let (read_err, write_err): (ErrorOf, ErrorOf) = match source {
         Side::Client => (RelayEnd::ClientError, RelayEnd::UpstreamError),
         Side::Upstream => (RelayEnd::UpstreamError, RelayEnd::ClientError),
     };

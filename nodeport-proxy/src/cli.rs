@@ -1,0 +1,262 @@
+//! envoy-manager's command line (single-dash Go flags, same names and
+//! meanings), plus this proxy's own settings, turned into a [`ProxyConfig`].
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use daemon::flags::{FlagSet, Values};
+use daemon::keepalive::TcpKeepalive;
+
+use crate::config::{ConnectionSettings, DEFAULT_KEEPALIVE, ProxyConfig, TableSource};
+use crate::source;
+
+/// The command line, parsed and validated.
+#[derive(Debug, Clone)]
+pub struct Cli {
+    pub config: ProxyConfig,
+    /// Address of the stats, SNI and tunneling listeners.
+    pub bind_address: IpAddr,
+    pub stats_port: u16,
+    /// 0: disabled.
+    pub sni_port: u16,
+    /// 0: disabled.
+    pub tunneling_port: u16,
+    /// Tokio worker threads; 0 means one per available core.
+    pub worker_threads: usize,
+}
+
+pub fn flag_set() -> FlagSet {
+    let d = ConnectionSettings::default();
+    let p = ProxyConfig::default();
+    let ka = DEFAULT_KEEPALIVE;
+    FlagSet::new(
+        "nodeport-proxy",
+        "Exposes Services annotated nodeport-proxy.k8s.io/expose on NodePort, SNI and HTTP CONNECT listeners.",
+    )
+    .string("listen-address", ":8001", "accepted for envoy-manager compatibility; no xDS is served")
+    .string("envoy-node-name", "kube", "accepted for envoy-manager compatibility")
+    .int("envoy-admin-port", 9001, "accepted for envoy-manager compatibility")
+    .int("envoy-stats-port", 8002, "port of /healthz and /stats/prometheus")
+    .int("envoy-sni-port", 0, "SNI passthrough listener port (KKP seed: 6443); 0 disables SNI")
+    .int("envoy-tunneling-port", 0, "HTTP CONNECT tunneling listener port (KKP seed: 8088); 0 disables tunneling")
+    .duration("sni-listener-idle-timeout", d.sni_idle_timeout, "close SNI connections idle this long (0: default)")
+    .duration("tunneling-connection-idle-timeout", d.tunneling_connection_idle_timeout, "close tunneling connections without open tunnels this long (0: default)")
+    .duration("tunneling-stream-idle-timeout", d.tunneling_stream_idle_timeout, "close CONNECT tunnels idle this long (0: default)")
+    .duration("downstream-tcp-keepalive-time", ka.time.unwrap_or_default(), "client socket keepalive idle time (0: default)")
+    .duration("downstream-tcp-keepalive-interval", ka.interval.unwrap_or_default(), "client socket keepalive probe interval (0: default)")
+    .int("downstream-tcp-keepalive-probes", i64::from(ka.probes.unwrap_or(0)), "client socket keepalive probes (0: default)")
+    .duration("upstream-tcp-keepalive-time", ka.time.unwrap_or_default(), "upstream socket keepalive idle time (0: default)")
+    .duration("upstream-tcp-keepalive-interval", ka.interval.unwrap_or_default(), "upstream socket keepalive probe interval (0: default)")
+    .int("upstream-tcp-keepalive-probes", i64::from(ka.probes.unwrap_or(0)), "upstream socket keepalive probes (0: default)")
+    .string("namespace", "", "only expose Services in this namespace (empty: all)")
+    .string("expose-annotation-key", crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")
+    .bool("log-debug", false, "accepted for compatibility; use -v=4 for debug logs")
+    .string("log-format", "json", "accepted for compatibility")
+    .string("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (empty: the embedded demo table)")
+    .string("bind-address", "0.0.0.0", "address every listener binds")
+    .duration("node-port-idle-timeout", p.node_port_idle_timeout, "close NodePort connections idle this long")
+    .duration("sni-client-hello-timeout", p.client_hello_timeout, "close SNI clients that have not sent a ClientHello within this")
+    .duration("tunneling-request-header-timeout", p.request_header_timeout, "close tunneling clients that have not sent a request head within this")
+    .duration("upstream-connect-timeout", p.upstream_connect_timeout, "per-endpoint upstream connect timeout")
+    .duration("drain-timeout", p.drain_timeout, "how long connections on removed routes, and at shutdown all connections, may continue")
+    .duration("shutdown-delay", p.shutdown_delay, "after SIGTERM, how long /healthz fails while traffic is still served")
+    .int("max-connections-per-listener", p.max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener")
+    .int("buffer-size", p.buffer_size as i64, "bytes per direction buffered for each proxied connection")
+    .int("tunneling-max-concurrent-streams", i64::from(p.max_streams_per_connection), "CONNECT streams per HTTP/2 connection")
+    .int("worker-threads", 0, "runtime worker threads (0: one per core)")
+    .with_klog(0)
+}
+
+/// KKP accepts 0 (meaning "default") or at least one second for these.
+fn setting(v: &Values, name: &str, default: Duration) -> Result<Duration, String> {
+    match v.duration(name) {
+        d if d.is_zero() => Ok(default),
+        d if d < Duration::from_secs(1) => Err(format!("-{name}: must be 0 or at least 1s")),
+        d => Ok(d),
+    }
+}
+
+fn keepalive(v: &Values, side: &str) -> Result<TcpKeepalive, String> {
+    let name = |f: &str| format!("{side}-tcp-keepalive-{f}");
+    let dur = |f: &str| -> Result<Option<Duration>, String> {
+        let n = name(f);
+        match v.duration(&n) {
+            d if d.is_zero() => Ok(None),
+            d if d < Duration::from_secs(1) => Err(format!("-{n}: must be 0 or at least 1s")),
+            d => Ok(Some(d)),
+        }
+    };
+    let probes = v.int(&name("probes"));
+    let probes =
+        u32::try_from(probes).map_err(|_| format!("-{}: {probes} is not valid", name("probes")))?;
+    let given = TcpKeepalive {
+        time: dur("time")?,
+        interval: dur("interval")?,
+        probes: Some(probes).filter(|p| *p > 0),
+    };
+    // Fields left at 0 take the built-in default, so keepalive is never off.
+    Ok(TcpKeepalive {
+        time: given.time.or(DEFAULT_KEEPALIVE.time),
+        interval: given.interval.or(DEFAULT_KEEPALIVE.interval),
+        probes: given.probes.or(DEFAULT_KEEPALIVE.probes),
+    })
+}
+
+fn positive(v: &Values, name: &str) -> Result<usize, String> {
+    let n = v.int(name);
+    usize::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("-{name}: {n} must be positive"))
+}
+
+pub fn from_values(v: &Values) -> Result<Cli, String> {
+    let d = ConnectionSettings::default();
+    let p = ProxyConfig::default();
+    let connection = ConnectionSettings {
+        sni_idle_timeout: setting(v, "sni-listener-idle-timeout", d.sni_idle_timeout)?,
+        tunneling_connection_idle_timeout: setting(
+            v,
+            "tunneling-connection-idle-timeout",
+            d.tunneling_connection_idle_timeout,
+        )?,
+        tunneling_stream_idle_timeout: setting(
+            v,
+            "tunneling-stream-idle-timeout",
+            d.tunneling_stream_idle_timeout,
+        )?,
+        downstream_keepalive: keepalive(v, "downstream")?,
+        upstream_keepalive: keepalive(v, "upstream")?,
+    };
+    let config_path = v.string("config");
+    let source = if config_path.is_empty() {
+        TableSource::Inline(source::embedded_default())
+    } else {
+        TableSource::File(PathBuf::from(config_path))
+    };
+    let bind_address: IpAddr = v
+        .string("bind-address")
+        .parse()
+        .map_err(|e| format!("-bind-address: {e}"))?;
+    let namespace = Some(v.string("namespace")).filter(|n| !n.is_empty());
+    let nonzero = |name: &str, default: Duration| -> Duration {
+        Some(v.duration(name))
+            .filter(|d| !d.is_zero())
+            .unwrap_or(default)
+    };
+    let config = ProxyConfig {
+        source,
+        expose_annotation_key: v.string("expose-annotation-key"),
+        namespace,
+        node_port_bind_address: bind_address,
+        connection,
+        node_port_idle_timeout: nonzero("node-port-idle-timeout", p.node_port_idle_timeout),
+        client_hello_timeout: nonzero("sni-client-hello-timeout", p.client_hello_timeout),
+        request_header_timeout: nonzero(
+            "tunneling-request-header-timeout",
+            p.request_header_timeout,
+        ),
+        upstream_connect_timeout: nonzero("upstream-connect-timeout", p.upstream_connect_timeout),
+        upstream_connect_attempts: p.upstream_connect_attempts,
+        drain_timeout: v.duration("drain-timeout"),
+        shutdown_delay: v.duration("shutdown-delay"),
+        max_connections_per_listener: positive(v, "max-connections-per-listener")?,
+        buffer_size: positive(v, "buffer-size")?.clamp(1024, 1 << 20),
+        max_streams_per_connection: u32::try_from(positive(v, "tunneling-max-concurrent-streams")?)
+            .unwrap_or(u32::MAX),
+    };
+    if config.expose_annotation_key.is_empty() {
+        return Err("-expose-annotation-key must not be empty".into());
+    }
+    Ok(Cli {
+        config,
+        bind_address,
+        stats_port: v.port("envoy-stats-port")?,
+        sni_port: v.port("envoy-sni-port")?,
+        tunneling_port: v.port("envoy-tunneling-port")?,
+        worker_threads: usize::try_from(v.int("worker-threads"))
+            .map_err(|_| "-worker-threads must not be negative".to_string())?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        let v = flag_set()
+            .parse(args.iter().copied())
+            .map_err(|e| e.to_string())?;
+        from_values(&v)
+    }
+
+    #[test]
+    fn kkp_seed_command_line_is_accepted() {
+        let cli = parse(&[
+            "-listen-address=:8001",
+            "-envoy-node-name=kube",
+            "-envoy-admin-port=9001",
+            "-envoy-stats-port=8002",
+            "-envoy-sni-port=6443",
+            "-envoy-tunneling-port=8088",
+            "-sni-listener-idle-timeout=10m",
+            "-tunneling-connection-idle-timeout=0s",
+            "-tunneling-stream-idle-timeout=2m",
+            "-downstream-tcp-keepalive-time=30s",
+            "-downstream-tcp-keepalive-interval=0s",
+            "-downstream-tcp-keepalive-probes=3",
+            "-upstream-tcp-keepalive-time=0s",
+            "-upstream-tcp-keepalive-interval=0s",
+            "-upstream-tcp-keepalive-probes=0",
+            "-namespace=cluster-abc",
+            "-expose-annotation-key=nodeport-proxy.k8s.io/expose-namespaced",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (cli.stats_port, cli.sni_port, cli.tunneling_port),
+            (8002, 6443, 8088)
+        );
+        let c = &cli.config.connection;
+        assert_eq!(c.sni_idle_timeout, Duration::from_secs(600));
+        assert_eq!(
+            c.tunneling_connection_idle_timeout,
+            ConnectionSettings::default().tunneling_connection_idle_timeout
+        );
+        assert_eq!(c.tunneling_stream_idle_timeout, Duration::from_secs(120));
+        assert_eq!(c.downstream_keepalive.time, Some(Duration::from_secs(30)));
+        assert_eq!(c.downstream_keepalive.interval, DEFAULT_KEEPALIVE.interval);
+        assert_eq!(c.downstream_keepalive.probes, Some(3));
+        assert_eq!(c.upstream_keepalive, DEFAULT_KEEPALIVE);
+        assert_eq!(cli.config.namespace.as_deref(), Some("cluster-abc"));
+        assert_eq!(
+            cli.config.expose_annotation_key,
+            "nodeport-proxy.k8s.io/expose-namespaced"
+        );
+    }
+
+    #[test]
+    fn defaults_are_never_zero() {
+        let cli = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
+        let c = &cli.config.connection;
+        for d in [
+            c.sni_idle_timeout,
+            c.tunneling_connection_idle_timeout,
+            c.tunneling_stream_idle_timeout,
+        ] {
+            assert!(d >= Duration::from_secs(60), "{d:?}");
+        }
+        assert!(c.downstream_keepalive.time.is_some() && c.upstream_keepalive.probes.is_some());
+        assert_eq!((cli.sni_port, cli.tunneling_port), (0, 0));
+    }
+
+    #[test]
+    fn rejects_sub_second_settings_and_bad_values() {
+        assert!(parse(&["-sni-listener-idle-timeout=500ms"]).is_err());
+        assert!(parse(&["-upstream-tcp-keepalive-interval=10ms"]).is_err());
+        assert!(parse(&["-downstream-tcp-keepalive-probes=-1"]).is_err());
+        assert!(parse(&["-envoy-sni-port=70000"]).is_err());
+        assert!(parse(&["-max-connections-per-listener=0"]).is_err());
+        assert!(parse(&["-bind-address=nowhere"]).is_err());
+    }
+}

@@ -1,0 +1,75 @@
+//! The nodeport-proxy binary: flags, a runtime, bound listeners, signals.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use daemon::flags::usage_error;
+use nodeport_proxy::{Listeners, NodePortProxy, cli};
+use tokio::net::TcpListener;
+
+fn main() {
+    let values = cli::flag_set().parse_env_or_exit();
+    if let Err(e) = daemon::logging::init(&values) {
+        usage_error(&e);
+    }
+    let cli = cli::from_values(&values).unwrap_or_else(|e| usage_error(&e));
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all().thread_name("nodeport-proxy");
+    if cli.worker_threads > 0 {
+        rt.worker_threads(cli.worker_threads);
+    }
+    let rt = match rt.build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: starting runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(serve(cli)) {
+        tracing::error!("{e:#}");
+        eprintln!("Error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn bind(cli: &cli::Cli, port: u16, what: &str) -> anyhow::Result<Option<TcpListener>> {
+    if port == 0 {
+        return Ok(None);
+    }
+    let l = daemon::listen::bind_tcp(&cli.bind_address.to_string(), port)
+        .await
+        .with_context(|| format!("binding {what} listener on {}:{port}", cli.bind_address))?;
+    Ok(Some(l))
+}
+
+async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
+    if matches!(cli.config.source, nodeport_proxy::TableSource::Inline(_)) {
+        tracing::warn!("no -config given: serving the embedded demo routing table");
+    }
+    let listeners = Listeners {
+        stats: bind(&cli, cli.stats_port, "stats").await?,
+        sni: bind(&cli, cli.sni_port, "SNI").await?,
+        tunneling: bind(&cli, cli.tunneling_port, "tunneling").await?,
+        node_ports: Vec::new(),
+    };
+    let mut terms =
+        daemon::signals::Terminations::install().context("installing signal handlers")?;
+    let proxy = Arc::new(NodePortProxy::start(cli.config, listeners).await?);
+    let reloader = proxy.clone();
+    tokio::spawn(async move {
+        let Some(mut hup) = daemon::signals::hangups().await else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the routing table");
+            reloader.reload();
+        }
+    });
+    terms.next().await;
+    tracing::info!("termination signal: shutting down (a second one exits at once)");
+    tokio::select! {
+        _ = proxy.shutdown() => {}
+        _ = terms.next() => tracing::warn!("second termination signal: exiting now"),
+    }
+    Ok(())
+}

@@ -1,0 +1,416 @@
+//! Every metric this crate exports, described once. Names and labels follow
+//! Envoy's Prometheus output, because KKP's dashboards and federation rules
+//! read those (`envoy_cluster_*` by `envoy_cluster_name`, `envoy_http_*` by
+//! `envoy_http_conn_manager_prefix="ingress_http"`, `envoy_listener_*` by
+//! `envoy_listener_address`); ours are prefixed `nodeport_proxy_`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use daemon::metrics::Registry;
+use metrics::{Counter, Gauge, Histogram};
+
+/// Envoy's default histogram buckets, in milliseconds.
+const MS_BUCKETS: &[f64] = &[
+    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
+    60000.0, 300000.0, 600000.0, 1800000.0, 3600000.0,
+];
+
+/// The tcp_proxy stat prefix KKP's NodePort and SNI chains use.
+pub const TCP_PREFIX: &str = "ingress_tcp";
+/// The HTTP connection manager prefix of the tunneling listener.
+pub const HTTP_PREFIX: &str = "ingress_http";
+
+pub struct Metrics {
+    registry: Arc<Registry>,
+    started: Instant,
+    pub server_live: Gauge,
+    server_uptime: Gauge,
+    memory_allocated: Gauge,
+    memory_heap: Gauge,
+    pub tcp: TcpStats,
+    pub http: HttpStats,
+    reloads_applied: Counter,
+    reloads_unchanged: Counter,
+    reloads_failed: Counter,
+    routes_node_port: Gauge,
+    routes_sni: Gauge,
+    routes_tunnel: Gauge,
+    pub draining_routes: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// Envoy `tcp.<prefix>.*`.
+pub struct TcpStats {
+    pub downstream_cx_total: Counter,
+    pub downstream_cx_rx_bytes_total: Counter,
+    pub downstream_cx_tx_bytes_total: Counter,
+    pub downstream_cx_no_route: Counter,
+    pub idle_timeout: Counter,
+}
+
+/// Envoy `http.<prefix>.*`.
+pub struct HttpStats {
+    pub downstream_cx_total: Counter,
+    pub downstream_cx_active: Gauge,
+    pub downstream_cx_http1_active: Gauge,
+    pub downstream_cx_http2_active: Gauge,
+    pub downstream_cx_rx_bytes_total: Counter,
+    pub downstream_cx_tx_bytes_total: Counter,
+    pub downstream_rq_total: Counter,
+    pub downstream_rq_active: Gauge,
+    pub downstream_rq_2xx: Counter,
+    pub downstream_rq_4xx: Counter,
+    pub downstream_rq_5xx: Counter,
+    pub no_route: Counter,
+    pub downstream_rq_header_timeout: Counter,
+    pub downstream_cx_protocol_error: Counter,
+}
+
+/// Envoy `listener.<address>.*`, plus our rejection counter.
+#[derive(Clone)]
+pub struct ListenerStats {
+    pub downstream_cx_total: Counter,
+    pub downstream_cx_active: Gauge,
+    rejected: Arc<dyn Fn(&'static str) -> Counter + Send + Sync>,
+}
+
+impl ListenerStats {
+    /// Counts a connection closed before it reached an upstream, by reason.
+    pub fn reject(&self, reason: &'static str) {
+        (self.rejected)(reason).increment(1);
+    }
+}
+
+/// Envoy `cluster.<name>.*`.
+#[derive(Clone)]
+pub struct ClusterStats {
+    pub upstream_cx_total: Counter,
+    pub upstream_cx_active: Gauge,
+    pub upstream_cx_connect_fail: Counter,
+    pub upstream_cx_connect_timeout: Counter,
+    pub upstream_cx_none_healthy: Counter,
+    pub upstream_cx_rx_bytes_total: Counter,
+    pub upstream_cx_tx_bytes_total: Counter,
+    pub upstream_cx_connect_ms: Histogram,
+    pub upstream_rq_total: Counter,
+    pub upstream_rq_active: Gauge,
+    pub upstream_rq_time: Histogram,
+    pub membership_healthy: Gauge,
+    pub membership_total: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let r = Registry::new(&[
+            ("envoy_cluster_upstream_cx_connect_ms", MS_BUCKETS),
+            ("envoy_cluster_upstream_rq_time", MS_BUCKETS),
+        ]);
+        describe(&r);
+        let tcp_l = [("envoy_tcp_prefix", TCP_PREFIX)];
+        let http_l = [("envoy_http_conn_manager_prefix", HTTP_PREFIX)];
+        let class = |c: &'static str| {
+            r.counter(
+                "envoy_http_downstream_rq_xx",
+                &[
+                    ("envoy_http_conn_manager_prefix", HTTP_PREFIX),
+                    ("envoy_response_code_class", c),
+                ],
+            )
+        };
+        let m = Metrics {
+            started: Instant::now(),
+            server_live: r.gauge("envoy_server_live", &[]),
+            server_uptime: r.gauge("envoy_server_uptime", &[]),
+            memory_allocated: r.gauge("envoy_server_memory_allocated", &[]),
+            memory_heap: r.gauge("envoy_server_memory_heap_size", &[]),
+            tcp: TcpStats {
+                downstream_cx_total: r.counter("envoy_tcp_downstream_cx_total", &tcp_l),
+                downstream_cx_rx_bytes_total: r
+                    .counter("envoy_tcp_downstream_cx_rx_bytes_total", &tcp_l),
+                downstream_cx_tx_bytes_total: r
+                    .counter("envoy_tcp_downstream_cx_tx_bytes_total", &tcp_l),
+                downstream_cx_no_route: r.counter("envoy_tcp_downstream_cx_no_route", &tcp_l),
+                idle_timeout: r.counter("envoy_tcp_idle_timeout", &tcp_l),
+            },
+            http: HttpStats {
+                downstream_cx_total: r.counter("envoy_http_downstream_cx_total", &http_l),
+                downstream_cx_active: r.gauge("envoy_http_downstream_cx_active", &http_l),
+                downstream_cx_http1_active: r
+                    .gauge("envoy_http_downstream_cx_http1_active", &http_l),
+                downstream_cx_http2_active: r
+                    .gauge("envoy_http_downstream_cx_http2_active", &http_l),
+                downstream_cx_rx_bytes_total: r
+                    .counter("envoy_http_downstream_cx_rx_bytes_total", &http_l),
+                downstream_cx_tx_bytes_total: r
+                    .counter("envoy_http_downstream_cx_tx_bytes_total", &http_l),
+                downstream_rq_total: r.counter("envoy_http_downstream_rq_total", &http_l),
+                downstream_rq_active: r.gauge("envoy_http_downstream_rq_active", &http_l),
+                downstream_rq_2xx: class("2"),
+                downstream_rq_4xx: class("4"),
+                downstream_rq_5xx: class("5"),
+                no_route: r.counter("envoy_http_no_route", &http_l),
+                downstream_rq_header_timeout: r
+                    .counter("envoy_http_downstream_rq_header_timeout", &http_l),
+                downstream_cx_protocol_error: r
+                    .counter("envoy_http_downstream_cx_protocol_error", &http_l),
+            },
+            reloads_applied: r.counter(
+                "nodeport_proxy_table_reloads_total",
+                &[("result", "applied")],
+            ),
+            reloads_unchanged: r.counter(
+                "nodeport_proxy_table_reloads_total",
+                &[("result", "unchanged")],
+            ),
+            reloads_failed: r.counter(
+                "nodeport_proxy_table_reloads_total",
+                &[("result", "failed")],
+            ),
+            routes_node_port: r.gauge("nodeport_proxy_routes", &[("kind", "nodeport")]),
+            routes_sni: r.gauge("nodeport_proxy_routes", &[("kind", "sni")]),
+            routes_tunnel: r.gauge("nodeport_proxy_routes", &[("kind", "tunnel")]),
+            draining_routes: r.gauge("nodeport_proxy_draining_routes", &[]),
+            registry: Arc::new(r),
+        };
+        m.server_live.set(1.0);
+        Arc::new(m)
+    }
+
+    pub fn listener(&self, address: &str) -> ListenerStats {
+        let r = self.registry.clone();
+        let addr = address.to_string();
+        ListenerStats {
+            downstream_cx_total: r.counter(
+                "envoy_listener_downstream_cx_total",
+                &[("envoy_listener_address", address)],
+            ),
+            downstream_cx_active: r.gauge(
+                "envoy_listener_downstream_cx_active",
+                &[("envoy_listener_address", address)],
+            ),
+            rejected: Arc::new(move |reason| {
+                r.counter(
+                    "nodeport_proxy_rejected_connections_total",
+                    &[("envoy_listener_address", &addr), ("reason", reason)],
+                )
+            }),
+        }
+    }
+
+    pub fn cluster(&self, name: &str) -> ClusterStats {
+        let r = &self.registry;
+        let l = [("envoy_cluster_name", name)];
+        ClusterStats {
+            upstream_cx_total: r.counter("envoy_cluster_upstream_cx_total", &l),
+            upstream_cx_active: r.gauge("envoy_cluster_upstream_cx_active", &l),
+            upstream_cx_connect_fail: r.counter("envoy_cluster_upstream_cx_connect_fail", &l),
+            upstream_cx_connect_timeout: r.counter("envoy_cluster_upstream_cx_connect_timeout", &l),
+            upstream_cx_none_healthy: r.counter("envoy_cluster_upstream_cx_none_healthy", &l),
+            upstream_cx_rx_bytes_total: r.counter("envoy_cluster_upstream_cx_rx_bytes_total", &l),
+            upstream_cx_tx_bytes_total: r.counter("envoy_cluster_upstream_cx_tx_bytes_total", &l),
+            upstream_cx_connect_ms: r.histogram("envoy_cluster_upstream_cx_connect_ms", &l),
+            upstream_rq_total: r.counter("envoy_cluster_upstream_rq_total", &l),
+            upstream_rq_active: r.gauge("envoy_cluster_upstream_rq_active", &l),
+            upstream_rq_time: r.histogram("envoy_cluster_upstream_rq_time", &l),
+            membership_healthy: r.gauge("envoy_cluster_membership_healthy", &l),
+            membership_total: r.gauge("envoy_cluster_membership_total", &l),
+        }
+    }
+
+    pub fn reload(&self, result: ReloadResult) {
+        match result {
+            ReloadResult::Applied => self.reloads_applied.increment(1),
+            ReloadResult::Unchanged => self.reloads_unchanged.increment(1),
+            ReloadResult::Failed => self.reloads_failed.increment(1),
+        }
+    }
+
+    pub fn routes(&self, node_ports: usize, sni: usize, tunnels: usize) {
+        self.routes_node_port.set(node_ports as f64);
+        self.routes_sni.set(sni as f64);
+        self.routes_tunnel.set(tunnels as f64);
+    }
+
+    /// The exposition text, with the server gauges brought up to date.
+    pub fn render(&self) -> String {
+        self.server_uptime
+            .set(self.started.elapsed().as_secs() as f64);
+        if let Some(rss) = resident_bytes() {
+            // Without an allocator hook, resident memory stands in for both.
+            self.memory_allocated.set(rss as f64);
+            self.memory_heap.set(rss as f64);
+        }
+        self.registry.render()
+    }
+
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum ReloadResult {
+    Applied,
+    Unchanged,
+    Failed,
+}
+
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+fn describe(r: &Registry) {
+    r.describe_gauge("envoy_server_live", "1 while the proxy is serving.");
+    r.describe_gauge("envoy_server_uptime", "Seconds since the proxy started.");
+    r.describe_gauge("envoy_server_memory_allocated", "Resident memory in bytes.");
+    r.describe_gauge("envoy_server_memory_heap_size", "Resident memory in bytes.");
+    r.describe_counter(
+        "envoy_tcp_downstream_cx_total",
+        "TCP proxy connections (NodePort and SNI).",
+    );
+    r.describe_counter(
+        "envoy_tcp_downstream_cx_rx_bytes_total",
+        "Bytes received from TCP proxy clients.",
+    );
+    r.describe_counter(
+        "envoy_tcp_downstream_cx_tx_bytes_total",
+        "Bytes sent to TCP proxy clients.",
+    );
+    r.describe_counter(
+        "envoy_tcp_downstream_cx_no_route",
+        "TCP proxy connections that matched no route.",
+    );
+    r.describe_counter(
+        "envoy_tcp_idle_timeout",
+        "TCP proxy connections closed by the idle timeout.",
+    );
+    r.describe_counter(
+        "envoy_http_downstream_cx_total",
+        "Connections to the tunneling listener.",
+    );
+    r.describe_gauge(
+        "envoy_http_downstream_cx_active",
+        "Open connections to the tunneling listener.",
+    );
+    r.describe_gauge(
+        "envoy_http_downstream_cx_http1_active",
+        "Open HTTP/1.1 tunneling connections.",
+    );
+    r.describe_gauge(
+        "envoy_http_downstream_cx_http2_active",
+        "Open HTTP/2 tunneling connections.",
+    );
+    r.describe_counter(
+        "envoy_http_downstream_cx_rx_bytes_total",
+        "Tunneled bytes received from clients.",
+    );
+    r.describe_counter(
+        "envoy_http_downstream_cx_tx_bytes_total",
+        "Tunneled bytes sent to clients.",
+    );
+    r.describe_counter(
+        "envoy_http_downstream_rq_total",
+        "CONNECT requests (HTTP/1.1 requests and HTTP/2 streams).",
+    );
+    r.describe_gauge("envoy_http_downstream_rq_active", "Open CONNECT tunnels.");
+    r.describe_counter(
+        "envoy_http_downstream_rq_xx",
+        "CONNECT responses by status class.",
+    );
+    r.describe_counter(
+        "envoy_http_no_route",
+        "CONNECT requests for an unknown authority (404).",
+    );
+    r.describe_counter(
+        "envoy_http_downstream_rq_header_timeout",
+        "Connections closed before a complete request head arrived.",
+    );
+    r.describe_counter(
+        "envoy_http_downstream_cx_protocol_error",
+        "Connections closed for a protocol error.",
+    );
+    r.describe_counter(
+        "envoy_listener_downstream_cx_total",
+        "Connections accepted, per listener.",
+    );
+    r.describe_gauge(
+        "envoy_listener_downstream_cx_active",
+        "Open connections, per listener.",
+    );
+    r.describe_counter(
+        "envoy_cluster_upstream_cx_total",
+        "Upstream connections opened.",
+    );
+    r.describe_gauge(
+        "envoy_cluster_upstream_cx_active",
+        "Open upstream connections.",
+    );
+    r.describe_counter(
+        "envoy_cluster_upstream_cx_connect_fail",
+        "Upstream connects refused or failed.",
+    );
+    r.describe_counter(
+        "envoy_cluster_upstream_cx_connect_timeout",
+        "Upstream connects that timed out.",
+    );
+    r.describe_counter(
+        "envoy_cluster_upstream_cx_none_healthy",
+        "Connections with no endpoint to try.",
+    );
+    r.describe_counter(
+        "envoy_cluster_upstream_cx_rx_bytes_total",
+        "Bytes received from upstreams.",
+    );
+    r.describe_counter(
+        "envoy_cluster_upstream_cx_tx_bytes_total",
+        "Bytes sent to upstreams.",
+    );
+    r.describe_histogram(
+        "envoy_cluster_upstream_cx_connect_ms",
+        "Upstream connect time in milliseconds.",
+    );
+    r.describe_counter(
+        "envoy_cluster_upstream_rq_total",
+        "CONNECT tunnels routed to the cluster.",
+    );
+    r.describe_gauge(
+        "envoy_cluster_upstream_rq_active",
+        "Open CONNECT tunnels to the cluster.",
+    );
+    r.describe_histogram(
+        "envoy_cluster_upstream_rq_time",
+        "Time to the CONNECT response in milliseconds.",
+    );
+    r.describe_gauge(
+        "envoy_cluster_membership_healthy",
+        "Ready endpoints of the cluster.",
+    );
+    r.describe_gauge(
+        "envoy_cluster_membership_total",
+        "Endpoints of the cluster.",
+    );
+    r.describe_counter(
+        "nodeport_proxy_table_reloads_total",
+        "Routing table loads, by result.",
+    );
+    r.describe_gauge(
+        "nodeport_proxy_routes",
+        "Routes in the current table, by kind.",
+    );
+    r.describe_gauge(
+        "nodeport_proxy_draining_routes",
+        "Removed routes and endpoints whose connections are draining.",
+    );
+    r.describe_counter(
+        "nodeport_proxy_rejected_connections_total",
+        "Connections closed before reaching an upstream, by reason.",
+    );
+}

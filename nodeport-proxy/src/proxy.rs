@@ -1,0 +1,253 @@
+//! One proxy instance: loads the table, serves every listener, follows the
+//! source, and shuts down in KKP's intended order (fail health, keep serving
+//! briefly, stop accepting, drain, exit).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use daemon::drain::Drain;
+use daemon::listen::{AcceptOptions, accept_loop};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, Semaphore, watch};
+
+use crate::config::ProxyConfig;
+use crate::forward::Shared;
+use crate::metrics::Metrics;
+use crate::model::Inventory;
+use crate::plan::PlanOptions;
+use crate::source::{self, SourceError};
+use crate::store::{TableStatus, TableStore};
+use crate::table::RoutingTable;
+use crate::tunnel::TunnelListener;
+use crate::upstream::ConnectOptions;
+
+/// Sockets bound by the caller (port 0 in tests, flags in the binary). A
+/// listener left `None` is disabled, like KKP's port 0; for SNI and tunneling
+/// that also means their routes are not built.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    pub stats: Option<TcpListener>,
+    pub sni: Option<TcpListener>,
+    pub tunneling: Option<TcpListener>,
+    /// Used for the node ports they are bound to; other node ports are bound
+    /// on `node_port_bind_address` when they appear in the table.
+    pub node_ports: Vec<TcpListener>,
+}
+
+/// Where the fixed listeners ended up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BoundAddrs {
+    pub stats: Option<SocketAddr>,
+    pub sni: Option<SocketAddr>,
+    pub tunneling: Option<SocketAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("initial routing table: {0}")]
+    Source(#[from] SourceError),
+    #[error("listener: {0}")]
+    Listener(#[from] std::io::Error),
+}
+
+pub struct NodePortProxy {
+    shared: Arc<Shared>,
+    reload: Arc<Notify>,
+    failing: Arc<AtomicBool>,
+    stats_drain: Drain,
+    addrs: BoundAddrs,
+}
+
+fn listener_address(l: &TcpListener) -> String {
+    l.local_addr()
+        .map(|a| format!("{}_{}", a.ip(), a.port()))
+        .unwrap_or_default()
+}
+
+impl NodePortProxy {
+    /// Loads the table (failing if the source is unreadable at start), then
+    /// serves every listener in the background.
+    pub async fn start(config: ProxyConfig, listeners: Listeners) -> Result<Self, ProxyError> {
+        let metrics = Metrics::new();
+        let drain = Drain::new();
+        let options = PlanOptions {
+            expose_annotation_key: config.expose_annotation_key.clone(),
+            namespace: config.namespace.clone().filter(|n| !n.is_empty()),
+            sni: listeners.sni.is_some(),
+            tunneling: listeners.tunneling.is_some(),
+        };
+        let store = Arc::new(TableStore::new(
+            options,
+            config.drain_timeout,
+            drain.clone(),
+            metrics.clone(),
+        ));
+        store.apply(&source::load(&config.source)?);
+        let addrs = BoundAddrs {
+            stats: listeners.stats.as_ref().and_then(|l| l.local_addr().ok()),
+            sni: listeners.sni.as_ref().and_then(|l| l.local_addr().ok()),
+            tunneling: listeners
+                .tunneling
+                .as_ref()
+                .and_then(|l| l.local_addr().ok()),
+        };
+        let shared = Arc::new(Shared {
+            connect: ConnectOptions {
+                timeout: config.upstream_connect_timeout,
+                attempts: config.upstream_connect_attempts,
+                keepalive: config.connection.upstream_keepalive,
+            },
+            config,
+            table: store,
+            metrics: metrics.clone(),
+            drain: drain.clone(),
+        });
+        let failing = Arc::new(AtomicBool::new(false));
+        let stats_drain = Drain::new();
+        if let Some(l) = listeners.stats {
+            tracing::info!(addr = ?addrs.stats, "serving stats and health");
+            tokio::spawn(crate::stats::run(
+                l,
+                metrics.clone(),
+                failing.clone(),
+                stats_drain.clone(),
+            ));
+        }
+        tokio::spawn(metrics.registry().run_upkeep(stats_drain.clone()));
+        let reload = Arc::new(Notify::new());
+        {
+            let (source, store, reload, drain) = (
+                shared.config.source.clone(),
+                shared.table.clone(),
+                reload.clone(),
+                drain.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = source::follow(source, store, reload, drain).await {
+                    tracing::error!(error = %e, "routing table source not followed; reload with SIGHUP only");
+                }
+            });
+        }
+        tokio::spawn(crate::node_port::manage(
+            shared.clone(),
+            listeners.node_ports,
+        ));
+        let limit = || AcceptOptions {
+            max_connections: Some(Arc::new(Semaphore::new(
+                shared.config.max_connections_per_listener,
+            ))),
+        };
+        if let Some(l) = listeners.sni {
+            tracing::info!(addr = ?addrs.sni, "serving SNI listener");
+            let stats = metrics.listener(&listener_address(&l));
+            let s = shared.clone();
+            tokio::spawn(accept_loop(
+                l,
+                "sni",
+                drain.clone(),
+                limit(),
+                move |io: TcpStream, _, permit| {
+                    let (s, stats) = (s.clone(), stats.clone());
+                    async move {
+                        let _permit = permit;
+                        crate::sni::handle(io, s, stats).await;
+                    }
+                },
+            ));
+        }
+        if let Some(l) = listeners.tunneling {
+            tracing::info!(addr = ?addrs.tunneling, "serving tunneling listener");
+            let tl = Arc::new(TunnelListener {
+                shared: shared.clone(),
+                stats: metrics.listener(&listener_address(&l)),
+                tunnels: Arc::new(Semaphore::new(shared.config.max_connections_per_listener)),
+            });
+            tokio::spawn(accept_loop(
+                l,
+                "tunneling",
+                drain.clone(),
+                limit(),
+                move |io: TcpStream, _, permit| {
+                    let tl = tl.clone();
+                    async move {
+                        let _permit = permit;
+                        crate::tunnel::handle(io, tl).await;
+                    }
+                },
+            ));
+        }
+        Ok(NodePortProxy {
+            shared,
+            reload,
+            failing,
+            stats_drain,
+            addrs,
+        })
+    }
+
+    pub fn addrs(&self) -> BoundAddrs {
+        self.addrs
+    }
+
+    /// The table being served now.
+    pub fn table(&self) -> Arc<RoutingTable> {
+        self.shared.table.current()
+    }
+
+    /// Table version and load results, updated on every load attempt.
+    pub fn status(&self) -> watch::Receiver<TableStatus> {
+        self.shared.table.subscribe()
+    }
+
+    /// Re-reads the source (what SIGHUP does).
+    pub fn reload(&self) {
+        self.reload.notify_one();
+    }
+
+    /// Applies an inventory from another feeder (e.g. a Kubernetes watch).
+    pub fn apply(&self, inventory: &Inventory) -> bool {
+        self.shared.table.apply(inventory)
+    }
+
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.render()
+    }
+
+    /// Tracked connections and tunnels still running.
+    pub fn live_connections(&self) -> usize {
+        self.shared.drain.live_tasks()
+    }
+
+    /// Fails `/healthz`, keeps serving for the shutdown delay, stops
+    /// accepting, gives connections the drain timeout, then stops the rest.
+    /// Returns whether every connection ended within the drain timeout.
+    pub async fn shutdown(&self) -> bool {
+        self.failing.store(true, Ordering::Relaxed);
+        tracing::info!(delay = ?self.shared.config.shutdown_delay, "health failing; still serving");
+        tokio::time::sleep(self.shared.config.shutdown_delay).await;
+        tracing::info!("stopped accepting; draining connections");
+        let clean = self
+            .shared
+            .drain
+            .shutdown(self.shared.config.drain_timeout)
+            .await;
+        self.shared.metrics.server_live.set(0.0);
+        self.stats_drain.start();
+        tracing::info!(clean, "shut down");
+        clean
+    }
+}
+
+/// Serves until `shutdown` resolves, then shuts down gracefully.
+pub async fn run(
+    config: ProxyConfig,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ProxyError> {
+    let proxy = NodePortProxy::start(config, listeners).await?;
+    shutdown.await;
+    proxy.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,123 @@
+//! The SNI listener (`-envoy-sni-port`, 6443): read the ClientHello without
+//! terminating TLS, pick the route by exact server name, and pass every byte
+//! through untouched. Anything that is not a routable ClientHello within the
+//! time and size limits is closed.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use crate::client_hello::{self, Hello, HelloError};
+use crate::forward::{Active, ByteCounters, Shared, forward};
+use crate::metrics::ListenerStats;
+
+/// Why an SNI connection was closed before reaching an upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum SniError {
+    #[error("client sent no complete ClientHello within the timeout")]
+    Timeout,
+    #[error("client closed before a complete ClientHello")]
+    ClientClosed,
+    #[error("client read failed: {0}")]
+    ClientIo(std::io::Error),
+    #[error("client: {0}")]
+    Hello(#[from] HelloError),
+    #[error("client sent no server name")]
+    NoServerName,
+    #[error("no route for server name {0}")]
+    NoRoute(String),
+    #[error(transparent)]
+    Upstream(#[from] crate::upstream::UpstreamError),
+}
+
+impl SniError {
+    fn reason(&self) -> &'static str {
+        match self {
+            SniError::Timeout => "client_hello_timeout",
+            SniError::ClientClosed | SniError::ClientIo(_) => "client_closed",
+            SniError::Hello(HelloError::NotTls) => "not_tls",
+            SniError::Hello(HelloError::TooLarge(_)) => "client_hello_too_large",
+            SniError::Hello(_) => "client_hello_malformed",
+            SniError::NoServerName => "no_server_name",
+            SniError::NoRoute(_) => "no_route",
+            SniError::Upstream(_) => "upstream_unavailable",
+        }
+    }
+}
+
+pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerStats) {
+    listener.downstream_cx_total.increment(1);
+    let _active = Active::new(&listener.downstream_cx_active);
+    shared.metrics.tcp.downstream_cx_total.increment(1);
+    if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
+        tracing::debug!(error = %e, "client keepalive not set");
+    }
+    if let Err(e) = serve(client, &shared).await {
+        listener.reject(e.reason());
+        if matches!(e, SniError::NoRoute(_) | SniError::NoServerName) {
+            shared.metrics.tcp.downstream_cx_no_route.increment(1);
+        }
+        match &e {
+            SniError::Upstream(_) => tracing::warn!(error = %e, "SNI connection closed"),
+            _ => tracing::debug!(error = %e, "SNI connection closed"),
+        }
+    }
+}
+
+async fn serve(mut client: TcpStream, shared: &Shared) -> Result<(), SniError> {
+    let limit = client_hello::MAX_CLIENT_HELLO + 1024;
+    let mut buf = BytesMut::with_capacity(2048);
+    let host = tokio::time::timeout(shared.config.client_hello_timeout, async {
+        loop {
+            match client_hello::parse(&buf)? {
+                Hello::Complete { sni: Some(host) } => return Ok(host),
+                Hello::Complete { sni: None } => return Err(SniError::NoServerName),
+                Hello::Incomplete => {}
+            }
+            if buf.len() >= limit {
+                return Err(SniError::Hello(HelloError::TooLarge(buf.len())));
+            }
+            // Never read past the limit, so the buffer stays bounded.
+            let mut chunk = (&mut client).take((limit - buf.len()) as u64);
+            match chunk.read_buf(&mut buf).await {
+                Ok(0) => return Err(SniError::ClientClosed),
+                Ok(_) => {}
+                Err(e) => return Err(SniError::ClientIo(e)),
+            }
+        }
+    })
+    .await
+    .map_err(|_| SniError::Timeout)??;
+    let table = shared.table.current();
+    let route = table
+        .sni
+        .get(&host)
+        .cloned()
+        .ok_or_else(|| SniError::NoRoute(host.to_string()))?;
+    drop(table);
+    let (upstream, endpoint) = crate::upstream::connect(&route.cluster, &shared.connect).await?;
+    let tcp = &shared.metrics.tcp;
+    let counters = ByteCounters {
+        downstream_rx: tcp.downstream_cx_rx_bytes_total.clone(),
+        downstream_tx: tcp.downstream_cx_tx_bytes_total.clone(),
+        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total.clone(),
+        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total.clone(),
+    };
+    let end = forward(
+        client,
+        &buf,
+        &route,
+        upstream,
+        endpoint,
+        shared.config.connection.sni_idle_timeout,
+        &counters,
+        shared,
+    )
+    .await;
+    if matches!(end, daemon::relay::RelayEnd::Idle) {
+        tcp.idle_timeout.increment(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! The tunneling listener (`-envoy-tunneling-port`, 8088): HTTP/2 with prior
+//! knowledge (h2c) and HTTP/1.1 on one port, told apart by the HTTP/2 preface.
+//! Only CONNECT is served; the tunnel goes to the route whose authority equals
+//! the request's exactly. 200 is sent once the upstream is connected; bytes the
+//! client sent before that are kept and forwarded.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use daemon::prefixed::PrefixedIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::connect_request::{self, Parsed, RequestError};
+use crate::forward::{Active, ByteCounters, Shared, forward};
+use crate::metrics::ListenerStats;
+use crate::names::ConnectAuthority;
+use crate::table::Route;
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Why a tunnel was not opened; each has one status.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    #[error("client: {0}")]
+    Request(#[from] RequestError),
+    #[error("client sent no complete request head within the timeout")]
+    HeaderTimeout,
+    #[error("no route for authority {0}")]
+    NoRoute(ConnectAuthority),
+    #[error("too many open tunnels")]
+    Overloaded,
+    #[error(transparent)]
+    Upstream(#[from] crate::upstream::UpstreamError),
+}
+
+impl TunnelError {
+    pub fn status(&self) -> u16 {
+        match self {
+            TunnelError::Request(e) => e.status(),
+            TunnelError::HeaderTimeout => 408,
+            TunnelError::NoRoute(_) => 404,
+            TunnelError::Overloaded | TunnelError::Upstream(_) => 503,
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            TunnelError::Request(RequestError::NotConnect(_)) => "method_not_allowed",
+            TunnelError::Request(RequestError::TooLarge) => "request_too_large",
+            TunnelError::Request(_) => "bad_request",
+            TunnelError::HeaderTimeout => "request_header_timeout",
+            TunnelError::NoRoute(_) => "no_route",
+            TunnelError::Overloaded => "overloaded",
+            TunnelError::Upstream(_) => "upstream_unavailable",
+        }
+    }
+}
+
+/// Per-listener state shared by its connections.
+pub struct TunnelListener {
+    pub shared: Arc<Shared>,
+    pub stats: ListenerStats,
+    /// Open tunnels (HTTP/1.1 connections and HTTP/2 streams) on this listener.
+    pub tunnels: Arc<Semaphore>,
+}
+
+pub async fn handle(client: TcpStream, l: Arc<TunnelListener>) {
+    let shared = &l.shared;
+    let http = &shared.metrics.http;
+    l.stats.downstream_cx_total.increment(1);
+    let _listener_active = Active::new(&l.stats.downstream_cx_active);
+    http.downstream_cx_total.increment(1);
+    let _active = Active::new(&http.downstream_cx_active);
+    if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
+        tracing::debug!(error = %e, "client keepalive not set");
+    }
+    let deadline = Instant::now() + shared.config.request_header_timeout;
+    let mut client = client;
+    let mut buf = BytesMut::with_capacity(1024);
+    // Read until the bytes either are the HTTP/2 preface or cannot be.
+    while buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&buf) {
+        match tokio::time::timeout_at(deadline, client.read_buf(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                http.downstream_rq_header_timeout.increment(1);
+                l.stats.reject("request_header_timeout");
+                if !buf.is_empty() {
+                    reply_h1(&mut client, 408).await;
+                }
+                return;
+            }
+        }
+    }
+    if buf.starts_with(H2_PREFACE) {
+        let _h2 = Active::new(&http.downstream_cx_http2_active);
+        let io = PrefixedIo::new(buf.freeze(), client);
+        crate::tunnel_h2::serve(io, l.clone(), deadline).await;
+    } else {
+        let _h1 = Active::new(&http.downstream_cx_http1_active);
+        http1(client, buf, deadline, &l).await;
+    }
+}
+
+async fn http1(mut client: TcpStream, mut buf: BytesMut, deadline: Instant, l: &TunnelListener) {
+    let shared = &l.shared;
+    let http = &shared.metrics.http;
+    let head = loop {
+        match connect_request::parse(&buf) {
+            Ok(Parsed::Connect(head)) => break head,
+            Ok(Parsed::Incomplete) => {}
+            Err(e) => {
+                http.downstream_rq_total.increment(1);
+                http.downstream_cx_protocol_error.increment(1);
+                return refuse_h1(&mut client, TunnelError::Request(e), l).await;
+            }
+        }
+        let room = (connect_request::MAX_HEAD - buf.len().min(connect_request::MAX_HEAD)) as u64;
+        let mut chunk = (&mut client).take(room.max(1));
+        match tokio::time::timeout_at(deadline, chunk.read_buf(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                http.downstream_rq_header_timeout.increment(1);
+                return refuse_h1(&mut client, TunnelError::HeaderTimeout, l).await;
+            }
+        }
+    };
+    http.downstream_rq_total.increment(1);
+    let _rq = Active::new(&http.downstream_rq_active);
+    let opened = open(&head.authority, l).await;
+    let (route, upstream, endpoint, _permit) = match opened {
+        Ok(o) => o,
+        Err(e) => return refuse_h1(&mut client, e, l).await,
+    };
+    if client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.is_err() {
+        return;
+    }
+    http.downstream_rq_2xx.increment(1);
+    let early = buf.split_off(head.head_len);
+    let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active);
+    forward(
+        client,
+        &early,
+        &route,
+        upstream,
+        endpoint,
+        shared.config.connection.tunneling_stream_idle_timeout,
+        &counters(l, &route),
+        shared,
+    )
+    .await;
+}
+
+pub(crate) fn counters(l: &TunnelListener, route: &Route) -> ByteCounters {
+    let http = &l.shared.metrics.http;
+    ByteCounters {
+        downstream_rx: http.downstream_cx_rx_bytes_total.clone(),
+        downstream_tx: http.downstream_cx_tx_bytes_total.clone(),
+        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total.clone(),
+        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total.clone(),
+    }
+}
+
+/// Everything between a valid CONNECT and the 200: the tunnel permit, the
+/// route, the upstream connection.
+pub(crate) async fn open(
+    authority: &ConnectAuthority,
+    l: &TunnelListener,
+) -> Result<
+    (
+        Arc<Route>,
+        TcpStream,
+        Arc<crate::table::UpstreamEndpoint>,
+        tokio::sync::OwnedSemaphorePermit,
+    ),
+    TunnelError,
+> {
+    let permit = l
+        .tunnels
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| TunnelError::Overloaded)?;
+    let route = l
+        .shared
+        .table
+        .current()
+        .tunnels
+        .get(authority)
+        .cloned()
+        .ok_or_else(|| TunnelError::NoRoute(authority.clone()))?;
+    let stats = &route.cluster.stats;
+    stats.upstream_rq_total.increment(1);
+    let started = std::time::Instant::now();
+    let (upstream, endpoint) = crate::upstream::connect(&route.cluster, &l.shared.connect).await?;
+    stats
+        .upstream_rq_time
+        .record(started.elapsed().as_secs_f64() * 1000.0);
+    Ok((route, upstream, endpoint, permit))
+}
+
+/// Counts a refused request and logs it at a level matching whose fault it is.
+pub(crate) fn record_refusal(e: &TunnelError, l: &TunnelListener) {
+    let http = &l.shared.metrics.http;
+    l.stats.reject(e.reason());
+    if matches!(e, TunnelError::NoRoute(_)) {
+        http.no_route.increment(1);
+    }
+    if e.status() >= 500 {
+        http.downstream_rq_5xx.increment(1);
+        tracing::warn!(error = %e, status = e.status(), "CONNECT refused");
+    } else {
+        http.downstream_rq_4xx.increment(1);
+        tracing::debug!(error = %e, status = e.status(), "CONNECT refused");
+    }
+}
+
+async fn refuse_h1(client: &mut TcpStream, e: TunnelError, l: &TunnelListener) {
+    record_refusal(&e, l);
+    reply_h1(client, e.status()).await;
+}
+
+/// Writes a final response and closes; reads (and drops) a bounded amount of
+/// what the client still sends so the close does not reset the response away.
+async fn reply_h1(client: &mut TcpStream, status: u16) {
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let body = format!("{status} {reason}\n");
+    let mut head = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    if status == 405 {
+        head.push_str("allow: CONNECT\r\n");
+    }
+    head.push_str("\r\n");
+    head.push_str(&body);
+    if client.write_all(head.as_bytes()).await.is_err() {
+        return;
+    }
+    let _ = client.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            match client.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}

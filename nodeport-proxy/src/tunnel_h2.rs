@@ -1,0 +1,178 @@
+//! CONNECT over HTTP/2 (h2c): many tunnels as streams of one connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use daemon::h2io::H2Io;
+use h2::server::SendResponse;
+use http::{Method, Request, Response, StatusCode};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::connect_request::RequestError;
+use crate::forward::{Active, forward};
+use crate::names::ConnectAuthority;
+use crate::tunnel::{TunnelError, TunnelListener, counters, open, record_refusal};
+
+const STREAM_WINDOW: u32 = 256 * 1024;
+const CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+pub async fn serve<T>(io: T, l: Arc<TunnelListener>, deadline: Instant)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let shared = &l.shared;
+    let http = &shared.metrics.http;
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(shared.config.max_streams_per_connection)
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_header_list_size(16 * 1024)
+        .max_send_buffer_size(shared.config.buffer_size);
+    let mut conn = match tokio::time::timeout_at(deadline, builder.handshake::<_, Bytes>(io)).await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            http.downstream_cx_protocol_error.increment(1);
+            l.stats.reject("bad_request");
+            tracing::debug!(error = %e, "client: HTTP/2 handshake failed");
+            return;
+        }
+        Err(_) => {
+            http.downstream_rq_header_timeout.increment(1);
+            l.stats.reject("request_header_timeout");
+            return;
+        }
+    };
+    let streams = Arc::new(watch::Sender::new(0usize));
+    let idle = shared.config.connection.tunneling_connection_idle_timeout;
+    // Until the first request arrives the header timeout applies; then the
+    // connection idle timeout.
+    let mut first_deadline = Some(deadline);
+    let mut going_away = false;
+    loop {
+        let first = async {
+            match first_deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            next = conn.accept() => match next {
+                Some(Ok((req, respond))) => {
+                    first_deadline = None;
+                    streams.send_modify(|n| *n += 1);
+                    let l = l.clone();
+                    let streams = streams.clone();
+                    shared.drain.spawn(async move {
+                        stream(req, respond, &l).await;
+                        streams.send_modify(|n| *n = n.saturating_sub(1));
+                    });
+                }
+                Some(Err(e)) => {
+                    if !e.is_go_away() && !e.is_io() {
+                        http.downstream_cx_protocol_error.increment(1);
+                    }
+                    tracing::debug!(error = %e, "client: HTTP/2 connection ended");
+                    break;
+                }
+                None => break,
+            },
+            _ = first, if !going_away => {
+                http.downstream_rq_header_timeout.increment(1);
+                l.stats.reject("request_header_timeout");
+                break;
+            }
+            _ = idle_for(streams.subscribe(), idle), if !going_away => {
+                tracing::debug!("HTTP/2 connection idle; going away");
+                conn.graceful_shutdown();
+                going_away = true;
+            }
+            _ = shared.drain.draining(), if !going_away => {
+                conn.graceful_shutdown();
+                going_away = true;
+            }
+            _ = shared.drain.stopping() => break,
+        }
+    }
+}
+
+/// Resolves once the connection has had no open stream for `idle`.
+async fn idle_for(mut count: watch::Receiver<usize>, idle: Duration) {
+    if idle.is_zero() {
+        return std::future::pending().await;
+    }
+    loop {
+        if count.wait_for(|n| *n == 0).await.is_err() {
+            return std::future::pending().await;
+        }
+        if tokio::time::timeout(idle, count.wait_for(|n| *n > 0))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+async fn stream(
+    req: Request<h2::RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    l: &TunnelListener,
+) {
+    let shared = &l.shared;
+    let http = &shared.metrics.http;
+    http.downstream_rq_total.increment(1);
+    let _rq = Active::new(&http.downstream_rq_active);
+    let authority = match request_authority(&req) {
+        Ok(a) => a,
+        Err(e) => return refuse(&mut respond, TunnelError::Request(e), l),
+    };
+    let (route, upstream, endpoint, _permit) = match open(&authority, l).await {
+        Ok(o) => o,
+        Err(e) => return refuse(&mut respond, e, l),
+    };
+    let send = match respond.send_response(Response::new(()), false) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(error = %e, "client: stream gone before 200");
+            return;
+        }
+    };
+    http.downstream_rq_2xx.increment(1);
+    let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active);
+    let io = H2Io::new(send, req.into_body());
+    forward(
+        io,
+        &[],
+        &route,
+        upstream,
+        endpoint,
+        shared.config.connection.tunneling_stream_idle_timeout,
+        &counters(l, &route),
+        shared,
+    )
+    .await;
+}
+
+fn request_authority(req: &Request<h2::RecvStream>) -> Result<ConnectAuthority, RequestError> {
+    if req.method() != Method::CONNECT {
+        return Err(RequestError::NotConnect(req.method().to_string()));
+    }
+    let a = req
+        .uri()
+        .authority()
+        .ok_or_else(|| RequestError::BadTarget(String::new()))?;
+    ConnectAuthority::parse(a.as_str()).map_err(|_| RequestError::BadTarget(a.to_string()))
+}
+
+fn refuse(respond: &mut SendResponse<Bytes>, e: TunnelError, l: &TunnelListener) {
+    record_refusal(&e, l);
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut resp = Response::new(());
+    *resp.status_mut() = status;
+    let _ = respond.send_response(resp, true);
+}
