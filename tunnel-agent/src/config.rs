@@ -1,0 +1,230 @@
+//! What the agent tunnels where. The file form mirrors KKP's envoy-agent
+//! ConfigMap (`proxyHost`, `proxyPort`, `listeners[{bindAddress, bindPort,
+//! authority}]`); flags can give the same.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use daemon::authority::ConnectAuthority;
+use serde::Deserialize;
+
+/// KKP's default tunneling agent IP (`DefaultTunnelingAgentIP`).
+pub const DEFAULT_AGENT_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(100, 64, 30, 10));
+/// KKP's kube-apiserver secure port under the Tunneling strategy.
+pub const DEFAULT_KAS_PORT: u16 = 6443;
+
+/// One local listener and the authority its connections are tunneled to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerSpec {
+    pub bind_address: IpAddr,
+    pub bind_port: u16,
+    pub authority: ConnectAuthority,
+}
+
+impl ListenerSpec {
+    /// KKP's default listener for a user cluster:
+    /// `100.64.30.10:6443` → `apiserver-external.cluster-<id>.svc.cluster.local:443`.
+    pub fn kkp_default(cluster_id: &str) -> Result<Self, ConfigError> {
+        let authority = ConnectAuthority::new(
+            &format!("apiserver-external.cluster-{cluster_id}.svc.cluster.local"),
+            443,
+        )
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        Ok(ListenerSpec {
+            bind_address: DEFAULT_AGENT_IP,
+            bind_port: DEFAULT_KAS_PORT,
+            authority,
+        })
+    }
+
+    /// Parses `address:port=authority`, e.g.
+    /// `100.64.30.10:6443=apiserver-external.cluster-x.svc.cluster.local:443`.
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let bad = |why: &str| ConfigError::Invalid(format!("listener {s:?}: {why}"));
+        let (bind, authority) = s
+            .split_once('=')
+            .ok_or_else(|| bad("expected address:port=authority"))?;
+        let bind: std::net::SocketAddr = bind.parse().map_err(|_| bad("bad bind address:port"))?;
+        let authority = ConnectAuthority::parse(authority).map_err(|e| bad(&e.to_string()))?;
+        Ok(ListenerSpec {
+            bind_address: bind.ip(),
+            bind_port: bind.port(),
+            authority,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// The seed's nodeport-proxy tunneling endpoint; resolved again on every
+    /// reconnect.
+    pub proxy_host: String,
+    pub proxy_port: u16,
+    pub listeners: Vec<ListenerSpec>,
+    /// HTTP/2 PING interval on the shared connection (KKP PR #15062: 30 s).
+    pub keepalive_interval: Duration,
+    /// A PING unanswered this long marks the connection dead (5 s).
+    pub keepalive_timeout: Duration,
+    /// TCP connect + HTTP/2 handshake to the proxy; also how long an accepted
+    /// connection waits for the shared connection and its CONNECT answer.
+    pub connect_timeout: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Tunnels idle this long are closed.
+    pub idle_timeout: Duration,
+    pub max_connections_per_listener: usize,
+    /// Each direction of each tunnel has one buffer of this size.
+    pub buffer_size: usize,
+    /// How long open tunnels may continue after shutdown begins.
+    pub drain_timeout: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            proxy_host: String::new(),
+            proxy_port: 8088,
+            listeners: Vec::new(),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(3600),
+            max_connections_per_listener: 4096,
+            buffer_size: 16 * 1024,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {0}: {1}")]
+    Read(String, std::io::Error),
+    #[error("parsing {0}: {1}")]
+    Parse(String, String),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The file form.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileConfig {
+    proxy_host: String,
+    #[serde(default = "default_proxy_port")]
+    proxy_port: u16,
+    #[serde(default)]
+    listeners: Vec<FileListener>,
+    /// envoy-agent's admin/stats ports; accepted so its ConfigMap data loads.
+    #[serde(default)]
+    admin_port: Option<u16>,
+    #[serde(default)]
+    stats_port: Option<u16>,
+}
+
+fn default_proxy_port() -> u16 {
+    8088
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileListener {
+    bind_address: IpAddr,
+    bind_port: u16,
+    authority: String,
+}
+
+/// Reads a config file into `base` (which carries the non-file settings).
+/// Returns the stats port the file names, if any.
+pub fn load_file(path: &Path, base: &mut AgentConfig) -> Result<Option<u16>, ConfigError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(name.clone(), e))?;
+    let file: FileConfig = serde_yaml_ng::from_str(&text)
+        .map_err(|e| ConfigError::Parse(name.clone(), e.to_string()))?;
+    base.proxy_host = file.proxy_host;
+    base.proxy_port = file.proxy_port;
+    for l in file.listeners {
+        let authority = ConnectAuthority::parse(&l.authority)
+            .map_err(|e| ConfigError::Invalid(format!("{name}: {e}")))?;
+        base.listeners.push(ListenerSpec {
+            bind_address: l.bind_address,
+            bind_port: l.bind_port,
+            authority,
+        });
+    }
+    let _ = file.admin_port;
+    Ok(file.stats_port)
+}
+
+impl AgentConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.proxy_host.is_empty() {
+            return Err(ConfigError::Invalid("the proxy host is required".into()));
+        }
+        if self.proxy_port == 0 {
+            return Err(ConfigError::Invalid("the proxy port must not be 0".into()));
+        }
+        if self.listeners.is_empty() {
+            return Err(ConfigError::Invalid(
+                "at least one listener is required".into(),
+            ));
+        }
+        if self.keepalive_timeout.is_zero() || self.keepalive_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "keepalive interval and timeout must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kkp_default_listener() {
+        let l = ListenerSpec::kkp_default("abc").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(l.bind_address.to_string(), "100.64.30.10");
+        assert_eq!(l.bind_port, 6443);
+        assert_eq!(
+            l.authority.to_string(),
+            "apiserver-external.cluster-abc.svc.cluster.local:443"
+        );
+    }
+
+    #[test]
+    fn listener_flag_form() {
+        let l =
+            ListenerSpec::parse("127.0.0.1:1194=openvpn-server.cluster-x.svc.cluster.local:1194")
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(l.bind_port, 1194);
+        for bad in ["127.0.0.1:1194", "nowhere:1=a:1", "127.0.0.1:1=noport"] {
+            assert!(ListenerSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn envoy_agent_config_map_shape_loads() {
+        let dir = std::env::temp_dir().join(format!("tunnel-agent-cfg-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("agent.yaml");
+        let text = "adminPort: 9902\nstatsPort: 8002\nproxyHost: x.seed.example.com\nproxyPort: 8088\nlisteners:\n- bindAddress: 100.64.30.10\n  bindPort: 6443\n  authority: apiserver-external.cluster-x.svc.cluster.local:443\n";
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        let mut c = AgentConfig::default();
+        let stats = load_file(&path, &mut c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stats, Some(8002));
+        assert_eq!(c.proxy_host, "x.seed.example.com");
+        assert_eq!(c.listeners.len(), 1);
+        assert!(c.validate().is_ok());
+        std::fs::write(&path, "proxyHost: x\nlistners: []\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            load_file(&path, &mut AgentConfig::default()).is_err(),
+            "typos must fail"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

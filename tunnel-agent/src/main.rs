@@ -1,0 +1,63 @@
+//! The tunnel-agent binary. Its runtime is fixed-size (one worker and two
+//! blocking threads by default) so a 128-thread node costs what a 2-core one
+//! does (KKP #13095: Envoy started a worker per hardware thread and OOMed).
+
+use anyhow::Context;
+use daemon::flags::usage_error;
+use tunnel_agent::{AgentListeners, TunnelAgent, cli};
+
+fn main() {
+    let values = cli::flag_set().parse_env_or_exit();
+    if let Err(e) = daemon::logging::init(&values) {
+        usage_error(&e);
+    }
+    let cli = cli::from_values(&values).unwrap_or_else(|e| usage_error(&e));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli.worker_threads)
+        .max_blocking_threads(2)
+        .thread_name("tunnel-agent")
+        .enable_all()
+        .build();
+    let rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: starting runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(serve(cli)) {
+        eprintln!("Error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
+    let stats = if cli.stats_port == 0 {
+        None
+    } else {
+        Some(
+            daemon::listen::bind_tcp(&cli.stats_address.to_string(), cli.stats_port)
+                .await
+                .with_context(|| {
+                    format!("binding stats on {}:{}", cli.stats_address, cli.stats_port)
+                })?,
+        )
+    };
+    let mut terms =
+        daemon::signals::Terminations::install().context("installing signal handlers")?;
+    let agent = TunnelAgent::start(
+        cli.config,
+        AgentListeners {
+            tunnels: Vec::new(),
+            stats,
+        },
+    )
+    .await?;
+    terms.next().await;
+    tracing::info!("termination signal: draining tunnels (a second one exits at once)");
+    tokio::select! {
+        _ = agent.shutdown() => {}
+        _ = terms.next() => tracing::warn!("second termination signal: exiting now"),
+    }
+    Ok(())
+}

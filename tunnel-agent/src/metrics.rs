@@ -1,0 +1,149 @@
+//! The agent's metrics, described once; Envoy names as envoy-agent exported
+//! them (`proxy_cluster` for the seed connection, `tcp_stats` for listeners).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use daemon::metrics::Registry;
+use metrics::{Counter, Gauge};
+
+pub const CLUSTER: &str = "proxy_cluster";
+pub const TCP_PREFIX: &str = "tcp_stats";
+
+pub struct AgentMetrics {
+    registry: Arc<Registry>,
+    started: Instant,
+    uptime: Gauge,
+    pub live: Gauge,
+    pub cx_total: Counter,
+    pub cx_active: Gauge,
+    pub cx_connect_fail: Counter,
+    pub cx_destroy_keepalive: Counter,
+    pub rq_total: Counter,
+    pub rq_active: Gauge,
+    pub rq_failed: Counter,
+    pub upstream_rx_bytes: Counter,
+    pub upstream_tx_bytes: Counter,
+    pub downstream_cx_total: Counter,
+    pub downstream_rx_bytes: Counter,
+    pub downstream_tx_bytes: Counter,
+}
+
+#[derive(Clone)]
+pub struct ListenerStats {
+    pub downstream_cx_total: Counter,
+    pub downstream_cx_active: Gauge,
+}
+
+impl AgentMetrics {
+    pub fn new() -> Arc<AgentMetrics> {
+        let r = Registry::new(&[]);
+        r.describe_gauge("envoy_server_live", "1 while the agent is serving.");
+        r.describe_gauge("envoy_server_uptime", "Seconds since the agent started.");
+        r.describe_counter(
+            "envoy_cluster_upstream_cx_total",
+            "HTTP/2 connections opened to the seed proxy.",
+        );
+        r.describe_gauge(
+            "envoy_cluster_upstream_cx_active",
+            "Open HTTP/2 connections to the seed proxy (0 or 1).",
+        );
+        r.describe_counter(
+            "envoy_cluster_upstream_cx_connect_fail",
+            "Failed attempts to connect to the seed proxy.",
+        );
+        r.describe_counter(
+            "envoy_cluster_upstream_cx_destroy_with_active_rq",
+            "Seed connections dropped by the PING keepalive.",
+        );
+        r.describe_counter("envoy_cluster_upstream_rq_total", "CONNECT streams opened.");
+        r.describe_gauge("envoy_cluster_upstream_rq_active", "Open CONNECT streams.");
+        r.describe_counter(
+            "envoy_cluster_upstream_rq_pending_failure_eject",
+            "Connections closed because no tunnel could be opened.",
+        );
+        r.describe_counter(
+            "envoy_cluster_upstream_cx_rx_bytes_total",
+            "Bytes received through tunnels.",
+        );
+        r.describe_counter(
+            "envoy_cluster_upstream_cx_tx_bytes_total",
+            "Bytes sent through tunnels.",
+        );
+        r.describe_counter(
+            "envoy_tcp_downstream_cx_total",
+            "Local connections accepted.",
+        );
+        r.describe_counter(
+            "envoy_tcp_downstream_cx_rx_bytes_total",
+            "Bytes received from local clients.",
+        );
+        r.describe_counter(
+            "envoy_tcp_downstream_cx_tx_bytes_total",
+            "Bytes sent to local clients.",
+        );
+        r.describe_counter(
+            "envoy_listener_downstream_cx_total",
+            "Connections accepted, per listener.",
+        );
+        r.describe_gauge(
+            "envoy_listener_downstream_cx_active",
+            "Open connections, per listener.",
+        );
+        let c = [("envoy_cluster_name", CLUSTER)];
+        let t = [("envoy_tcp_prefix", TCP_PREFIX)];
+        let m = AgentMetrics {
+            started: Instant::now(),
+            uptime: r.gauge("envoy_server_uptime", &[]),
+            live: r.gauge("envoy_server_live", &[]),
+            cx_total: r.counter("envoy_cluster_upstream_cx_total", &c),
+            cx_active: r.gauge("envoy_cluster_upstream_cx_active", &c),
+            cx_connect_fail: r.counter("envoy_cluster_upstream_cx_connect_fail", &c),
+            cx_destroy_keepalive: r.counter("envoy_cluster_upstream_cx_destroy_with_active_rq", &c),
+            rq_total: r.counter("envoy_cluster_upstream_rq_total", &c),
+            rq_active: r.gauge("envoy_cluster_upstream_rq_active", &c),
+            rq_failed: r.counter("envoy_cluster_upstream_rq_pending_failure_eject", &c),
+            upstream_rx_bytes: r.counter("envoy_cluster_upstream_cx_rx_bytes_total", &c),
+            upstream_tx_bytes: r.counter("envoy_cluster_upstream_cx_tx_bytes_total", &c),
+            downstream_cx_total: r.counter("envoy_tcp_downstream_cx_total", &t),
+            downstream_rx_bytes: r.counter("envoy_tcp_downstream_cx_rx_bytes_total", &t),
+            downstream_tx_bytes: r.counter("envoy_tcp_downstream_cx_tx_bytes_total", &t),
+            registry: Arc::new(r),
+        };
+        m.live.set(1.0);
+        Arc::new(m)
+    }
+
+    pub fn listener(&self, address: &str) -> ListenerStats {
+        let l = [("envoy_listener_address", address)];
+        ListenerStats {
+            downstream_cx_total: self
+                .registry
+                .counter("envoy_listener_downstream_cx_total", &l),
+            downstream_cx_active: self
+                .registry
+                .gauge("envoy_listener_downstream_cx_active", &l),
+        }
+    }
+
+    pub fn render(&self) -> String {
+        self.uptime.set(self.started.elapsed().as_secs() as f64);
+        self.registry.render()
+    }
+
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+}
+
+impl daemon::relay::Tally for AgentMetrics {
+    fn client_bytes(&self, n: u64) {
+        self.downstream_rx_bytes.increment(n);
+        self.upstream_tx_bytes.increment(n);
+    }
+
+    fn upstream_bytes(&self, n: u64) {
+        self.upstream_rx_bytes.increment(n);
+        self.downstream_tx_bytes.increment(n);
+    }
+}
