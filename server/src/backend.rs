@@ -350,13 +350,14 @@ mod tests {
         let m = Arc::new(Metrics::new());
         let bs = Backends::new(vec![Strategy::DestHost, Strategy::Default], m);
         let a = backend("a", "host=node-a&ipv4=10.0.0.1");
-        let b = backend("b", "host=node-b");
+        let b = backend("b", "host=node-b&ipv6=fd00::1");
         bs.add(a.clone());
         bs.add(b.clone());
         for _ in 0..20 {
             assert_eq!(bs.pick("node-a:10250").map(|x| x.id), Some(a.id));
             assert_eq!(bs.pick("10.0.0.1:80").map(|x| x.id), Some(a.id));
-            assert_eq!(bs.pick("[node-b]:1").map(|x| x.id), Some(b.id));
+            assert_eq!(bs.pick("node-b:1").map(|x| x.id), Some(b.id));
+            assert_eq!(bs.pick("[fd00::1]:443").map(|x| x.id), Some(b.id));
         }
         // Unknown hosts fall through to `default`, which reaches both.
         let picked: std::collections::HashSet<_> = (0..200).filter_map(|_| bs.pick("elsewhere:1")).map(|x| x.id).collect();

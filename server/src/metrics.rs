@@ -223,7 +223,7 @@ impl Metrics {
         self.registry
             .counter(
                 STREAM_ERRORS,
-                &[("segment", segment.label()), ("code", code_name(code)), ("packet_type", packet_type)],
+                &[("segment", segment.label()), ("code", konnectivity_proto::code_name(code)), ("packet_type", packet_type)],
             )
             .increment(1);
     }
@@ -236,29 +236,5 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// grpc-go's `codes.Code.String()` spelling.
-fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "Canceled",
-        Unknown => "Unknown",
-        InvalidArgument => "InvalidArgument",
-        DeadlineExceeded => "DeadlineExceeded",
-        NotFound => "NotFound",
-        AlreadyExists => "AlreadyExists",
-        PermissionDenied => "PermissionDenied",
-        ResourceExhausted => "ResourceExhausted",
-        FailedPrecondition => "FailedPrecondition",
-        Aborted => "Aborted",
-        OutOfRange => "OutOfRange",
-        Unimplemented => "Unimplemented",
-        Internal => "Internal",
-        Unavailable => "Unavailable",
-        DataLoss => "DataLoss",
-        Unauthenticated => "Unauthenticated",
     }
 }

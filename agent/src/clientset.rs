@@ -1,0 +1,182 @@
+//! Keeps the agent connected to every proxy server: connect until we hold
+//! `servercount` distinct server ids (a duplicate id is closed at once), back
+//! off with jitter on failure, reconnect when a stream drops, and stop
+//! connecting once draining.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use daemon::drain::Drain;
+use konnectivity_proto::ids::ServerId;
+use parking_lot::Mutex;
+use rand::Rng;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::connect::Connector;
+use crate::metrics::Metrics;
+use crate::session::{Session, SessionConfig};
+
+/// The sync loop's timing.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    pub interval: Duration,
+    pub interval_cap: Duration,
+    /// Keep dialing at every interval even with enough servers, to discover
+    /// servers added behind a load balancer.
+    pub forever: bool,
+}
+
+pub struct ClientSet {
+    sessions: Mutex<HashMap<ServerId, Arc<Session>>>,
+    server_count: AtomicU32,
+    lost: Notify,
+    connected_tx: watch::Sender<usize>,
+    metrics: Arc<Metrics>,
+    session_cfg: SessionConfig,
+    /// Tracks stream and connection tasks; stopped on the final shutdown.
+    drain: Drain,
+    /// The agent is draining (first SIGTERM): no new servers, DRAIN sent.
+    draining: CancellationToken,
+}
+
+/// `interval` plus up to 10 % (wait.Jitter(d, 0.1)).
+fn jitter(d: Duration) -> Duration {
+    d + d.mul_f64(rand::rng().random_range(0.0..0.1))
+}
+
+impl ClientSet {
+    pub fn new(metrics: Arc<Metrics>, session_cfg: SessionConfig, drain: Drain) -> Arc<Self> {
+        let (connected_tx, _) = watch::channel(0);
+        metrics.known_server_count.set(1.0);
+        Arc::new(ClientSet {
+            sessions: Mutex::new(HashMap::new()),
+            server_count: AtomicU32::new(0),
+            lost: Notify::new(),
+            connected_tx,
+            metrics,
+            session_cfg,
+            drain,
+            draining: CancellationToken::new(),
+        })
+    }
+
+    /// Servers the agent wants: the last `servercount` it was told, at least 1.
+    pub fn target(&self) -> usize {
+        self.server_count.load(Ordering::Relaxed).max(1) as usize
+    }
+
+    pub fn connected(&self) -> usize {
+        self.sessions.lock().len()
+    }
+
+    pub fn watch_connected(&self) -> watch::Receiver<usize> {
+        self.connected_tx.subscribe()
+    }
+
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions.lock().values().cloned().collect()
+    }
+
+    fn publish(&self, n: usize) {
+        self.metrics.open_server_connections.set(n as f64);
+        self.connected_tx.send_replace(n);
+    }
+
+    /// Runs until draining starts.
+    pub async fn sync(self: Arc<Self>, connector: Connector, cfg: SyncConfig) {
+        let mut backoff = cfg.interval;
+        loop {
+            if self.draining.is_cancelled() {
+                return;
+            }
+            let target = self.target();
+            self.metrics.known_server_count.set(target as f64);
+            let wait = if !cfg.forever && self.connected() >= target {
+                jitter(cfg.interval)
+            } else {
+                match connector.connect(self.session_cfg.conn_queue.max(64)).await {
+                    Ok(conn) => {
+                        backoff = cfg.interval;
+                        let duplicate = self.sessions.lock().contains_key(&conn.server_id);
+                        if duplicate {
+                            tracing::debug!(server_id = %conn.server_id, "already connected to this server; closing the new stream");
+                        } else {
+                            self.server_count.store(conn.server_count, Ordering::Relaxed);
+                            self.start(conn);
+                        }
+                        jitter(cfg.interval)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?backoff, "cannot connect to proxy server");
+                        let w = jitter(backoff);
+                        backoff = backoff.mul_f64(1.5).min(cfg.interval_cap);
+                        w
+                    }
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                // A lost stream is replaced without waiting out the interval.
+                _ = self.lost.notified() => {}
+                _ = self.draining.cancelled() => return,
+            }
+        }
+    }
+
+    fn start(self: &Arc<Self>, conn: crate::connect::Connection) {
+        let session = Session::new(
+            conn.server_id.clone(),
+            conn.outbound,
+            self.metrics.clone(),
+            self.session_cfg.clone(),
+            self.drain.clone(),
+        );
+        let n = {
+            let mut s = self.sessions.lock();
+            s.insert(conn.server_id.clone(), session.clone());
+            s.len()
+        };
+        self.publish(n);
+        tracing::info!(server_id = %conn.server_id, server_count = conn.server_count, "connected to proxy server");
+        let me = self.clone();
+        let span = tracing::info_span!("server", server_id = %conn.server_id);
+        let inbound = conn.inbound;
+        self.drain.spawn(
+            async move {
+                if me.draining.is_cancelled() {
+                    session.send_drain().await;
+                }
+                session.serve(inbound).await;
+                let n = {
+                    let mut s = me.sessions.lock();
+                    s.remove(&session.server_id);
+                    s.len()
+                };
+                me.publish(n);
+                me.lost.notify_one();
+                tracing::info!("disconnected from proxy server");
+            }
+            .instrument(span),
+        );
+    }
+
+    /// First termination signal: no new servers, and tell every server we
+    /// are leaving so it routes new dials elsewhere.
+    pub async fn drain_all(&self) {
+        self.draining.cancel();
+        for s in self.sessions() {
+            s.send_drain().await;
+        }
+    }
+
+    /// Closes every stream.
+    pub fn close_all(&self) {
+        for s in self.sessions() {
+            s.close();
+        }
+    }
+}

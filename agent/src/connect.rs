@@ -1,0 +1,154 @@
+//! One connection attempt to a proxy server: TCP, TLS (with our ALPN list plus
+//! `h2`), HTTP/2, and the `Connect` stream with the agent's metadata. The
+//! server's `serverid`/`servercount` response headers come back with it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use konnectivity_proto::agent_service_client::AgentServiceClient;
+use konnectivity_proto::header;
+use konnectivity_proto::ids::{AgentId, ServerId};
+use konnectivity_proto::Packet;
+use rustls::pki_types::ServerName;
+use tokio::sync::mpsc;
+use tokio_rustls::TlsConnector;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::Streaming;
+
+/// How long one attempt (TCP, TLS, HTTP/2, response headers) may take.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("invalid proxy server address {0:?}")]
+    Address(String),
+    #[error("connecting to the proxy server: {0}")]
+    Transport(String),
+    #[error("proxy server refused the stream: {0}")]
+    Refused(String),
+    #[error("reading the service account token {path}: {source}")]
+    Token { path: PathBuf, source: std::io::Error },
+    #[error("expected one server ID in the response headers, got {0}")]
+    ServerId(usize),
+    #[error("expected one server count in the response headers, got {0:?}")]
+    ServerCount(Vec<String>),
+    #[error("connection attempt timed out after {0:?}")]
+    TimedOut(Duration),
+}
+
+/// What an agent presents to every server.
+#[derive(Clone)]
+pub struct Connector {
+    pub host: String,
+    pub port: u16,
+    pub tls: Arc<rustls::ClientConfig>,
+    pub agent_id: AgentId,
+    pub identifiers: String,
+    pub token_path: Option<PathBuf>,
+    pub keepalive: Duration,
+}
+
+/// An open `Connect` stream.
+pub struct Connection {
+    pub server_id: ServerId,
+    pub server_count: u32,
+    pub inbound: Streaming<Packet>,
+    pub outbound: mpsc::Sender<Packet>,
+}
+
+impl Connector {
+    pub async fn connect(&self, queue: usize) -> Result<Connection, ConnectError> {
+        tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(queue))
+            .await
+            .map_err(|_| ConnectError::TimedOut(ATTEMPT_TIMEOUT))?
+    }
+
+    async fn attempt(&self, queue: usize) -> Result<Connection, ConnectError> {
+        let authority = if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        };
+        // The connector below does TLS itself; tonic must not, so the URI says http.
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
+            .map_err(|_| ConnectError::Address(authority.clone()))?
+            .http2_keep_alive_interval(self.keepalive)
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(16 << 20))
+            .tcp_nodelay(true);
+        let name = ServerName::try_from(self.host.clone()).map_err(|_| ConnectError::Address(self.host.clone()))?;
+        let tls = TlsConnector::from(self.tls.clone());
+        let target = (self.host.clone(), self.port);
+        let channel = endpoint
+            .connect_with_connector(tower::service_fn(move |_| {
+                let (tls, name, target) = (tls.clone(), name.clone(), target.clone());
+                async move {
+                    let tcp = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await?;
+                    let _ = tcp.set_nodelay(true);
+                    let stream = tls.connect(name, tcp).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(|e| ConnectError::Transport(source_chain(&e)))?;
+
+        let (tx, rx) = mpsc::channel(queue);
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        let md = request.metadata_mut();
+        let id = MetadataValue::try_from(self.agent_id.0.as_str()).map_err(|_| ConnectError::Address("agent id is not valid header text".into()))?;
+        md.insert(header::AGENT_ID, id);
+        let idents = MetadataValue::try_from(self.identifiers.as_str()).map_err(|_| ConnectError::Address("agent identifiers are not valid header text".into()))?;
+        md.insert(header::AGENT_IDENTIFIERS, idents);
+        if let Some(path) = &self.token_path {
+            // Re-read on every connection so a rotated token is picked up.
+            let token = std::fs::read_to_string(path).map_err(|source| ConnectError::Token { path: path.clone(), source })?;
+            let v = MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| ConnectError::Address("token is not valid header text".into()))?;
+            md.insert(header::AUTHORIZATION, v);
+        }
+
+        let mut client = AgentServiceClient::new(channel)
+            .max_decoding_message_size(4 << 20)
+            .max_encoding_message_size(4 << 20);
+        let response = client
+            .connect(request)
+            .await
+            .map_err(|s| ConnectError::Refused(format!("{:?}: {}", s.code(), s.message())))?;
+        let md = response.metadata();
+        let ids: Vec<_> = md.get_all(header::SERVER_ID).iter().filter_map(|v| v.to_str().ok()).collect();
+        let [server_id] = ids.as_slice() else {
+            return Err(ConnectError::ServerId(ids.len()));
+        };
+        let server_id = ServerId((*server_id).to_string());
+        let counts: Vec<String> = md
+            .get_all(header::SERVER_COUNT)
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_string))
+            .collect();
+        let server_count = match counts.as_slice() {
+            [one] => one.parse::<u32>().map_err(|_| ConnectError::ServerCount(counts.clone()))?,
+            _ => return Err(ConnectError::ServerCount(counts)),
+        };
+        Ok(Connection {
+            server_id,
+            server_count,
+            inbound: response.into_inner(),
+            outbound: tx,
+        })
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,191 @@
+//! Dialing destinations, with errors worded as Go's `net.Dial` words them:
+//! servers (ours and upstream's) map the text to HTTP statuses by substring,
+//! and operators grep for it.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Upstream's fixed agent dial timeout.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A failed dial: the Go-style text, and whether it was a timeout (the
+/// `endpoint_dial_failure_total` reason).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DialError {
+    pub text: String,
+    pub timeout: bool,
+}
+
+impl std::fmt::Display for DialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+fn err(text: String, timeout: bool) -> DialError {
+    DialError { text, timeout }
+}
+
+/// Go's wording for an errno (`syscall.Errno.Error()`), else Rust's text
+/// without the "(os error N)" suffix.
+pub fn errno_text(e: &io::Error) -> String {
+    let known = match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => Some("connection refused"),
+        Some(libc::ECONNRESET) => Some("connection reset by peer"),
+        Some(libc::ENETUNREACH) => Some("network is unreachable"),
+        Some(libc::EHOSTUNREACH) => Some("no route to host"),
+        Some(libc::ENETDOWN) => Some("network is down"),
+        Some(libc::ETIMEDOUT) => Some("connection timed out"),
+        Some(libc::EMFILE) => Some("too many open files"),
+        Some(libc::ENFILE) => Some("too many open files in system"),
+        Some(libc::EADDRNOTAVAIL) => Some("cannot assign requested address"),
+        Some(libc::EADDRINUSE) => Some("address already in use"),
+        Some(libc::EACCES) => Some("permission denied"),
+        Some(libc::EPERM) => Some("operation not permitted"),
+        Some(libc::EAFNOSUPPORT) => Some("address family not supported by protocol"),
+        Some(libc::ENOBUFS) => Some("no buffer space available"),
+        _ => None,
+    };
+    if let Some(k) = known {
+        return k.to_string();
+    }
+    let s = e.to_string();
+    let s = s.split(" (os error").next().unwrap_or(&s);
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => s.to_string(),
+    }
+}
+
+/// Splits `host:port` like Go's `net.SplitHostPort`.
+fn split_host_port(address: &str) -> Result<(&str, u16), String> {
+    let missing = || format!("address {address}: missing port in address");
+    let (host, port) = if let Some(rest) = address.strip_prefix('[') {
+        let (h, p) = rest.split_once(']').ok_or_else(|| format!("address {address}: missing ']' in address"))?;
+        (h, p.strip_prefix(':').ok_or_else(missing)?)
+    } else {
+        let (h, p) = address.rsplit_once(':').ok_or_else(missing)?;
+        if h.contains(':') {
+            return Err(format!("address {address}: too many colons in address"));
+        }
+        (h, p)
+    };
+    let port = port.parse::<u16>().map_err(|_| format!("address {address}: invalid port"))?;
+    Ok((host, port))
+}
+
+/// Resolves `host`. Names under `.invalid` never resolve (RFC 6761 §6.4), so
+/// no lookup leaves the machine for them.
+async fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let lower = host.trim_end_matches('.').to_ascii_lowercase();
+    if lower == "invalid" || lower.ends_with(".invalid") {
+        return Err(format!("lookup {host}: no such host"));
+    }
+    match tokio::net::lookup_host((host, port)).await {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            if addrs.is_empty() {
+                Err(format!("lookup {host}: no such host"))
+            } else {
+                Ok(addrs)
+            }
+        }
+        Err(e) => {
+            let text = e.to_string();
+            // getaddrinfo's messages (glibc, musl) for "the name does not exist".
+            let nxdomain = ["Name or service not known", "No address associated with hostname", "Name does not resolve", "not known"];
+            if nxdomain.iter().any(|n| text.contains(n)) {
+                Err(format!("lookup {host}: no such host"))
+            } else if text.contains("Temporary failure") {
+                Err(format!("lookup {host}: temporary failure in name resolution"))
+            } else {
+                Err(format!("lookup {host}: {}", text.trim_start_matches("failed to lookup address information: ")))
+            }
+        }
+    }
+}
+
+/// Dials `protocol` `address` within `timeout` (DNS included), trying each
+/// resolved address in turn like Go does.
+pub async fn dial(protocol: &str, address: &str, timeout: Duration) -> Result<TcpStream, DialError> {
+    if !matches!(protocol, "tcp" | "tcp4" | "tcp6") {
+        return Err(err(format!("dial {protocol} {address}: unknown network {protocol}"), false));
+    }
+    let deadline = Instant::now() + timeout;
+    let (host, port) = split_host_port(address).map_err(|e| err(format!("dial {protocol} {e}"), false))?;
+    let addrs = match tokio::time::timeout_at(deadline, resolve(host, port)).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => return Err(err(format!("dial {protocol}: {e}"), false)),
+        Err(_) => return Err(err(format!("dial {protocol}: lookup {host}: i/o timeout"), true)),
+    };
+    let addrs: Vec<_> = addrs
+        .into_iter()
+        .filter(|a| match protocol {
+            "tcp4" => a.is_ipv4(),
+            "tcp6" => a.is_ipv6(),
+            _ => true,
+        })
+        .collect();
+    let mut first: Option<DialError> = None;
+    for addr in &addrs {
+        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Ok(Err(e)) => {
+                first.get_or_insert_with(|| err(format!("dial {protocol} {addr}: connect: {}", errno_text(&e)), false));
+            }
+            Err(_) => {
+                return Err(first.unwrap_or_else(|| err(format!("dial {protocol} {addr}: i/o timeout"), true)));
+            }
+        }
+    }
+    Err(first.unwrap_or_else(|| err(format!("dial {protocol}: no suitable address found for {address}"), false)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn refused_reads_like_go() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        drop(l);
+        let e = dial("tcp", &addr.to_string(), DIAL_TIMEOUT).await.err();
+        assert_eq!(
+            e,
+            Some(DialError { text: format!("dial tcp {addr}: connect: connection refused"), timeout: false })
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_names_never_resolve() {
+        let e = dial("tcp", "nothing.invalid:80", DIAL_TIMEOUT).await.err();
+        assert_eq!(e.map(|e| e.text), Some("dial tcp: lookup nothing.invalid: no such host".into()));
+    }
+
+    #[tokio::test]
+    async fn bad_addresses_are_reported() {
+        let e = dial("tcp", "no-port", DIAL_TIMEOUT).await.err().map(|e| e.text);
+        assert_eq!(e.as_deref(), Some("dial tcp address no-port: missing port in address"));
+        let e = dial("udp", "127.0.0.1:1", DIAL_TIMEOUT).await.err().map(|e| e.text);
+        assert_eq!(e.as_deref(), Some("dial udp 127.0.0.1:1: unknown network udp"));
+    }
+
+    #[test]
+    fn splits_like_go() {
+        assert_eq!(split_host_port("[::1]:80"), Ok(("::1", 80)));
+        assert_eq!(split_host_port("a:1"), Ok(("a", 1)));
+        assert!(split_host_port("::1:80").is_err());
+    }
+}

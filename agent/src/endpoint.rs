@@ -1,0 +1,98 @@
+//! One destination connection, owned by one task: bytes from the destination
+//! become DATA packets, DATA for it is written to it, and whichever side ends
+//! first ends both (the protocol has no half-close).
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use konnectivity_proto::ids::ConnectId;
+use konnectivity_proto::{Packet, PacketExt};
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Largest read from a destination (upstream reads 4 KiB).
+pub const MAX_READ: usize = 64 * 1024;
+const MIN_READ: usize = 4 * 1024;
+
+/// The stream-facing handle of a connection.
+pub struct ConnHandle {
+    /// Bytes for the destination, bounded by `--xfr-channel-size` packets.
+    pub to_remote: mpsc::Sender<Bytes>,
+    pub close: CloseSignal,
+}
+
+/// Asks the connection task to end, optionally with an error for the server.
+#[derive(Clone, Default)]
+pub struct CloseSignal {
+    token: CancellationToken,
+    reason: std::sync::Arc<Mutex<Option<String>>>,
+}
+
+impl CloseSignal {
+    pub fn close(&self, reason: Option<String>) {
+        if let Some(r) = reason {
+            self.reason.lock().get_or_insert(r);
+        }
+        self.token.cancel();
+    }
+
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().clone()
+    }
+
+    pub async fn closed(&self) {
+        self.token.cancelled().await
+    }
+}
+
+/// Pumps bytes both ways until either side ends or `close` fires. Returns when
+/// the connection is over; the caller sends CLOSE_RSP.
+pub async fn pump(
+    mut stream: TcpStream,
+    id: ConnectId,
+    to_server: &mpsc::Sender<Packet>,
+    mut to_remote: mpsc::Receiver<Bytes>,
+    close: &CloseSignal,
+    on_sent: impl Fn(i32),
+) {
+    let (mut rd, mut wr) = stream.split();
+    let upload = async {
+        // Grow the read buffer while reads fill it, shrink when they stop, so
+        // an idle connection holds little memory and a busy one reads big.
+        let mut want = MIN_READ;
+        let mut buf = BytesMut::new();
+        loop {
+            if buf.capacity() < want {
+                buf.reserve(want);
+            }
+            match rd.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) if n >= want => want = (want * 2).min(MAX_READ),
+                Ok(n) if n < want / 4 => want = (want / 2).max(MIN_READ),
+                Ok(_) => {}
+            }
+            let pkt = Packet::data(id.0, buf.split().freeze());
+            if to_server.send(pkt).await.is_err() {
+                return;
+            }
+            on_sent(konnectivity_proto::PacketType::Data as i32);
+        }
+    };
+    let download = async {
+        while let Some(data) = to_remote.recv().await {
+            if wr.write_all(&data).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = upload => {}
+        _ = download => {}
+        _ = close.closed() => {}
+    }
+    // Best effort: let the destination see a clean FIN rather than a reset.
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+}

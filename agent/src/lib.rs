@@ -1,0 +1,148 @@
+//! Konnectivity proxy agent, wire-compatible with apiserver-network-proxy
+//! v0.36: connects out to every proxy server, dials destinations on their
+//! behalf and moves the bytes.
+//!
+//! `main.rs` parses flags into a [`Config`], binds the health and admin
+//! ports and calls [`Agent::run`]; tests do the same with port 0.
+
+mod clientset;
+pub mod connect;
+pub mod dial;
+mod endpoint;
+mod health;
+pub mod metrics;
+pub mod options;
+mod session;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use daemon::drain::Drain;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use crate::clientset::SyncConfig;
+pub use crate::connect::Connector;
+pub use crate::session::SessionConfig;
+
+use crate::clientset::ClientSet;
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub struct Config {
+    pub connector: Connector,
+    pub sync: SyncConfig,
+    pub session: SessionConfig,
+    /// Where the admin port's `/metrics` redirect points.
+    pub health_port: u16,
+}
+
+/// The agent's sockets, bound before [`Agent::run`].
+pub struct Listeners {
+    pub health: TcpListener,
+    pub admin: TcpListener,
+}
+
+pub struct Agent {
+    config: Config,
+    metrics: Arc<Metrics>,
+    clients: Arc<ClientSet>,
+    drain: Drain,
+}
+
+/// A view of a running agent, for tests and the demo.
+#[derive(Clone)]
+pub struct AgentHandle {
+    clients: Arc<ClientSet>,
+    metrics: Arc<Metrics>,
+    drain: Drain,
+}
+
+impl AgentHandle {
+    /// Servers this agent holds a stream to.
+    pub fn connected_servers(&self) -> usize {
+        self.clients.connected()
+    }
+
+    pub fn watch_connected(&self) -> watch::Receiver<usize> {
+        self.clients.watch_connected()
+    }
+
+    /// Waits until the agent holds streams to `n` servers.
+    pub async fn wait_connected(&self, n: usize) {
+        let mut rx = self.watch_connected();
+        let _ = rx.wait_for(|c| *c >= n).await;
+    }
+
+    /// Open destination connections across all streams.
+    pub fn open_connections(&self) -> usize {
+        self.clients.sessions().iter().map(|s| s.connections()).sum()
+    }
+
+    /// Dials in progress across all streams.
+    pub fn pending_dials(&self) -> usize {
+        self.clients.sessions().iter().map(|s| s.pending_dials()).sum()
+    }
+
+    pub fn live_tasks(&self) -> usize {
+        self.drain.live_tasks()
+    }
+
+    pub fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+}
+
+/// Binds the health and admin ports named by the flags.
+pub async fn bind(addrs: &options::Addresses) -> std::io::Result<Listeners> {
+    Ok(Listeners {
+        health: daemon::listen::bind_tcp(&addrs.health.0, addrs.health.1).await?,
+        admin: daemon::listen::bind_tcp(&addrs.admin.0, addrs.admin.1).await?,
+    })
+}
+
+impl Agent {
+    pub fn new(config: Config) -> Agent {
+        let metrics = Arc::new(Metrics::new());
+        let drain = Drain::new();
+        let clients = ClientSet::new(metrics.clone(), config.session.clone(), drain.clone());
+        Agent { config, metrics, clients, drain }
+    }
+
+    pub fn handle(&self) -> AgentHandle {
+        AgentHandle { clients: self.clients.clone(), metrics: self.metrics.clone(), drain: self.drain.clone() }
+    }
+
+    /// Runs until `stop` resolves. When `drain` resolves first, the agent
+    /// stops connecting to new servers and sends DRAIN on every stream, but
+    /// keeps serving the connections it has.
+    pub async fn run(self, listeners: Listeners, drain: impl Future<Output = ()>, stop: impl Future<Output = ()>) {
+        let Agent { config, metrics, clients, drain: tasks } = self;
+        for (name, l) in [("health", &listeners.health), ("admin", &listeners.admin)] {
+            tracing::info!(listener = name, addr = %daemon::listen::Listener::local(l), "listening");
+        }
+        tasks.spawn(metrics.registry().clone().run_upkeep(tasks.clone()));
+        tasks.spawn(daemon::endpoints::serve(
+            listeners.health,
+            "health",
+            health::health_handler(clients.clone(), metrics.clone()),
+            tasks.clone(),
+        ));
+        tasks.spawn(daemon::endpoints::serve(listeners.admin, "admin", health::admin_handler(config.health_port), tasks.clone()));
+        tasks.spawn(clients.clone().sync(config.connector.clone(), config.sync.clone()));
+
+        tokio::pin!(drain, stop);
+        tokio::select! {
+            _ = &mut drain => {
+                tracing::info!("draining: no new servers; telling connected servers to route new dials elsewhere");
+                clients.drain_all().await;
+                stop.await;
+            }
+            _ = &mut stop => {}
+        }
+        tracing::info!("stopping");
+        clients.close_all();
+        tasks.shutdown(Duration::ZERO).await;
+    }
+}

@@ -1,0 +1,128 @@
+//! The agent's metrics: upstream's names, labels, buckets and HELP text
+//! (`konnectivity_network_proxy_agent_*`), registered once per agent instance.
+
+use std::sync::Arc;
+
+use daemon::metrics::Registry;
+use metrics::{Counter, Gauge, Histogram};
+
+const LATENCY_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
+
+const DIAL_DURATION: &str = "konnectivity_network_proxy_agent_dial_duration_seconds";
+const SERVER_CONNECTION_FAILURES: &str = "konnectivity_network_proxy_agent_server_connection_failure_count";
+const ENDPOINT_DIAL_FAILURES: &str = "konnectivity_network_proxy_agent_endpoint_dial_failure_total";
+const OPEN_SERVER_CONNECTIONS: &str = "konnectivity_network_proxy_agent_open_server_connections";
+const KNOWN_SERVER_COUNT: &str = "konnectivity_network_proxy_agent_known_server_count";
+const OPEN_ENDPOINT_CONNECTIONS: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
+const STREAM_PACKETS: &str = "konnectivity_network_proxy_agent_stream_packets_total";
+const STREAM_ERRORS: &str = "konnectivity_network_proxy_agent_stream_errors_total";
+
+const PACKET_TYPES: [&str; 8] = ["DIAL_REQ", "DIAL_RSP", "CLOSE_REQ", "CLOSE_RSP", "DATA", "DIAL_CLS", "DRAIN", "Unknown"];
+
+/// Packets sent to the server (`from_agent`) or received from it (`to_agent`).
+#[derive(Debug, Clone, Copy)]
+pub enum Segment {
+    FromAgent = 0,
+    ToAgent = 1,
+}
+
+pub struct Metrics {
+    registry: Arc<Registry>,
+    pub dial_duration: Histogram,
+    dial_timeout: Counter,
+    dial_unknown: Counter,
+    pub server_failure_to: Counter,
+    pub server_failure_from: Counter,
+    pub open_server_connections: Gauge,
+    pub known_server_count: Gauge,
+    pub open_endpoint_connections: Gauge,
+    packets: Vec<Vec<Counter>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Arc::new(Registry::new(&[(DIAL_DURATION, LATENCY_BUCKETS)]));
+        r.describe_histogram(DIAL_DURATION, "Latency of dial to the remote endpoint in seconds");
+        r.describe_counter(
+            SERVER_CONNECTION_FAILURES,
+            "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
+        );
+        r.describe_counter(ENDPOINT_DIAL_FAILURES, "Number of failures dialing the remote endpoint, by reason (example: timeout).");
+        r.describe_gauge(OPEN_SERVER_CONNECTIONS, "Current number of open server connections.");
+        r.describe_gauge(KNOWN_SERVER_COUNT, "Current number of servers agent is trying to connect to.");
+        r.describe_gauge(OPEN_ENDPOINT_CONNECTIONS, "Current number of open endpoint connections.");
+        r.describe_counter(
+            STREAM_PACKETS,
+            "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
+        );
+        r.describe_counter(
+            STREAM_ERRORS,
+            "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
+        );
+        Metrics {
+            dial_duration: r.histogram(DIAL_DURATION, &[]),
+            dial_timeout: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "timeout")]),
+            dial_unknown: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "unknown")]),
+            server_failure_to: r.counter(SERVER_CONNECTION_FAILURES, &[("direction", "to_server")]),
+            server_failure_from: r.counter(SERVER_CONNECTION_FAILURES, &[("direction", "from_server")]),
+            open_server_connections: r.gauge(OPEN_SERVER_CONNECTIONS, &[]),
+            known_server_count: r.gauge(KNOWN_SERVER_COUNT, &[]),
+            open_endpoint_connections: r.gauge(OPEN_ENDPOINT_CONNECTIONS, &[]),
+            packets: ["from_agent", "to_agent"]
+                .iter()
+                .map(|seg| {
+                    PACKET_TYPES
+                        .iter()
+                        .map(|t| r.counter(STREAM_PACKETS, &[("segment", seg), ("packet_type", t)]))
+                        .collect()
+                })
+                .collect(),
+            registry: r,
+        }
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn dial_failure(&self, timeout: bool) {
+        if timeout {
+            self.dial_timeout.increment(1)
+        } else {
+            self.dial_unknown.increment(1)
+        }
+    }
+
+    pub fn packet(&self, segment: Segment, packet_type: i32) {
+        let t = usize::try_from(packet_type).ok().filter(|t| *t < 7).unwrap_or(7);
+        if let Some(c) = self.packets.get(segment as usize).and_then(|s| s.get(t)) {
+            c.increment(1);
+        }
+    }
+
+    pub fn stream_error(&self, segment: Segment, code: &'static str, packet_type: &'static str) {
+        let seg = match segment {
+            Segment::FromAgent => "from_agent",
+            Segment::ToAgent => "to_agent",
+        };
+        self.registry
+            .counter(STREAM_ERRORS, &[("segment", seg), ("code", code), ("packet_type", packet_type)])
+            .increment(1);
+    }
+
+    pub fn render(&self) -> String {
+        self.registry.render()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

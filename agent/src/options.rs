@@ -1,0 +1,153 @@
+//! `proxy-agent` flags: upstream's names, defaults and Go value syntax, and
+//! their validation into a [`Config`]; the binary exits 2 on any error.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use daemon::flags::{FlagSet, Values};
+use konnectivity_proto::ids::AgentId;
+
+use crate::Config;
+use crate::clientset::SyncConfig;
+use crate::connect::Connector;
+use crate::session::SessionConfig;
+
+pub fn flags() -> FlagSet {
+    FlagSet::new("proxy-agent", "Konnectivity proxy agent: connects out to proxy servers and dials destinations for them.")
+        .string("agent-cert", "", "If non-empty secure communication with this cert.")
+        .string("agent-key", "", "If non-empty secure communication with this key.")
+        .string("ca-cert", "", "If non-empty the CAs we use to validate clients.")
+        .string("proxy-server-host", "127.0.0.1", "The hostname to use to connect to the proxy-server.")
+        .int("proxy-server-port", 8091, "The port the proxy server is listening on.")
+        .strings("alpn-proto", &[], "Additional ALPN protocols to be presented when connecting to the server. Useful to distinguish between network proxy and apiserver connections that share the same destination address.")
+        .string("health-server-host", "", "The host address to listen on, without port.")
+        .int("health-server-port", 8093, "The port the health server is listening on.")
+        .int("admin-server-port", 8094, "The port the admin server is listening on.")
+        .string("admin-bind-address", "127.0.0.1", "Bind address for admin connections. If empty, we will bind to all interfaces.")
+        .bool("enable-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
+        .bool("enable-contention-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
+        .string("agent-id", "", "The unique ID of this agent. Can also be set by the 'PROXY_AGENT_ID' environment variable. Default to a generated uuid if not set.")
+        .duration("sync-interval", Duration::from_secs(1), "The initial interval by which the agent periodically checks if it has connections to all instances of the proxy server.")
+        .duration("probe-interval", Duration::from_secs(1), "Accepted for compatibility: a lost stream is noticed when it ends or HTTP/2 keepalive fails.")
+        .duration("sync-interval-cap", Duration::from_secs(10), "The maximum interval for the SyncInterval to back off to when unable to connect to the proxy server")
+        .duration("keepalive-time", Duration::from_secs(3600), "Time for gRPC agent server keepalive.")
+        .string("service-account-token-path", "", "If non-empty proxy agent uses this token to prove its identity to the proxy server.")
+        .string("agent-identifiers", "", "Identifiers of the agent that will be used by the server when choosing agent. N.B. the list of identifiers must be in URL encoded format. e.g.,host=localhost&host=node1.mydomain.com&cidr=127.0.0.1/16&ipv4=1.2.3.4&ipv4=5.6.7.8&ipv6=:::::&default-route=true")
+        .bool("warn-on-channel-limit", false, "Accepted for compatibility.")
+        .bool("sync-forever", false, "If true, the agent continues syncing, in order to support server count changes.")
+        .int("xfr-channel-size", 150, "Packets queued per destination connection.")
+        .duration("destination-stall-timeout", Duration::from_secs(10), "How long a destination may leave its queue full before only its connection is closed (protects the shared stream).")
+        .bool("count-server-leases", false, "Enables lease counting system to determine the number of proxy servers to connect to.")
+        .string("lease-namespace", "kube-system", "Namespace where lease objects are managed.")
+        .string("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")
+        .string("lease-label-selector", "k8s-app=konnectivity-server", "Label selector for the server leases.")
+        .hidden()
+        .string("server-count-source", "default", "Defines how the server counts from lease and from server responses are combined. Possible values: 'default' to use only one source (server or leases depending on other flags), 'max' to take the larger value.")
+        .string("kubeconfig", "", "Path to the kubeconfig file")
+        .string("kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to apiserver.")
+        .with_klog(0)
+}
+
+/// Listening addresses from the flags.
+#[derive(Debug, Clone)]
+pub struct Addresses {
+    pub health: (String, u16),
+    pub admin: (String, u16),
+}
+
+fn file(v: &Values, name: &str) -> Result<Option<PathBuf>, String> {
+    let s = v.string(name);
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let p = PathBuf::from(&s);
+    if !p.is_file() {
+        return Err(format!("error checking --{name} {s:?}: no such file"));
+    }
+    Ok(Some(p))
+}
+
+fn port(v: &Values, name: &str) -> Result<u16, String> {
+    let p = v.int(name);
+    u16::try_from(p).map_err(|_| format!("--{name} {p} is not a valid port (0 picks any free port)"))
+}
+
+pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
+    let cert = file(v, "agent-cert")?;
+    let key = file(v, "agent-key")?;
+    let identity = match (&cert, &key) {
+        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+        (None, None) => None,
+        _ => return Err("--agent-cert and --agent-key must be set together".into()),
+    };
+    let Some(ca) = file(v, "ca-cert")? else {
+        return Err("--ca-cert is required to verify the proxy server".into());
+    };
+    let token_path = file(v, "service-account-token-path")?;
+    let mut alpn: Vec<Vec<u8>> = v.strings("alpn-proto").into_iter().map(String::into_bytes).collect();
+    if !alpn.iter().any(|p| p == b"h2") {
+        alpn.push(b"h2".to_vec());
+    }
+    let tls = daemon::tls::client_config(&ca, identity, &alpn).map_err(|e| e.to_string())?;
+
+    let identifiers = v.string("agent-identifiers");
+    konnectivity_proto::header::validate_identifiers(&identifiers).map_err(|e| format!("--agent-identifiers: {e}"))?;
+    let xfr = v.int("xfr-channel-size");
+    if xfr <= 0 {
+        return Err(format!("--xfr-channel-size must be greater than 0, got {xfr}"));
+    }
+    let (interval, cap) = (v.duration("sync-interval"), v.duration("sync-interval-cap"));
+    if interval > cap {
+        return Err(format!(
+            "--sync-interval ({}) must not be greater than --sync-interval-cap ({})",
+            daemon::duration::format(interval),
+            daemon::duration::format(cap)
+        ));
+    }
+    if interval.is_zero() {
+        return Err("--sync-interval must be greater than 0".into());
+    }
+    match v.string("server-count-source").as_str() {
+        "" | "default" | "max" => {}
+        other => return Err(format!("--server-count-source must be 'default' or 'max', got {other:?}")),
+    }
+    if v.bool("count-server-leases") {
+        return Err("--count-server-leases is not available in this build yet; the agent uses the servercount header".into());
+    }
+    let agent_id = match v.string("agent-id") {
+        s if !s.is_empty() => s,
+        _ => std::env::var("PROXY_AGENT_ID")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+    };
+    let health_port = port(v, "health-server-port")?;
+    let config = Config {
+        connector: Connector {
+            host: v.string("proxy-server-host"),
+            port: port(v, "proxy-server-port")?,
+            tls: Arc::new(tls),
+            agent_id: AgentId(agent_id),
+            identifiers,
+            token_path,
+            keepalive: v.duration("keepalive-time"),
+        },
+        sync: SyncConfig {
+            interval,
+            interval_cap: cap,
+            forever: v.bool("sync-forever"),
+        },
+        session: SessionConfig {
+            dial_timeout: crate::dial::DIAL_TIMEOUT,
+            conn_queue: usize::try_from(xfr).map_err(|_| "--xfr-channel-size is too large".to_string())?,
+            stall_timeout: v.duration("destination-stall-timeout").max(Duration::from_millis(100)),
+        },
+        health_port,
+    };
+    let addrs = Addresses {
+        health: (v.string("health-server-host"), health_port),
+        admin: (v.string("admin-bind-address"), port(v, "admin-server-port")?),
+    };
+    Ok((config, addrs))
+}

@@ -1,0 +1,239 @@
+//! One `Connect` stream to one proxy server: dials on DIAL_REQ without ever
+//! blocking the stream, routes DATA and CLOSE_REQ by connectID, and answers
+//! unknown ids the way upstream does.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use daemon::drain::Drain;
+use konnectivity_proto::ids::{ConnectId, DialId, ServerId};
+use konnectivity_proto::packet::Payload;
+use konnectivity_proto::{Packet, PacketExt, PacketType};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::{SendTimeoutError, TrySendError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+use tracing::Instrument;
+
+use crate::dial;
+use crate::endpoint::{self, CloseSignal, ConnHandle};
+use crate::metrics::{Metrics, Segment};
+
+/// Settings every session shares.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub dial_timeout: Duration,
+    /// Packets queued per destination connection.
+    pub conn_queue: usize,
+    /// How long a destination may leave its queue full before only its
+    /// connection is closed (the stream reader waits that long at most).
+    pub stall_timeout: Duration,
+}
+
+pub struct Session {
+    pub server_id: ServerId,
+    out: mpsc::Sender<Packet>,
+    conns: Mutex<HashMap<ConnectId, ConnHandle>>,
+    dials: Mutex<HashMap<DialId, CancellationToken>>,
+    next_id: AtomicI64,
+    closed: CancellationToken,
+    metrics: Arc<Metrics>,
+    cfg: SessionConfig,
+    drain: Drain,
+}
+
+impl Session {
+    pub fn new(server_id: ServerId, out: mpsc::Sender<Packet>, metrics: Arc<Metrics>, cfg: SessionConfig, drain: Drain) -> Arc<Session> {
+        Arc::new(Session {
+            server_id,
+            out,
+            conns: Mutex::new(HashMap::new()),
+            dials: Mutex::new(HashMap::new()),
+            next_id: AtomicI64::new(0),
+            closed: CancellationToken::new(),
+            metrics,
+            cfg,
+            drain,
+        })
+    }
+
+    /// Sends a packet to the server, waiting while the stream is backed up.
+    pub async fn send(&self, pkt: Packet) -> bool {
+        let t = pkt.r#type;
+        if self.out.send(pkt).await.is_err() {
+            self.metrics.server_failure_to.increment(1);
+            return false;
+        }
+        self.metrics.packet(Segment::FromAgent, t);
+        true
+    }
+
+    pub fn close(&self) {
+        self.closed.cancel();
+    }
+
+    pub fn connections(&self) -> usize {
+        self.conns.lock().len()
+    }
+
+    pub fn pending_dials(&self) -> usize {
+        self.dials.lock().len()
+    }
+
+    /// Reads the server's packets until the stream ends or the session closes.
+    pub async fn serve(self: &Arc<Self>, mut inbound: Streaming<Packet>) {
+        loop {
+            let msg = tokio::select! {
+                m = inbound.message() => m,
+                _ = self.closed.cancelled() => break,
+                _ = self.drain.stopping() => break,
+            };
+            match msg {
+                Ok(Some(pkt)) => {
+                    self.metrics.packet(Segment::ToAgent, pkt.r#type);
+                    self.handle(pkt).await;
+                }
+                Ok(None) => {
+                    tracing::info!("server closed the stream");
+                    break;
+                }
+                Err(status) => {
+                    self.metrics.server_failure_from.increment(1);
+                    self.metrics.stream_error(Segment::ToAgent, konnectivity_proto::code_name(status.code()), "Unknown");
+                    tracing::info!(%status, "stream from server failed");
+                    break;
+                }
+            }
+        }
+        self.closed.cancel();
+        // Connections of a dead stream cannot be reached by anyone any more.
+        for (_, c) in self.conns.lock().drain() {
+            c.close.close(None);
+        }
+        for (_, d) in self.dials.lock().drain() {
+            d.cancel();
+        }
+    }
+
+    async fn handle(self: &Arc<Self>, pkt: Packet) {
+        match (PacketType::try_from(pkt.r#type), pkt.payload) {
+            (Ok(PacketType::DialReq), Some(Payload::DialRequest(req))) => self.start_dial(req),
+            (Ok(PacketType::Data), Some(Payload::Data(d))) => {
+                if d.connect_id == 0 {
+                    tracing::debug!("DATA without connectID; ignored");
+                    return;
+                }
+                self.deliver(ConnectId(d.connect_id), d.data).await;
+            }
+            (Ok(PacketType::CloseReq), Some(Payload::CloseRequest(c))) => {
+                let found = self.conns.lock().get(&ConnectId(c.connect_id)).map(|h| h.close.clone());
+                match found {
+                    Some(close) => close.close(None),
+                    None => {
+                        tracing::debug!(connection_id = c.connect_id, "CLOSE_REQ for unknown connection");
+                        self.send(Packet::close_response(c.connect_id, "Unknown connectID".into())).await;
+                    }
+                }
+            }
+            (Ok(PacketType::DialCls), Some(Payload::CloseDial(c))) => {
+                if let Some(cancel) = self.dials.lock().remove(&DialId(c.random)) {
+                    tracing::debug!(dial_id = c.random, "dial cancelled by server");
+                    cancel.cancel();
+                }
+            }
+            (t, _) => tracing::debug!(packet_type = ?t, "ignoring unexpected packet from server"),
+        }
+    }
+
+    /// Queues bytes for a destination. A destination that does not drain its
+    /// queue within the stall limit is closed with an error; the stream
+    /// reader never waits longer than that.
+    async fn deliver(&self, id: ConnectId, data: Bytes) {
+        let found = self.conns.lock().get(&id).map(|h| (h.to_remote.clone(), h.close.clone()));
+        let Some((tx, close)) = found else {
+            tracing::debug!(connection_id = id.0, "DATA for unknown connection");
+            self.send(Packet::close_response(id.0, "unrecognized connectID".into())).await;
+            return;
+        };
+        match tx.try_send(data) {
+            Ok(()) => {}
+            Err(TrySendError::Closed(_)) => {}
+            Err(TrySendError::Full(data)) => match tx.send_timeout(data, self.cfg.stall_timeout).await {
+                Ok(()) | Err(SendTimeoutError::Closed(_)) => {}
+                Err(SendTimeoutError::Timeout(_)) => {
+                    tracing::warn!(connection_id = id.0, "destination stalled; closing its connection");
+                    close.close(Some(format!(
+                        "destination did not read for {:?}; connection closed to protect the stream",
+                        self.cfg.stall_timeout
+                    )));
+                }
+            },
+        }
+    }
+
+    fn start_dial(self: &Arc<Self>, req: konnectivity_proto::DialRequest) {
+        let dial_id = DialId(req.random);
+        let connect = ConnectId(self.next_id.fetch_add(1, Ordering::Relaxed) + 1);
+        let cancel = self.closed.child_token();
+        self.dials.lock().insert(dial_id, cancel.clone());
+        let span = tracing::debug_span!("conn", dial_id = %dial_id, connection_id = %connect, address = %req.address);
+        let me = self.clone();
+        self.drain.spawn(
+            async move {
+                me.run_connection(dial_id, connect, req, cancel).await;
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Dials, then owns the connection until it ends.
+    async fn run_connection(self: Arc<Self>, dial_id: DialId, connect: ConnectId, req: konnectivity_proto::DialRequest, cancel: CancellationToken) {
+        let started = Instant::now();
+        let dialed = tokio::select! {
+            r = dial::dial(&req.protocol, &req.address, self.cfg.dial_timeout) => Some(r),
+            _ = cancel.cancelled() => None,
+        };
+        self.dials.lock().remove(&dial_id);
+        let stream = match dialed {
+            None => return,
+            Some(Err(e)) => {
+                self.metrics.dial_failure(e.timeout);
+                tracing::debug!(error = %e, "dial failed");
+                self.send(Packet::dial_response(dial_id.0, 0, e.text)).await;
+                return;
+            }
+            Some(Ok(s)) => s,
+        };
+        self.metrics.dial_duration.record(started.elapsed().as_secs_f64());
+        let (tx, rx) = mpsc::channel(self.cfg.conn_queue);
+        let close = CloseSignal::default();
+        self.conns.lock().insert(connect, ConnHandle { to_remote: tx, close: close.clone() });
+        self.metrics.open_endpoint_connections.increment(1.0);
+        if self.send(Packet::dial_response(dial_id.0, connect.0, String::new())).await {
+            tracing::debug!("connection established");
+            let metrics = self.metrics.clone();
+            tokio::select! {
+                _ = endpoint::pump(stream, connect, &self.out, rx, &close, |t| metrics.packet(Segment::FromAgent, t)) => {}
+                _ = self.closed.cancelled() => {}
+                _ = self.drain.stopping() => {}
+            }
+        }
+        self.conns.lock().remove(&connect);
+        self.metrics.open_endpoint_connections.decrement(1.0);
+        if !self.closed.is_cancelled() {
+            let reason = close.reason().unwrap_or_default();
+            self.send(Packet::close_response(connect.0, reason)).await;
+        }
+        tracing::debug!("connection closed");
+    }
+
+    /// Tells the server this agent is going away.
+    pub async fn send_drain(&self) {
+        self.send(Packet::drain()).await;
+    }
+}
