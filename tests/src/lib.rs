@@ -7,3 +7,4 @@
 
 pub mod certs;
 pub mod dest;
+pub mod nodeport;

@@ -1,0 +1,321 @@
+//! Support for the nodeport-proxy and tunnel-agent tests: inventories built
+//! as JSON (the file format the proxy reads), a proxy on port-0 listeners fed
+//! from a temp file, TLS and plain HTTP destinations that say who answered,
+//! and a curl runner.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nodeport_proxy::{Listeners, NodePortProxy, ProxyConfig, TableSource};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::certs::Pki;
+
+/// A Service object. `ports`: (name, port, nodePort).
+pub fn service(ns: &str, name: &str, expose: &str, ty: &str, ports: &[(&str, u16, u16)]) -> Value {
+    json!({
+        "metadata": {
+            "namespace": ns, "name": name, "uid": format!("{ns}/{name}"),
+            "creationTimestamp": "2024-01-01T00:00:00Z",
+            "annotations": {"nodeport-proxy.k8s.io/expose": expose},
+        },
+        "spec": {
+            "type": ty,
+            "ports": ports.iter().map(|(n, p, np)| json!({"name": n, "port": p, "nodePort": np, "protocol": "TCP"})).collect::<Vec<_>>(),
+        }
+    })
+}
+
+/// Adds the SNI port mapping annotation.
+pub fn with_mapping(mut svc: Value, mapping: &[(&str, &str)]) -> Value {
+    let m: serde_json::Map<String, Value> = mapping
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), json!(v)))
+        .collect();
+    svc["metadata"]["annotations"]["nodeport-proxy.k8s.io/port-mapping"] =
+        json!(Value::Object(m).to_string());
+    svc
+}
+
+/// An EndpointSlice for `svc` whose port `port_name` resolves per endpoint:
+/// every address is 127.0.0.1 here, so each endpoint gets its own slice port.
+pub fn slices(
+    ns: &str,
+    svc: &str,
+    port_name: &str,
+    endpoints: &[(SocketAddr, bool)],
+) -> Vec<Value> {
+    endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, (addr, ready))| {
+            json!({
+                "metadata": {"namespace": ns, "name": format!("{svc}-{i}"), "labels": {"kubernetes.io/service-name": svc}},
+                "ports": [{"name": port_name, "port": addr.port(), "protocol": "TCP"}],
+                "endpoints": [{"addresses": [addr.ip().to_string()], "conditions": {"ready": ready}}],
+            })
+        })
+        .collect()
+}
+
+pub fn inventory(services: Vec<Value>, slices: Vec<Vec<Value>>) -> Value {
+    json!({"services": services, "endpointSlices": slices.into_iter().flatten().collect::<Vec<_>>()})
+}
+
+pub async fn loopback() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").await.unwrap()
+}
+
+/// A proxy serving stats, SNI and tunneling listeners on loopback port 0,
+/// reading its table from a temp file.
+pub struct Proxy {
+    pub proxy: NodePortProxy,
+    pub sni: SocketAddr,
+    pub tunnel: SocketAddr,
+    pub stats: SocketAddr,
+    pub file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+pub fn test_config() -> ProxyConfig {
+    ProxyConfig {
+        node_port_bind_address: [127, 0, 0, 1].into(),
+        shutdown_delay: Duration::ZERO,
+        drain_timeout: Duration::from_secs(5),
+        ..ProxyConfig::default()
+    }
+}
+
+pub async fn start_proxy(
+    inventory: &Value,
+    node_ports: Vec<TcpListener>,
+    config: ProxyConfig,
+) -> Proxy {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("table.json");
+    std::fs::write(&file, inventory.to_string()).unwrap();
+    let (stats, sni, tunnel) = (loopback().await, loopback().await, loopback().await);
+    let addrs = (
+        stats.local_addr().unwrap(),
+        sni.local_addr().unwrap(),
+        tunnel.local_addr().unwrap(),
+    );
+    let config = ProxyConfig {
+        source: TableSource::File(file.clone()),
+        ..config
+    };
+    let listeners = Listeners {
+        stats: Some(stats),
+        sni: Some(sni),
+        tunneling: Some(tunnel),
+        node_ports,
+    };
+    let proxy = NodePortProxy::start(config, listeners).await.unwrap();
+    Proxy {
+        proxy,
+        stats: addrs.0,
+        sni: addrs.1,
+        tunnel: addrs.2,
+        file,
+        _dir: dir,
+    }
+}
+
+impl Proxy {
+    /// Replaces the table file (write + rename, as editors and ConfigMaps do),
+    /// asks for a reload, and waits until the new table is served.
+    pub async fn rewrite(&self, inventory: &Value) {
+        let before = self.proxy.status().borrow().version;
+        let tmp = self.file.with_extension("tmp");
+        std::fs::write(&tmp, inventory.to_string()).unwrap();
+        std::fs::rename(&tmp, &self.file).unwrap();
+        self.proxy.reload();
+        let mut status = self.proxy.status();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            status.wait_for(|s| s.version > before),
+        )
+        .await
+        .expect("new table not applied within 10s")
+        .unwrap();
+    }
+
+    /// A GET on the stats port: (status code, body).
+    pub async fn stats_get(&self, path: &str) -> (u16, String) {
+        http_get(self.stats, path).await
+    }
+}
+
+/// A minimal HTTP/1.1 GET with `Connection: close`.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+async fn answer_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
+    body: &str,
+) {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut b).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&b[..n]),
+        }
+    }
+    let resp = format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = s.write_all(resp.as_bytes()).await;
+    let _ = s.shutdown().await;
+}
+
+/// A plain HTTP server answering every request with `name`.
+pub async fn http_named(name: &'static str) -> SocketAddr {
+    let l = loopback().await;
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(answer_http(s, name));
+        }
+    });
+    addr
+}
+
+/// A TLS server (certificate for `hosts`) answering every HTTP request with `name`.
+pub async fn tls_named(pki: &Pki, name: &'static str, hosts: &[&str]) -> SocketAddr {
+    let id = pki.server(name, hosts);
+    let cfg = daemon::tls::server_config(
+        &id.cert,
+        &id.key,
+        None,
+        &daemon::tls::TlsPolicy::default(),
+        &[b"http/1.1"],
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = loopback().await;
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(s).await {
+                    answer_http(tls, name).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Runs curl with a time limit; returns (exit success, stdout, stderr).
+pub async fn curl(args: &[&str]) -> (bool, String, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new("/usr/bin/curl")
+            .args(["--silent", "--show-error", "--max-time", "20"])
+            .args(args)
+            .output(),
+    )
+    .await
+    .expect("curl hung")
+    .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Reads until EOF or error within `limit`; returns what arrived and whether
+/// the peer closed (EOF or reset) in time.
+pub async fn read_until_closed<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    limit: Duration,
+) -> (Vec<u8>, bool) {
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(limit, async {
+        let mut b = [0u8; 4096];
+        loop {
+            match s.read(&mut b).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&b[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (got, closed)
+}
+
+/// Sends an HTTP/1.1 CONNECT and returns the status line's code and the stream.
+pub async fn connect_h1(proxy: SocketAddr, authority: &str) -> (u16, tokio::net::TcpStream) {
+    let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    s.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => head.push(b[0]),
+        }
+    }
+    let code = std::str::from_utf8(&head)
+        .ok()
+        .and_then(|h| h.get(9..12))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, s)
+}
+
+/// An HTTP/2 (h2c) client connection to the tunneling port.
+pub async fn h2_client(proxy: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let io = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+/// Opens a CONNECT stream; returns the status and, on 200, the stream as a byte pipe.
+pub async fn connect_h2(
+    send: &h2::client::SendRequest<bytes::Bytes>,
+    authority: &str,
+) -> (u16, Option<daemon::h2io::H2Io>) {
+    let mut send = send.clone().ready().await.unwrap();
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(authority)
+        .body(())
+        .unwrap();
+    let (resp, stream) = send.send_request(req, false).unwrap();
+    let resp = resp.await.unwrap();
+    let code = resp.status().as_u16();
+    if code != 200 {
+        return (code, None);
+    }
+    (
+        code,
+        Some(daemon::h2io::H2Io::new(stream, resp.into_body())),
+    )
+}
