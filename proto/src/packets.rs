@@ -91,3 +91,10 @@ impl PacketExt for Packet {
         self.kind().map_or("Unknown", |k| k.as_str_name())
     }
 }
+
+impl Packet {
+    /// DATA with a copy of `data` (tests and non-hot paths).
+    pub fn data_copy(connect_id: i64, data: &[u8]) -> Packet {
+        <Packet as PacketExt>::data(connect_id, Bytes::copy_from_slice(data))
+    }
+}

@@ -8,3 +8,5 @@
 pub mod certs;
 pub mod dest;
 pub mod nodeport;
+pub mod client;
+pub mod konnectivity;

@@ -1,0 +1,183 @@
+//! A frontend for the tests, dialing the way kube-apiserver does: a fresh
+//! connection and one `Proxy` stream per dial (gRPC), or `CONNECT addr
+//! HTTP/1.1` with `Host: 127.0.0.1` (HTTP-CONNECT). The Go client itself is
+//! exercised by the interop suite.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use hyper_util::rt::TokioIo;
+use konnectivity_proto::packet::Payload;
+use konnectivity_proto::proxy_service_client::ProxyServiceClient;
+use konnectivity_proto::{Packet, PacketExt, PacketType};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+/// Where the server's frontend listens.
+#[derive(Clone)]
+pub enum Frontend {
+    Uds(PathBuf),
+    Tcp { addr: SocketAddr, tls: Arc<rustls::ClientConfig> },
+}
+
+/// Any byte stream to the frontend.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+
+impl Frontend {
+    /// Opens a raw connection (Unix socket, or TLS over TCP).
+    pub async fn connect(&self) -> std::io::Result<Box<dyn Io>> {
+        match self {
+            Frontend::Uds(p) => Ok(Box::new(tokio::net::UnixStream::connect(p).await?)),
+            Frontend::Tcp { addr, tls } => {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                let name = ServerName::try_from("127.0.0.1").map_err(std::io::Error::other)?;
+                let s = tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp).await?;
+                Ok(Box::new(s))
+            }
+        }
+    }
+
+    /// A gRPC client on a new connection, as kube-apiserver makes per dial.
+    pub async fn grpc_client(&self) -> Result<ProxyServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
+        let me = self.clone();
+        let channel = tonic::transport::Endpoint::from_static("http://localhost")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let me = me.clone();
+                async move { me.connect().await.map(TokioIo::new) }
+            }))
+            .await?;
+        Ok(ProxyServiceClient::new(channel))
+    }
+}
+
+/// One dialed connection over a `Proxy` stream.
+pub struct GrpcTunnel {
+    pub tx: mpsc::Sender<Packet>,
+    pub rx: Streaming<Packet>,
+    pub connect_id: i64,
+    pub dial_id: i64,
+    pending: BytesMut,
+}
+
+/// The server or agent refused the dial.
+#[derive(Debug)]
+pub struct DialFailed(pub String);
+
+/// Opens a stream, sends DIAL_REQ and waits for DIAL_RSP.
+pub async fn grpc_dial(frontend: &Frontend, address: &str) -> Result<GrpcTunnel, DialFailed> {
+    let (tx, rx) = open_stream(frontend).await;
+    let dial_id = konnectivity_proto::ids::DialId::random().0;
+    tx.send(Packet::dial_request("tcp", address, dial_id)).await.unwrap();
+    let mut t = GrpcTunnel { tx, rx, connect_id: 0, dial_id, pending: BytesMut::new() };
+    match t.rx.message().await {
+        Ok(Some(Packet { payload: Some(Payload::DialResponse(r)), .. })) if r.error.is_empty() && r.random == dial_id => {
+            t.connect_id = r.connect_id;
+            Ok(t)
+        }
+        Ok(Some(Packet { payload: Some(Payload::DialResponse(r)), .. })) => Err(DialFailed(r.error)),
+        other => Err(DialFailed(format!("unexpected answer to DIAL_REQ: {other:?}"))),
+    }
+}
+
+/// Opens a bare `Proxy` stream (for tests that send odd packets).
+pub async fn open_stream(frontend: &Frontend) -> (mpsc::Sender<Packet>, Streaming<Packet>) {
+    let mut client = frontend.grpc_client().await.unwrap();
+    let (tx, rx) = mpsc::channel(64);
+    let inbound = client.proxy(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    (tx, inbound)
+}
+
+impl GrpcTunnel {
+    /// Sends `data` as DATA packets of at most 32 KiB, like `conn.Write` chunks.
+    pub async fn write(&self, data: &[u8]) {
+        for chunk in data.chunks(32 * 1024) {
+            self.tx.send(Packet::data(self.connect_id, Bytes::copy_from_slice(chunk))).await.unwrap();
+        }
+    }
+
+    /// The next DATA payload; `None` once the connection is closed.
+    pub async fn read(&mut self) -> Option<Bytes> {
+        if !self.pending.is_empty() {
+            return Some(self.pending.split().freeze());
+        }
+        loop {
+            match self.rx.message().await {
+                Ok(Some(Packet { payload: Some(Payload::Data(d)), .. })) => return Some(d.data),
+                Ok(Some(p)) if p.r#type == PacketType::CloseRsp as i32 => return None,
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// Reads exactly `n` bytes (panics if the connection closes first).
+    pub async fn read_exact(&mut self, n: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let chunk = self.read().await.unwrap_or_else(|| panic!("closed after {} of {n} bytes", out.len()));
+            let take = (n - out.len()).min(chunk.len());
+            out.extend_from_slice(&chunk[..take]);
+            if take < chunk.len() {
+                self.pending.extend_from_slice(&chunk[take..]);
+            }
+        }
+        out
+    }
+
+    /// Sends CLOSE_REQ and waits for CLOSE_RSP; returns its error text.
+    pub async fn close(mut self) -> Option<String> {
+        self.tx.send(Packet::close_request(self.connect_id)).await.ok()?;
+        loop {
+            match self.rx.message().await {
+                Ok(Some(Packet { payload: Some(Payload::CloseResponse(c)), .. })) => return Some(c.error),
+                Ok(Some(_)) => continue,
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// The server's answer to a CONNECT: status, the raw head, and (for 200) the stream.
+pub struct ConnectReply {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+    pub stream: Box<dyn Io>,
+}
+
+/// Sends CONNECT exactly as kube-apiserver does and reads the reply head.
+/// For errors the body is read to EOF.
+pub async fn http_connect(frontend: &Frontend, address: &str) -> ConnectReply {
+    let s = frontend.connect().await.unwrap();
+    http_connect_on(s, address, b"").await
+}
+
+/// Like [`http_connect`] on an open stream, with `early` bytes sent right
+/// after the request head (before the 200).
+pub async fn http_connect_on(mut s: Box<dyn Io>, address: &str, early: &[u8]) -> ConnectReply {
+    let mut req = format!("CONNECT {address} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").into_bytes();
+    req.extend_from_slice(early);
+    s.write_all(&req).await.unwrap();
+    // Read one byte at a time up to the blank line, so no tunnel byte is consumed.
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        match s.read(&mut b).await {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let status = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut body = String::new();
+    if status != 200 {
+        let _ = s.read_to_string(&mut body).await;
+    }
+    ConnectReply { status, head, body, stream: s }
+}

@@ -1,0 +1,302 @@
+//! Runs proxy-server and proxy-agent in-process on loopback (port 0, temp
+//! Unix sockets), the way `main.rs` does, and hands back handles to wait on.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use konnectivity_proto::ids::{AgentId, ServerId};
+use proxy_agent::{Agent, AgentHandle, Connector, SessionConfig, SyncConfig};
+use proxy_server::{Config, CoreConfig, FrontendListener, Listeners, Mode, Server, ServerHandle, Strategy};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::certs::Pki;
+use crate::client::Frontend;
+
+/// Installs a test log subscriber once (RUST_LOG controls it).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// How a test server is set up.
+#[derive(Clone)]
+pub struct ServerOpts {
+    pub mode: Mode,
+    /// Frontend on TCP with mTLS instead of a Unix socket.
+    pub tcp_frontend: bool,
+    pub strategies: Vec<Strategy>,
+    pub server_id: String,
+    pub server_count: u32,
+    pub dial_timeout: Duration,
+    pub stall_timeout: Duration,
+    pub frontend_queue: usize,
+    /// Require client certificates from agents.
+    pub agent_mtls: bool,
+    pub grace: Duration,
+    /// Reuse this agent port (server restarts).
+    pub agent_port: u16,
+}
+
+impl Default for ServerOpts {
+    fn default() -> Self {
+        ServerOpts {
+            mode: Mode::Grpc,
+            tcp_frontend: false,
+            strategies: vec![Strategy::Default],
+            server_id: String::new(),
+            server_count: 1,
+            dial_timeout: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(10),
+            frontend_queue: 10,
+            agent_mtls: true,
+            grace: Duration::ZERO,
+            agent_port: 0,
+        }
+    }
+}
+
+pub struct RunningServer {
+    pub handle: ServerHandle,
+    pub frontend: Frontend,
+    pub agent_addr: SocketAddr,
+    pub health_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub uds: Option<PathBuf>,
+    stop: Option<oneshot::Sender<()>>,
+    join: Option<JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl RunningServer {
+    /// Stops the server and waits until it has released everything.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(j) = self.join.take() {
+            let _ = j.await;
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
+    let dir = tempfile::tempdir().unwrap();
+    let server_cert = pki.server("proxy-server", &[]);
+    let policy = daemon::tls::TlsPolicy::default();
+    let agent_ca = opts.agent_mtls.then(|| pki.ca());
+    let agent_tls = daemon::tls::server_config(&server_cert.cert, &server_cert.key, agent_ca.as_deref(), &policy, &[b"h2"]).unwrap();
+    let alpn: &[&[u8]] = match opts.mode {
+        Mode::Grpc => &[b"h2"],
+        Mode::HttpConnect => &[b"http/1.1"],
+    };
+    let (frontend_listener, frontend, frontend_tls, uds) = if opts.tcp_frontend {
+        let tls = daemon::tls::server_config(&server_cert.cert, &server_cert.key, Some(&pki.ca()), &policy, alpn).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let client = pki.client("kube-apiserver");
+        let client_tls = daemon::tls::client_config(&pki.ca(), Some((&client.cert, &client.key)), &[alpn[0].to_vec()]).unwrap();
+        (FrontendListener::Tcp(l), Frontend::Tcp { addr, tls: Arc::new(client_tls) }, Some(Arc::new(tls)), None)
+    } else {
+        let path = dir.path().join("konnectivity-server.socket");
+        let l = daemon::listen::bind_unix(&path, true).unwrap();
+        (FrontendListener::Unix(l), Frontend::Uds(path.clone()), None, Some(path))
+    };
+    let agent = daemon::listen::bind_tcp("127.0.0.1", opts.agent_port).await.unwrap();
+    let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (agent_addr, health_addr, admin_addr) = (agent.local_addr().unwrap(), health.local_addr().unwrap(), admin.local_addr().unwrap());
+    let server_id = if opts.server_id.is_empty() { format!("server-{}", agent_addr.port()) } else { opts.server_id.clone() };
+    let config = Config {
+        mode: opts.mode,
+        frontend_tls,
+        agent_tls: Arc::new(agent_tls),
+        server_id: ServerId(server_id),
+        server_count: opts.server_count,
+        strategies: opts.strategies.clone(),
+        core: CoreConfig {
+            dial_timeout: opts.dial_timeout,
+            stall_timeout: opts.stall_timeout,
+            frontend_queue: opts.frontend_queue,
+            agent_queue: 64,
+        },
+        keepalive_time: Duration::from_secs(3600),
+        frontend_keepalive_time: Duration::from_secs(3600),
+        graceful_shutdown_timeout: opts.grace,
+    };
+    let server = Server::new(config);
+    let handle = server.handle();
+    let (stop, stop_rx) = oneshot::channel::<()>();
+    let listeners = Listeners { frontend: frontend_listener, agent, health, admin };
+    let join = tokio::spawn(async move {
+        let _ = server
+            .run(listeners, async {
+                let _ = stop_rx.await;
+            })
+            .await;
+    });
+    RunningServer {
+        handle,
+        frontend,
+        agent_addr,
+        health_addr,
+        admin_addr,
+        uds,
+        stop: Some(stop),
+        join: Some(join),
+        _dir: dir,
+    }
+}
+
+/// How a test agent is set up.
+#[derive(Clone)]
+pub struct AgentOpts {
+    pub id: String,
+    pub identifiers: String,
+    /// Present a client certificate.
+    pub client_cert: bool,
+    pub sync_interval: Duration,
+    pub conn_queue: usize,
+    pub stall_timeout: Duration,
+}
+
+impl Default for AgentOpts {
+    fn default() -> Self {
+        AgentOpts {
+            id: String::new(),
+            identifiers: String::new(),
+            client_cert: true,
+            sync_interval: Duration::from_millis(100),
+            conn_queue: 150,
+            stall_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+pub struct RunningAgent {
+    pub handle: AgentHandle,
+    pub health_addr: SocketAddr,
+    drain: Option<oneshot::Sender<()>>,
+    stop: Option<oneshot::Sender<()>>,
+    join: Option<JoinHandle<()>>,
+}
+
+impl RunningAgent {
+    /// First SIGTERM: DRAIN on every stream, keep serving.
+    pub fn drain(&mut self) {
+        if let Some(tx) = self.drain.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Stops the agent and waits until its streams and connections are gone.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(j) = self.join.take() {
+            let _ = j.await;
+        }
+    }
+}
+
+impl Drop for RunningAgent {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> RunningAgent {
+    let id = if opts.id.is_empty() { format!("agent-{}", rand_suffix()) } else { opts.id.clone() };
+    let identity = opts.client_cert.then(|| pki.client(&id));
+    let tls = daemon::tls::client_config(&pki.ca(), identity.as_ref().map(|i| (i.cert.as_path(), i.key.as_path())), &[b"h2".to_vec()]).unwrap();
+    let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health_addr = health.local_addr().unwrap();
+    let config = proxy_agent::Config {
+        connector: Connector {
+            host: server.ip().to_string(),
+            port: server.port(),
+            tls: Arc::new(tls),
+            agent_id: AgentId(id),
+            identifiers: opts.identifiers.clone(),
+            token_path: None,
+            keepalive: Duration::from_secs(3600),
+        },
+        sync: SyncConfig { interval: opts.sync_interval, interval_cap: opts.sync_interval * 10, forever: false },
+        session: SessionConfig {
+            dial_timeout: proxy_agent::dial::DIAL_TIMEOUT,
+            conn_queue: opts.conn_queue,
+            stall_timeout: opts.stall_timeout,
+        },
+        health_port: health_addr.port(),
+    };
+    let agent = Agent::new(config);
+    let handle = agent.handle();
+    let (drain_tx, drain_rx) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let join = tokio::spawn(agent.run(
+        proxy_agent::Listeners { health, admin },
+        async {
+            if drain_rx.await.is_err() {
+                std::future::pending::<()>().await
+            }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    RunningAgent { handle, health_addr, drain: Some(drain_tx), stop: Some(stop_tx), join: Some(join) }
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A server and one connected agent.
+pub struct Stack {
+    pub pki: Pki,
+    pub server: RunningServer,
+    pub agent: RunningAgent,
+}
+
+impl Stack {
+    pub async fn start(opts: ServerOpts) -> Stack {
+        init_logging();
+        let pki = Pki::new();
+        let server = start_server(&pki, opts).await;
+        let agent = start_agent(&pki, server.agent_addr, AgentOpts::default()).await;
+        agent.handle.wait_connected(1).await;
+        server.handle.wait_for_agents(1).await;
+        Stack { pki, server, agent }
+    }
+}
+
+/// GETs `path` from a plain HTTP endpoint; returns status and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
