@@ -1,0 +1,252 @@
+//! The tunneling listener with real clients: curl's HTTP/1.1 CONNECT, many
+//! HTTP/2 CONNECT streams on one connection, exact-authority routing (404),
+//! unreachable upstreams (503), early data, malformed requests and slow
+//! clients.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use integration_tests::certs::Pki;
+use integration_tests::dest;
+use integration_tests::nodeport::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SVC_HOST: &str = "web.cluster-a.svc.cluster.local";
+const ECHO: &str = "echo.cluster-a.svc.cluster.local:7000";
+const DEAD: &str = "dead.cluster-a.svc.cluster.local:9";
+
+struct Setup {
+    p: Proxy,
+    pki: Pki,
+    _refused: socket2::Socket,
+}
+
+async fn setup() -> Setup {
+    let pki = Pki::new();
+    let web = tls_named(&pki, "web", &[SVC_HOST]).await;
+    let echo = dest::echo().await;
+    let (refused_sock, refused) = dest::refused();
+    let inv = inventory(
+        vec![
+            service(
+                "cluster-a",
+                "web",
+                "Tunneling",
+                "ClusterIP",
+                &[("https", 8080, 0)],
+            ),
+            service(
+                "cluster-a",
+                "echo",
+                "Tunneling",
+                "ClusterIP",
+                &[("tcp", 7000, 0)],
+            ),
+            service(
+                "cluster-a",
+                "dead",
+                "Tunneling",
+                "ClusterIP",
+                &[("tcp", 9, 0)],
+            ),
+        ],
+        vec![
+            slices("cluster-a", "web", "https", &[(web, true)]),
+            slices("cluster-a", "echo", "tcp", &[(echo, true)]),
+            slices("cluster-a", "dead", "tcp", &[(refused, true)]),
+        ],
+    );
+    let mut cfg = test_config();
+    cfg.request_header_timeout = Duration::from_millis(500);
+    Setup {
+        p: start_proxy(&inv, vec![], cfg).await,
+        pki,
+        _refused: refused_sock,
+    }
+}
+
+#[tokio::test]
+async fn curl_http1_connect_reaches_tls_service() {
+    let s = setup().await;
+    let proxy = format!("http://127.0.0.1:{}", s.p.tunnel.port());
+    let ca = s.pki.ca();
+    let url = format!("https://{SVC_HOST}:8080/");
+    let (ok, body, err) = curl(&["--proxy", &proxy, "--cacert", ca.to_str().unwrap(), &url]).await;
+    assert!(ok, "curl through CONNECT failed: {err}");
+    assert_eq!(body, "web");
+    // The same path with a port nobody exposes is a 404 from the proxy.
+    let url = format!("https://{SVC_HOST}:8443/");
+    let (ok, _, err) = curl(&["--proxy", &proxy, "--cacert", ca.to_str().unwrap(), &url]).await;
+    assert!(!ok);
+    assert!(err.contains("404"), "{err}");
+}
+
+#[tokio::test]
+async fn http2_connect_many_streams_on_one_connection() {
+    let s = setup().await;
+    let client = h2_client(s.p.tunnel).await;
+    let mut tasks = Vec::new();
+    for i in 0..16u32 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let (code, io) = connect_h2(&client, ECHO).await;
+            assert_eq!(code, 200);
+            let mut io = io.unwrap();
+            let msg = format!("stream {i} payload").repeat(1000);
+            io.write_all(msg.as_bytes()).await.unwrap();
+            let mut back = vec![0u8; msg.len()];
+            io.read_exact(&mut back).await.unwrap();
+            assert_eq!(back, msg.as_bytes());
+            io
+        }));
+    }
+    // All sixteen are open at the same time before any is closed.
+    let mut open = Vec::new();
+    for t in tasks {
+        open.push(t.await.unwrap());
+    }
+    let (_, metrics) = s.p.stats_get("/stats/prometheus").await;
+    assert!(
+        metrics.contains(
+            "envoy_http_downstream_cx_total{envoy_http_conn_manager_prefix=\"ingress_http\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "envoy_http_downstream_rq_active{envoy_http_conn_manager_prefix=\"ingress_http\"} 16"
+        ),
+        "{metrics}"
+    );
+    drop(open);
+    // Unknown authority and unreachable upstream on the same connection.
+    assert_eq!(
+        connect_h2(&client, "nope.cluster-a.svc.cluster.local:7000")
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        connect_h2(&client, "echo.cluster-a.svc.cluster.local:7001")
+            .await
+            .0,
+        404
+    );
+    assert_eq!(connect_h2(&client, DEAD).await.0, 503);
+    // The connection still carries new tunnels.
+    assert_eq!(connect_h2(&client, ECHO).await.0, 200);
+}
+
+#[tokio::test]
+async fn http1_statuses_and_early_data() {
+    let s = setup().await;
+    assert_eq!(
+        connect_h1(s.p.tunnel, "nope.cluster-a.svc.cluster.local:1")
+            .await
+            .0,
+        404
+    );
+    assert_eq!(connect_h1(s.p.tunnel, DEAD).await.0, 503);
+    // Data sent right behind the request head, before the 200, is delivered.
+    let mut c = TcpStream::connect(s.p.tunnel).await.unwrap();
+    c.write_all(format!("CONNECT {ECHO} HTTP/1.1\r\nHost: {ECHO}\r\n\r\nearly-bytes").as_bytes())
+        .await
+        .unwrap();
+    let want = b"HTTP/1.1 200 OK\r\n\r\nearly-bytes";
+    let mut got = vec![0u8; want.len()];
+    c.read_exact(&mut got).await.unwrap();
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_clear_statuses() {
+    let s = setup().await;
+    let mut many = format!("CONNECT {ECHO} HTTP/1.1\r\n");
+    for i in 0..100 {
+        many.push_str(&format!("x-{i}: y\r\n"));
+    }
+    many.push_str("\r\n");
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("GET", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), "405"),
+        (
+            "no port",
+            b"CONNECT echo.cluster-a.svc.cluster.local HTTP/1.1\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (
+            "path target",
+            b"CONNECT /x HTTP/1.1\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (
+            "bad header",
+            format!("CONNECT {ECHO} HTTP/1.1\r\nno colon here\r\n\r\n").into_bytes(),
+            "400",
+        ),
+        ("garbage", b"\x16\x03\x01garbage\r\n\r\n".to_vec(), "400"),
+        ("too many headers", many.into_bytes(), "431"),
+        ("huge line", vec![b'C'; 9000], "431"),
+    ];
+    for (name, bytes, want) in cases {
+        let mut c = TcpStream::connect(s.p.tunnel).await.unwrap();
+        c.write_all(&bytes).await.unwrap();
+        let (got, closed) = read_until_closed(&mut c, Duration::from_secs(5)).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {want} ")),
+            "{name}: {text}"
+        );
+        assert!(closed, "{name}: not closed");
+    }
+}
+
+#[tokio::test]
+async fn slow_and_broken_clients_do_not_disturb_others() {
+    let s = setup().await;
+    // Never finishes its request head.
+    let mut slow_h1 = TcpStream::connect(s.p.tunnel).await.unwrap();
+    slow_h1.write_all(b"CONNECT echo.cluster-a").await.unwrap();
+    // Sends the HTTP/2 preface, then nothing.
+    let mut slow_h2 = TcpStream::connect(s.p.tunnel).await.unwrap();
+    slow_h2
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    // Sends a broken HTTP/2 preface.
+    let mut broken_h2 = TcpStream::connect(s.p.tunnel).await.unwrap();
+    broken_h2
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\xff\xff")
+        .await
+        .unwrap();
+    // Connects and sends nothing at all.
+    let mut silent = TcpStream::connect(s.p.tunnel).await.unwrap();
+
+    let (code, mut tunnel) = connect_h1(s.p.tunnel, ECHO).await;
+    assert_eq!(code, 200);
+    tunnel.write_all(b"still fine").await.unwrap();
+    let mut back = [0u8; 10];
+    tunnel.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"still fine");
+
+    let (got, closed) = read_until_closed(&mut slow_h1, Duration::from_secs(5)).await;
+    assert!(closed, "slow HTTP/1.1 client not closed");
+    assert!(
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 408 "),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    for (name, c) in [
+        ("slow h2", &mut slow_h2),
+        ("broken h2", &mut broken_h2),
+        ("silent", &mut silent),
+    ] {
+        let (_, closed) = read_until_closed(c, Duration::from_secs(5)).await;
+        assert!(closed, "{name} not closed");
+    }
+    // The tunnel opened before them still works.
+    tunnel.write_all(b"and after").await.unwrap();
+    let mut back = [0u8; 9];
+    tunnel.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"and after");
+}
