@@ -1,0 +1,240 @@
+//! Table changes: 200 live connections across NodePort, SNI and tunneling
+//! listeners survive a reload; connections on removed routes drain until the
+//! drain timeout while new ones are refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use integration_tests::dest;
+use integration_tests::nodeport::*;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SNI_HOST: &str = "echo.seed.example.com";
+const AUTHORITY: &str = "echo-t.cluster-a.svc.cluster.local:7000";
+
+/// NodePort, SNI and tunneling routes to echo servers, plus `extra` services.
+fn table(node_port: u16, echoes: &[std::net::SocketAddr], extra: bool) -> Value {
+    let ready: Vec<_> = echoes.iter().map(|e| (*e, true)).collect();
+    let mut services = vec![
+        service(
+            "cluster-a",
+            "echo-np",
+            "NodePort",
+            "NodePort",
+            &[("tcp", 7000, node_port)],
+        ),
+        with_mapping(
+            service(
+                "cluster-a",
+                "echo-sni",
+                "SNI",
+                "ClusterIP",
+                &[("tcp", 7000, 0)],
+            ),
+            &[("tcp", SNI_HOST)],
+        ),
+        service(
+            "cluster-a",
+            "echo-t",
+            "Tunneling",
+            "ClusterIP",
+            &[("tcp", 7000, 0)],
+        ),
+    ];
+    let mut slice_list = vec![
+        slices("cluster-a", "echo-np", "tcp", &ready),
+        slices("cluster-a", "echo-sni", "tcp", &ready),
+        slices("cluster-a", "echo-t", "tcp", &ready),
+    ];
+    if extra {
+        services.push(service(
+            "cluster-b",
+            "other",
+            "Tunneling",
+            "ClusterIP",
+            &[("tcp", 1, 0)],
+        ));
+        slice_list.push(slices("cluster-b", "other", "tcp", &[(echoes[0], true)]));
+    }
+    inventory(services, slice_list)
+}
+
+fn client_hello(sni: &str) -> Vec<u8> {
+    let mut list = vec![0u8];
+    list.extend_from_slice(&(sni.len() as u16).to_be_bytes());
+    list.extend_from_slice(sni.as_bytes());
+    let mut ext = (list.len() as u16).to_be_bytes().to_vec();
+    ext.extend_from_slice(&list);
+    let mut exts = vec![0, 0];
+    exts.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    exts.extend_from_slice(&ext);
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[1u8; 32]);
+    body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+    body.extend_from_slice(&(exts.len() as u16).to_be_bytes());
+    body.extend_from_slice(&exts);
+    let mut hs = vec![1];
+    hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    hs.extend_from_slice(&body);
+    let mut out = vec![22, 3, 1];
+    out.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    out.extend_from_slice(&hs);
+    out
+}
+
+enum Conn {
+    Tcp(TcpStream),
+    H2(daemon::h2io::H2Io),
+}
+
+async fn echo_once<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, msg: &[u8]) -> bool {
+    if s.write_all(msg).await.is_err() {
+        return false;
+    }
+    let mut back = vec![0u8; msg.len()];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back)).await,
+        Ok(Ok(_))
+    ) && back == msg
+}
+
+impl Conn {
+    async fn echo(&mut self, msg: &[u8]) -> bool {
+        match self {
+            Conn::Tcp(s) => echo_once(s, msg).await,
+            Conn::H2(s) => echo_once(s, msg).await,
+        }
+    }
+}
+
+async fn open_node_port(port: u16) -> Conn {
+    Conn::Tcp(TcpStream::connect(("127.0.0.1", port)).await.unwrap())
+}
+
+async fn open_sni(p: &Proxy) -> Conn {
+    let mut s = TcpStream::connect(p.sni).await.unwrap();
+    let hello = client_hello(SNI_HOST);
+    s.write_all(&hello).await.unwrap();
+    let mut back = vec![0u8; hello.len()];
+    s.read_exact(&mut back).await.unwrap();
+    Conn::Tcp(s)
+}
+
+#[tokio::test]
+async fn reload_keeps_200_live_connections() {
+    let echoes = [dest::echo().await, dest::echo().await];
+    let np = loopback().await;
+    let port = np.local_addr().unwrap().port();
+    let p = start_proxy(&table(port, &echoes[..1], false), vec![np], test_config()).await;
+    let h2 = h2_client(p.tunnel).await;
+    let mut conns = Vec::new();
+    for i in 0..200 {
+        let c = match i % 4 {
+            0 => open_node_port(port).await,
+            1 => open_sni(&p).await,
+            2 => {
+                let (code, s) = connect_h1(p.tunnel, AUTHORITY).await;
+                assert_eq!(code, 200);
+                Conn::Tcp(s)
+            }
+            _ => {
+                let (code, io) = connect_h2(&h2, AUTHORITY).await;
+                assert_eq!(code, 200);
+                Conn::H2(io.unwrap())
+            }
+        };
+        conns.push(c);
+    }
+    for (i, c) in conns.iter_mut().enumerate() {
+        assert!(
+            c.echo(format!("before {i}").as_bytes()).await,
+            "connection {i} broken before reload"
+        );
+    }
+    let v1 = p.proxy.table().version;
+    // Every cluster gains an endpoint and an unrelated service appears.
+    p.rewrite(&table(port, &echoes, true)).await;
+    assert!(p.proxy.table().version > v1);
+    let mut dropped = 0;
+    for (i, c) in conns.iter_mut().enumerate() {
+        if !c.echo(format!("after {i}").as_bytes()).await {
+            dropped += 1;
+        }
+    }
+    assert_eq!(dropped, 0, "connections dropped by the reload");
+    // A reload that changes nothing does not bump the version.
+    let before = p.proxy.status().borrow().clone();
+    p.proxy.reload();
+    let mut status = p.proxy.status();
+    status.wait_for(|s| s.loads > before.loads).await.unwrap();
+    assert_eq!(p.proxy.table().version, before.version);
+    // A broken file keeps the table and reports the error.
+    std::fs::write(&p.file, "{not json").unwrap();
+    p.proxy.reload();
+    let loads = status.borrow().loads;
+    let failed = status
+        .wait_for(|s| s.loads > loads && s.last_error.is_some())
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(failed.version, before.version);
+    assert!(conns[0].echo(b"still").await);
+}
+
+#[tokio::test]
+async fn removed_routes_drain_then_close() {
+    let echo = dest::echo().await;
+    let np = loopback().await;
+    let port = np.local_addr().unwrap().port();
+    let mut cfg = test_config();
+    cfg.drain_timeout = Duration::from_secs(2);
+    let p = start_proxy(&table(port, &[echo], false), vec![np], cfg).await;
+    let mut live = vec![open_node_port(port).await, open_sni(&p).await];
+    let (code, s) = connect_h1(p.tunnel, AUTHORITY).await;
+    assert_eq!(code, 200);
+    live.push(Conn::Tcp(s));
+    for c in live.iter_mut() {
+        assert!(c.echo(b"up").await);
+    }
+    // Only the unrelated service remains.
+    let only_other = inventory(
+        vec![service(
+            "cluster-b",
+            "other",
+            "Tunneling",
+            "ClusterIP",
+            &[("tcp", 1, 0)],
+        )],
+        vec![slices("cluster-b", "other", "tcp", &[(echo, true)])],
+    );
+    p.rewrite(&only_other).await;
+    let started = tokio::time::Instant::now();
+    // Draining connections still work ...
+    for (i, c) in live.iter_mut().enumerate() {
+        assert!(
+            c.echo(b"draining").await,
+            "connection {i} cut before the drain timeout"
+        );
+    }
+    // ... new ones are refused ...
+    assert_eq!(connect_h1(p.tunnel, AUTHORITY).await.0, 404);
+    let mut sni = TcpStream::connect(p.sni).await.unwrap();
+    sni.write_all(&client_hello(SNI_HOST)).await.unwrap();
+    assert!(read_until_closed(&mut sni, Duration::from_secs(5)).await.1);
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).await.is_err(),
+        "NodePort listener still open"
+    );
+    // ... and the old ones close once the drain timeout passes.
+    for (i, c) in live.into_iter().enumerate() {
+        let Conn::Tcp(mut s) = c else { unreachable!() };
+        let (_, closed) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+        assert!(closed, "connection {i} not closed after the drain timeout");
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "closed before the drain timeout"
+    );
+}

@@ -1,0 +1,163 @@
+//! tunnel-agent → nodeport-proxy → destination, end to end: many local
+//! connections share one HTTP/2 connection; TLS to the destination works
+//! through it; the agent reconnects when the proxy comes back.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use daemon::authority::ConnectAuthority;
+use integration_tests::certs::Pki;
+use integration_tests::dest;
+use integration_tests::nodeport::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tunnel_agent::{AgentConfig, AgentListeners, ListenerSpec, TunnelAgent};
+
+const API_HOST: &str = "apiserver-external.cluster-a.svc.cluster.local";
+
+fn spec(l: &TcpListener, authority: &str) -> ListenerSpec {
+    let a = l.local_addr().unwrap();
+    ListenerSpec {
+        bind_address: a.ip(),
+        bind_port: a.port(),
+        authority: ConnectAuthority::parse(authority).unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn agent_tunnels_through_proxy_over_one_connection_and_reconnects() {
+    let pki = Pki::new();
+    let api = tls_named(&pki, "apiserver", &[API_HOST, "127.0.0.1"]).await;
+    let echo = dest::echo().await;
+    let inv = inventory(
+        vec![
+            service(
+                "cluster-a",
+                "apiserver-external",
+                "SNI,Tunneling",
+                "ClusterIP",
+                &[("secure", 443, 0)],
+            ),
+            service(
+                "cluster-a",
+                "openvpn-server",
+                "Tunneling",
+                "ClusterIP",
+                &[("secure", 1194, 0)],
+            ),
+        ],
+        vec![
+            slices("cluster-a", "apiserver-external", "secure", &[(api, true)]),
+            slices("cluster-a", "openvpn-server", "secure", &[(echo, true)]),
+        ],
+    );
+    let p = start_proxy(&inv, vec![], test_config()).await;
+    let (api_l, vpn_l, stats_l) = (loopback().await, loopback().await, loopback().await);
+    let stats = stats_l.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "localhost".into(),
+        proxy_port: p.tunnel.port(),
+        listeners: vec![
+            spec(&api_l, &format!("{API_HOST}:443")),
+            spec(&vpn_l, "openvpn-server.cluster-a.svc.cluster.local:1194"),
+        ],
+        drain_timeout: Duration::from_secs(5),
+        ..AgentConfig::default()
+    };
+    let (api_addr, vpn_addr) = (api_l.local_addr().unwrap(), vpn_l.local_addr().unwrap());
+    let agent = TunnelAgent::start(
+        config,
+        AgentListeners {
+            tunnels: vec![api_l, vpn_l],
+            stats: Some(stats_l),
+        },
+    )
+    .await
+    .unwrap();
+    // TLS end to end through the agent, as pods reach the apiserver via 100.64.30.10:6443.
+    let resolve = format!("{API_HOST}:{}:127.0.0.1", api_addr.port());
+    let ca = pki.ca();
+    let url = format!("https://{API_HOST}:{}/", api_addr.port());
+    let (ok, body, err) = curl(&[
+        "--resolve",
+        &resolve,
+        "--cacert",
+        ca.to_str().unwrap(),
+        &url,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(body, "apiserver");
+    // Thirty concurrent connections on the other listener.
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        tasks.push(tokio::spawn(async move {
+            let mut s = TcpStream::connect(vpn_addr).await.unwrap();
+            let msg = format!("conn {i} ").repeat(500);
+            s.write_all(msg.as_bytes()).await.unwrap();
+            let mut back = vec![0u8; msg.len()];
+            s.read_exact(&mut back).await.unwrap();
+            assert_eq!(back, msg.as_bytes());
+            s
+        }));
+    }
+    let mut open = Vec::new();
+    for t in tasks {
+        open.push(t.await.unwrap());
+    }
+    let (_, metrics) = p.stats_get("/stats/prometheus").await;
+    assert!(
+        metrics.contains(
+            "envoy_http_downstream_cx_total{envoy_http_conn_manager_prefix=\"ingress_http\"} 1\n"
+        ),
+        "all tunnels must share one connection: {metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix=\"ingress_http\"} 31"
+        ),
+        "{metrics}"
+    );
+    drop(open);
+    let (code, agent_metrics) = http_get(stats, "/stats/prometheus").await;
+    assert_eq!(code, 200);
+    assert!(
+        agent_metrics
+            .contains("envoy_cluster_upstream_rq_total{envoy_cluster_name=\"proxy_cluster\"} 31"),
+        "{agent_metrics}"
+    );
+    assert_eq!(http_get(stats, "/ready").await.0, 200);
+
+    // The proxy goes away and comes back on the same port.
+    let tunnel_port = p.tunnel.port();
+    p.proxy.shutdown().await;
+    let again = TcpListener::bind(("127.0.0.1", tunnel_port)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.json");
+    std::fs::write(&file, inv.to_string()).unwrap();
+    let mut cfg = test_config();
+    cfg.source = nodeport_proxy::TableSource::File(file);
+    let _p2 = nodeport_proxy::NodePortProxy::start(
+        cfg,
+        nodeport_proxy::Listeners {
+            tunneling: Some(again),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut s = TcpStream::connect(vpn_addr).await.unwrap();
+    s.write_all(b"after reconnect").await.unwrap();
+    let mut back = [0u8; 15];
+    tokio::time::timeout(Duration::from_secs(15), s.read_exact(&mut back))
+        .await
+        .expect("no answer after reconnect")
+        .unwrap();
+    assert_eq!(&back, b"after reconnect");
+    assert!(agent.is_connected());
+    drop(s);
+    assert!(
+        agent.shutdown().await,
+        "tunnels did not end within the drain timeout"
+    );
+}
