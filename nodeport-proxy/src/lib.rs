@@ -29,3 +29,6 @@ pub use config::{ConnectionSettings, ProxyConfig, TableSource};
 pub use model::Inventory;
 pub use proxy::{BoundAddrs, Listeners, NodePortProxy, ProxyError, run};
 pub use store::TableStatus;
+
+#[cfg(test)]
+mod corpus_tests;

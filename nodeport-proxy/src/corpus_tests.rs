@@ -1,0 +1,74 @@
+//! Replays the committed fuzz corpus through both parsers on every `cargo
+//! test`. Files named `sni-<host>.bin` are real ClientHellos (OpenSSL's, TLS
+//! 1.2 and 1.3, one re-cut into 10-byte records) that must yield `<host>`, and
+//! every one of their prefixes must ask for more bytes; `ok-*` requests must
+//! parse as CONNECT.
+
+use std::path::PathBuf;
+
+use crate::client_hello::{self, Hello};
+use crate::connect_request::{self, Parsed};
+
+fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(Result::ok)
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let bytes = std::fs::read(e.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, bytes)
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "corpus for {target} is missing");
+    files
+}
+
+#[test]
+fn client_hello_corpus() {
+    let mut checked = 0;
+    for (name, bytes) in corpus("client_hello") {
+        let result = client_hello::parse(&bytes);
+        if let Some(host) = name
+            .strip_prefix("sni-")
+            .and_then(|n| n.strip_suffix(".bin"))
+        {
+            let sni = match &result {
+                Ok(Hello::Complete { sni }) => sni.as_ref().map(|s| s.to_string()),
+                other => panic!("{name}: {other:?}"),
+            };
+            assert_eq!(sni.as_deref(), Some(host), "{name}");
+            for n in 0..bytes.len() {
+                assert_eq!(
+                    client_hello::parse(&bytes[..n]),
+                    Ok(Hello::Incomplete),
+                    "{name} prefix {n}"
+                );
+            }
+            checked += 1;
+        }
+        if name.starts_with("nosni-") {
+            assert_eq!(result, Ok(Hello::Complete { sni: None }), "{name}");
+        }
+    }
+    assert!(checked >= 3, "real ClientHellos missing from the corpus");
+}
+
+#[test]
+fn connect_request_corpus() {
+    for (name, bytes) in corpus("connect_request") {
+        let result = connect_request::parse(&bytes);
+        if name.starts_with("ok-") {
+            assert!(
+                matches!(result, Ok(Parsed::Connect(_))),
+                "{name}: {result:?}"
+            );
+        }
+        if let Err(e) = result {
+            assert!((400..600).contains(&e.status()), "{name}");
+        }
+    }
+}
