@@ -90,7 +90,7 @@ impl ClientSet {
     pub async fn sync(self: Arc<Self>, connector: Connector, cfg: SyncConfig) {
         let mut backoff = cfg.interval;
         loop {
-            if self.draining.is_cancelled() {
+            if self.draining.is_cancelled() || self.drain.is_draining() {
                 return;
             }
             let target = self.target();
@@ -98,7 +98,11 @@ impl ClientSet {
             let wait = if !cfg.forever && self.connected() >= target {
                 jitter(cfg.interval)
             } else {
-                match connector.connect(self.session_cfg.conn_queue.max(64)).await {
+                let attempt = tokio::select! {
+                    r = connector.connect(self.session_cfg.conn_queue.max(64)) => r,
+                    _ = self.drain.draining() => return,
+                };
+                match attempt {
                     Ok(conn) => {
                         backoff = cfg.interval;
                         let duplicate = self.sessions.lock().contains_key(&conn.server_id);
@@ -123,6 +127,7 @@ impl ClientSet {
                 // A lost stream is replaced without waiting out the interval.
                 _ = self.lost.notified() => {}
                 _ = self.draining.cancelled() => return,
+                _ = self.drain.draining() => return,
             }
         }
     }

@@ -235,16 +235,21 @@ pub struct Backends {
     metrics: Arc<Metrics>,
     /// Number of routing keys of the first strategy; readiness follows it.
     ready_tx: watch::Sender<usize>,
+    /// Bumped on every change (stream added, removed, draining), so callers
+    /// can wait for a state instead of polling.
+    changes: watch::Sender<u64>,
 }
 
 impl Backends {
     pub fn new(strategies: Vec<Strategy>, metrics: Arc<Metrics>) -> Self {
         let (ready_tx, _) = watch::channel(0);
+        let (changes, _) = watch::channel(0);
         let b = Backends {
             strategies,
             all: RwLock::new(Vec::new()),
             metrics,
             ready_tx,
+            changes,
         };
         b.publish(&[]);
         b
@@ -258,6 +263,16 @@ impl Backends {
         self.metrics.ready_backend_connections.set(agents as f64);
         let first = self.strategies.first().map_or(0, |s| s.keys(all));
         self.ready_tx.send_replace(first);
+        self.touch();
+    }
+
+    /// Records that some backend changed state.
+    pub fn touch(&self) {
+        self.changes.send_modify(|g| *g += 1);
+    }
+
+    pub fn watch_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     pub fn add(&self, b: Arc<Backend>) {

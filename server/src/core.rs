@@ -357,6 +357,7 @@ impl Core {
             (Ok(PacketType::Drain), _) => {
                 tracing::info!(agent_id = %backend.agent_id, "agent is draining; new dials go elsewhere when possible");
                 backend.set_draining();
+                self.backends.touch();
             }
             _ => {
                 tracing::debug!(agent_id = %backend.agent_id, packet_type = pkt.r#type, "ignoring unexpected packet from agent");

@@ -154,6 +154,22 @@ impl ServerHandle {
         let _ = rx.wait_for(|c| *c >= n).await;
     }
 
+    /// Agent streams that sent DRAIN.
+    pub fn draining_agents(&self) -> usize {
+        self.core.backends.snapshot().iter().filter(|b| b.is_draining()).count()
+    }
+
+    /// Waits until `cond` holds; re-checked whenever an agent stream is added,
+    /// removed or starts draining.
+    pub async fn wait_until(&self, cond: impl Fn(&ServerHandle) -> bool) {
+        let mut rx = self.core.backends.watch_changes();
+        while !cond(self) {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Tasks still running (frontends, agent streams, accept loops).
     pub fn live_tasks(&self) -> usize {
         self.drain.live_tasks()

@@ -300,3 +300,68 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (status, body)
 }
+
+/// A hand-driven agent stream: the test sends and receives the packets, to
+/// play an agent that misbehaves (never answers, sends odd ids).
+pub struct RawAgent {
+    pub tx: tokio::sync::mpsc::Sender<konnectivity_proto::Packet>,
+    pub rx: tonic::Streaming<konnectivity_proto::Packet>,
+    pub server_id: String,
+    pub server_count: u32,
+}
+
+/// Opens an agent stream with a client certificate named `id`.
+pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &str) -> RawAgent {
+    let identity = pki.client(id);
+    let tls = daemon::tls::client_config(&pki.ca(), Some((&identity.cert, &identity.key)), &[b"h2".to_vec()]).unwrap();
+    let connector = Connector {
+        host: server.ip().to_string(),
+        port: server.port(),
+        tls: Arc::new(tls),
+        agent_id: AgentId(id.to_string()),
+        identifiers: identifiers.to_string(),
+        token_path: None,
+        keepalive: Duration::from_secs(3600),
+    };
+    let c = connector.connect(64).await.unwrap();
+    RawAgent { tx: c.outbound, rx: c.inbound, server_id: c.server_id.0, server_count: c.server_count }
+}
+
+/// An agent that connects and never answers anything.
+pub async fn silent_agent(pki: &Pki, server: SocketAddr) -> RawAgent {
+    raw_agent(pki, server, &format!("silent-{}", rand_suffix()), "").await
+}
+
+/// A TCP load balancer on loopback that sends each new connection to the
+/// next backend in turn, like the Service in front of HA proxy servers.
+pub async fn round_robin(backends: Vec<SocketAddr>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut i = 0usize;
+        while let Ok((mut inbound, _)) = l.accept().await {
+            let target = backends[i % backends.len()];
+            i += 1;
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The value of the first sample whose line starts with `prefix`.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Dials an agent has completed successfully (its dial-latency sample count).
+pub fn agent_dials(agent: &AgentHandle) -> f64 {
+    metric(&agent.metrics(), "konnectivity_network_proxy_agent_dial_duration_seconds_count")
+}
