@@ -117,7 +117,7 @@ impl Connector {
         let response = client
             .connect(request)
             .await
-            .map_err(|s| ConnectError::Refused(format!("{:?}: {}", s.code(), s.message())))?;
+            .map_err(|s| ConnectError::Refused(format!("{:?}: {}", s.code(), source_chain(&s))))?;
         let md = response.metadata();
         let ids: Vec<_> = md.get_all(header::SERVER_ID).iter().filter_map(|v| v.to_str().ok()).collect();
         let [server_id] = ids.as_slice() else {
