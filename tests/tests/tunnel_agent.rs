@@ -161,3 +161,55 @@ async fn agent_tunnels_through_proxy_over_one_connection_and_reconnects() {
         "tunnels did not end within the drain timeout"
     );
 }
+
+#[tokio::test]
+async fn unanswered_ping_drops_the_connection_and_redials() {
+    // A "proxy" that completes the HTTP/2 handshake, then goes silent (never
+    // polls the connection, so PINGs get no answer), as a half-open
+    // connection after a load balancer failover does.
+    let seed = loopback().await;
+    let seed_port = seed.local_addr().unwrap().port();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((io, _)) = seed.accept().await {
+            if let Ok(conn) = h2::server::handshake(io).await {
+                held.push(conn);
+            }
+            let _ = tx.send(()).await;
+        }
+    });
+    let local = loopback().await;
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: seed_port,
+        listeners: vec![spec(&local, "x.ns.svc.cluster.local:1")],
+        keepalive_interval: Duration::from_millis(200),
+        keepalive_timeout: Duration::from_millis(300),
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = TunnelAgent::start(
+        config,
+        AgentListeners {
+            tunnels: vec![local],
+            stats: None,
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("agent never dialled")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("agent did not notice the dead connection and redial")
+        .unwrap();
+    assert!(
+        agent.metrics_text().contains("envoy_cluster_upstream_cx_destroy_with_active_rq{envoy_cluster_name=\"proxy_cluster\"} 1"),
+        "{}",
+        agent.metrics_text()
+    );
+    agent.shutdown().await;
+}
