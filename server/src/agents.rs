@@ -69,7 +69,7 @@ impl AgentService for AgentSvc {
         })?;
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(self.core.cfg.agent_queue);
-        let backend = Backend::new(agent_id.clone(), identifiers, tx, self.core.metrics.clone());
+        let backend = Backend::new(agent_id.clone(), identifiers, tx, self.core.metrics.clone(), self.core.backends.changes());
         tracing::info!(agent_id = %agent_id, stream = backend.id, "agent connected");
         self.core.backends.add(backend.clone());
 

@@ -36,6 +36,8 @@ pub struct Backend {
     retired: CancellationToken,
     conns: Mutex<HashMap<ConnectId, Arc<Tunnel>>>,
     metrics: Arc<Metrics>,
+    /// The registry's change counter, bumped when connections come and go.
+    changes: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -53,6 +55,7 @@ impl Backend {
         identifiers: AgentIdentifiers,
         to_agent: mpsc::Sender<Packet>,
         metrics: Arc<Metrics>,
+        changes: watch::Sender<u64>,
     ) -> Arc<Backend> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Arc::new(Backend {
@@ -64,7 +67,12 @@ impl Backend {
             retired: CancellationToken::new(),
             conns: Mutex::new(HashMap::new()),
             metrics,
+            changes,
         })
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|g| *g += 1);
     }
 
     /// Queues a packet for the agent, waiting while the stream is backed up.
@@ -111,6 +119,7 @@ impl Backend {
         if self.conns.lock().insert(id, t).is_none() {
             self.metrics.established.increment(1.0);
         }
+        self.changed();
     }
 
     pub fn conn(&self, id: ConnectId) -> Option<Arc<Tunnel>> {
@@ -122,7 +131,9 @@ impl Backend {
         let mut conns = self.conns.lock();
         if conns.get(&id).is_some_and(|t| t.id == tunnel.id) {
             conns.remove(&id);
+            drop(conns);
             self.metrics.established.decrement(1.0);
+            self.changed();
             return true;
         }
         false
@@ -132,6 +143,7 @@ impl Backend {
         let t = self.conns.lock().remove(&id);
         if t.is_some() {
             self.metrics.established.decrement(1.0);
+            self.changed();
         }
         t
     }
@@ -139,6 +151,7 @@ impl Backend {
     pub fn take_conns(&self) -> Vec<(ConnectId, Arc<Tunnel>)> {
         let taken: Vec<_> = self.conns.lock().drain().collect();
         self.metrics.established.decrement(taken.len() as f64);
+        self.changed();
         taken
     }
 
@@ -275,6 +288,11 @@ impl Backends {
         self.changes.subscribe()
     }
 
+    /// For new backends to report their connection changes.
+    pub fn changes(&self) -> watch::Sender<u64> {
+        self.changes.clone()
+    }
+
     pub fn add(&self, b: Arc<Backend>) {
         let mut all = self.all.write();
         all.push(b);
@@ -338,6 +356,7 @@ mod tests {
             AgentIdentifiers::parse_lenient(ids).unwrap_or_default(),
             tx,
             Arc::new(Metrics::new()),
+            watch::channel(0).0,
         )
     }
 
@@ -383,7 +402,13 @@ mod tests {
     fn draining_is_last_resort_and_newest_stream_wins() {
         let bs = Backends::new(vec![Strategy::Default], Arc::new(Metrics::new()));
         let old = backend("a", "");
-        let new = Backend::new(old.agent_id.clone(), AgentIdentifiers::default(), mpsc::channel(1).0, Arc::new(Metrics::new()));
+        let new = Backend::new(
+            old.agent_id.clone(),
+            AgentIdentifiers::default(),
+            mpsc::channel(1).0,
+            Arc::new(Metrics::new()),
+            watch::channel(0).0,
+        );
         let other = backend("b", "");
         bs.add(old.clone());
         bs.add(new.clone());

@@ -54,6 +54,8 @@ pub enum DialRefused {
     AlreadyDialed,
     #[error("DIAL_REQ without a dial request")]
     Malformed,
+    #[error("dial id is already in use by another pending dial")]
+    DuplicateDialId,
 }
 
 /// Whether the frontend loop goes on after a packet.
@@ -132,10 +134,18 @@ impl Core {
         tracing::debug!(dial_id = %dial, address = %req.address, agent_id = %backend.agent_id, "DIAL_REQ");
         let started = Instant::now();
         let deadline = started + self.cfg.dial_timeout;
+        {
+            // A frontend must not be able to take over another one's dial.
+            let mut pending = self.pending.lock();
+            if pending.contains_key(&dial) {
+                return Err(DialRefused::DuplicateDialId);
+            }
+            pending.insert(dial, Pending { tunnel: tunnel.clone(), backend: backend.clone(), started });
+            self.metrics.pending_dials.set(pending.len() as f64);
+        }
         tunnel.with_state(|s| {
             *s = TunnelState::Dialing { dial, backend: backend.clone(), deadline }
         });
-        self.add_pending(dial, Pending { tunnel: tunnel.clone(), backend: backend.clone(), started });
         match backend.send_within(pkt, self.cfg.dial_timeout).await {
             Ok(()) => Ok(()),
             Err(e) => {

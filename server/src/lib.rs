@@ -277,7 +277,7 @@ fn serve_frontend<L: Listener>(
         let (svc, settings, tls, d, core) = (svc.clone(), settings.clone(), tls.clone(), d.clone(), core.clone());
         async move {
             match (mode, tls) {
-                (Mode::Grpc, None) => serve_h2(io, svc, &settings, &d).await,
+                (Mode::Grpc, None) => serve_h2(frontend::FixAuthority::new(io), svc, &settings, &d).await,
                 (Mode::Grpc, Some(tls)) => {
                     if let Some(io) = tls_handshake(&tls, io).await {
                         serve_h2(io, svc, &settings, &d).await

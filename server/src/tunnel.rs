@@ -45,6 +45,9 @@ pub enum Abort {
     AgentGone,
     /// The server is shutting down.
     Shutdown,
+    /// The frontend's own stream failed (e.g. an oversize message); it is
+    /// told why with this status code.
+    Frontend(tonic::Code, String),
 }
 
 impl std::fmt::Display for Abort {
@@ -53,6 +56,7 @@ impl std::fmt::Display for Abort {
             Abort::Stalled(d) => write!(f, "frontend did not read for {d:?}; connection closed to protect the agent stream"),
             Abort::AgentGone => f.write_str("agent stream closed"),
             Abort::Shutdown => f.write_str("proxy server is shutting down"),
+            Abort::Frontend(_, why) => f.write_str(why),
         }
     }
 }

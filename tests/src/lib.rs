@@ -10,3 +10,4 @@ pub mod dest;
 pub mod nodeport;
 pub mod client;
 pub mod konnectivity;
+pub mod h2raw;

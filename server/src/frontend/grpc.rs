@@ -81,6 +81,8 @@ async fn serve(core: &Core, tunnel: &Arc<Tunnel>, mut inbound: Streaming<Packet>
             Err(status) => {
                 core.metrics.stream_error(Segment::FromClient, status.code(), "Unknown");
                 tracing::debug!(%status, "frontend stream failed");
+                // Tell the frontend why, if it is still listening.
+                tunnel.abort(crate::tunnel::Abort::Frontend(status.code(), status.message().to_string()));
                 return;
             }
         };

@@ -1,7 +1,9 @@
 //! The two ways a frontend (kube-apiserver) talks to the server.
 
+mod authority;
 pub mod grpc;
 pub mod http_connect;
 mod stream;
 
+pub use authority::FixAuthority;
 pub use stream::FrontendStream;
