@@ -89,6 +89,11 @@ impl AgentHandle {
         self.drain.live_tasks()
     }
 
+    /// Waits until at most `n` tracked tasks are running.
+    pub async fn wait_tasks_at_most(&self, n: usize) {
+        self.drain.wait_tasks_at_most(n).await
+    }
+
     pub fn metrics(&self) -> String {
         self.metrics.render()
     }

@@ -5,15 +5,38 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Drain {
     draining: CancellationToken,
     stopping: CancellationToken,
     tasks: TaskTracker,
+    /// Live task count, watchable so tests and shutdown can wait for a number.
+    live: watch::Sender<usize>,
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Drain {
+            draining: CancellationToken::new(),
+            stopping: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            live: watch::channel(0).0,
+        }
+    }
+}
+
+/// Decrements the live count when a tracked task ends, however it ends.
+struct Live(watch::Sender<usize>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl Drain {
@@ -55,12 +78,23 @@ impl Drain {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.tasks.spawn(fut)
+        self.live.send_modify(|n| *n += 1);
+        let live = Live(self.live.clone());
+        self.tasks.spawn(async move {
+            let _live = live;
+            fut.await
+        })
     }
 
     /// Number of tracked tasks still running (connections, tunnels, loops).
     pub fn live_tasks(&self) -> usize {
-        self.tasks.len()
+        *self.live.borrow()
+    }
+
+    /// Waits until at most `n` tracked tasks are running.
+    pub async fn wait_tasks_at_most(&self, n: usize) {
+        let mut rx = self.live.subscribe();
+        let _ = rx.wait_for(|live| *live <= n).await;
     }
 
     /// Drains, waits up to `grace` for tracked tasks, then stops the rest and

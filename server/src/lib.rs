@@ -175,6 +175,11 @@ impl ServerHandle {
         self.drain.live_tasks()
     }
 
+    /// Waits until at most `n` tracked tasks are running.
+    pub async fn wait_tasks_at_most(&self, n: usize) {
+        self.drain.wait_tasks_at_most(n).await
+    }
+
     /// The Prometheus exposition text.
     pub fn metrics(&self) -> String {
         self.core.metrics.render()

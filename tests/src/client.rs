@@ -15,6 +15,7 @@ use konnectivity_proto::{Packet, PacketExt, PacketType};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
@@ -43,16 +44,38 @@ impl Frontend {
         }
     }
 
-    /// A gRPC client on a new connection, as kube-apiserver makes per dial.
-    pub async fn grpc_client(&self) -> Result<ProxyServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
-        let me = self.clone();
-        let channel = tonic::transport::Endpoint::from_static("http://localhost")
-            .connect_with_connector(tower::service_fn(move |_| {
-                let me = me.clone();
-                async move { me.connect().await.map(TokioIo::new) }
-            }))
-            .await?;
-        Ok(ProxyServiceClient::new(channel))
+    /// A gRPC client on a new HTTP/2 connection, as kube-apiserver makes per
+    /// dial. The connection's task is returned so a test can wait for the
+    /// socket to be really closed.
+    pub async fn grpc_client(&self) -> std::io::Result<(ProxyServiceClient<H2>, JoinHandle<()>)> {
+        let io = self.connect().await?;
+        let (send, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(std::io::Error::other)?;
+        let task = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let origin: http::Uri = "http://localhost".parse().map_err(std::io::Error::other)?;
+        Ok((ProxyServiceClient::with_origin(H2(send), origin), task))
+    }
+}
+
+/// One HTTP/2 connection as a tower service, for tonic's generated client.
+#[derive(Clone)]
+pub struct H2(hyper::client::conn::http2::SendRequest<tonic::body::Body>);
+
+impl tower::Service<http::Request<tonic::body::Body>> for H2 {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.0.send_request(req))
     }
 }
 
@@ -63,6 +86,7 @@ pub struct GrpcTunnel {
     pub connect_id: i64,
     pub dial_id: i64,
     pending: BytesMut,
+    conn: Option<JoinHandle<()>>,
 }
 
 /// The server or agent refused the dial.
@@ -71,26 +95,39 @@ pub struct DialFailed(pub String);
 
 /// Opens a stream, sends DIAL_REQ and waits for DIAL_RSP.
 pub async fn grpc_dial(frontend: &Frontend, address: &str) -> Result<GrpcTunnel, DialFailed> {
-    let (tx, rx) = open_stream(frontend).await;
-    let dial_id = konnectivity_proto::ids::DialId::random().0;
-    tx.send(Packet::dial_request("tcp", address, dial_id)).await.unwrap();
-    let mut t = GrpcTunnel { tx, rx, connect_id: 0, dial_id, pending: BytesMut::new() };
+    let mut t = start_dial(frontend, address).await;
     match t.rx.message().await {
-        Ok(Some(Packet { payload: Some(Payload::DialResponse(r)), .. })) if r.error.is_empty() && r.random == dial_id => {
+        Ok(Some(Packet { payload: Some(Payload::DialResponse(r)), .. })) if r.error.is_empty() && r.random == t.dial_id => {
             t.connect_id = r.connect_id;
             Ok(t)
         }
-        Ok(Some(Packet { payload: Some(Payload::DialResponse(r)), .. })) => Err(DialFailed(r.error)),
+        Ok(Some(Packet { payload: Some(Payload::DialResponse(r)), .. })) => {
+            t.finish().await;
+            Err(DialFailed(r.error))
+        }
         other => Err(DialFailed(format!("unexpected answer to DIAL_REQ: {other:?}"))),
     }
 }
 
+/// Opens a stream and sends DIAL_REQ without waiting for the answer.
+pub async fn start_dial(frontend: &Frontend, address: &str) -> GrpcTunnel {
+    let (tx, rx, conn) = open_stream_owned(frontend).await;
+    let dial_id = konnectivity_proto::ids::DialId::random().0;
+    tx.send(Packet::dial_request("tcp", address, dial_id)).await.unwrap();
+    GrpcTunnel { tx, rx, connect_id: 0, dial_id, pending: BytesMut::new(), conn: Some(conn) }
+}
+
 /// Opens a bare `Proxy` stream (for tests that send odd packets).
 pub async fn open_stream(frontend: &Frontend) -> (mpsc::Sender<Packet>, Streaming<Packet>) {
-    let mut client = frontend.grpc_client().await.unwrap();
+    let (tx, rx, _conn) = open_stream_owned(frontend).await;
+    (tx, rx)
+}
+
+async fn open_stream_owned(frontend: &Frontend) -> (mpsc::Sender<Packet>, Streaming<Packet>, JoinHandle<()>) {
+    let (mut client, conn) = frontend.grpc_client().await.unwrap();
     let (tx, rx) = mpsc::channel(64);
     let inbound = client.proxy(ReceiverStream::new(rx)).await.unwrap().into_inner();
-    (tx, inbound)
+    (tx, inbound, conn)
 }
 
 impl GrpcTunnel {
@@ -133,12 +170,23 @@ impl GrpcTunnel {
     /// Sends CLOSE_REQ and waits for CLOSE_RSP; returns its error text.
     pub async fn close(mut self) -> Option<String> {
         self.tx.send(Packet::close_request(self.connect_id)).await.ok()?;
-        loop {
+        let error = loop {
             match self.rx.message().await {
-                Ok(Some(Packet { payload: Some(Payload::CloseResponse(c)), .. })) => return Some(c.error),
+                Ok(Some(Packet { payload: Some(Payload::CloseResponse(c)), .. })) => break Some(c.error),
                 Ok(Some(_)) => continue,
-                _ => return None,
+                _ => break None,
             }
+        };
+        self.finish().await;
+        error
+    }
+
+    /// Drops the stream and waits until the HTTP/2 connection is closed.
+    pub async fn finish(mut self) {
+        let conn = self.conn.take();
+        drop(self);
+        if let Some(c) = conn {
+            let _ = c.await;
         }
     }
 }
