@@ -103,3 +103,75 @@ pub async fn roundtrip<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     s.read_exact(&mut buf).await.unwrap();
     buf
 }
+
+/// Destinations whose connection tasks are counted, so a test can wait until
+/// every destination socket is closed (leak checks count descriptors).
+#[derive(Clone)]
+pub struct Counted {
+    live: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+struct Guard(std::sync::Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+impl Default for Counted {
+    fn default() -> Self {
+        Counted { live: std::sync::Arc::new(tokio::sync::watch::channel(0).0) }
+    }
+}
+
+impl Counted {
+    fn guard(&self) -> Guard {
+        self.live.send_modify(|n| *n += 1);
+        Guard(self.live.clone())
+    }
+
+    /// Waits until no destination connection is open.
+    pub async fn wait_idle(&self) {
+        let mut rx = self.live.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
+    /// An echo server.
+    pub async fn echo(&self) -> SocketAddr {
+        self.serve(|mut s| async move {
+            let (mut r, mut w) = s.split();
+            let _ = tokio::io::copy(&mut r, &mut w).await;
+        })
+        .await
+    }
+
+    /// Says `bye` and closes first.
+    pub async fn closer(&self) -> SocketAddr {
+        self.serve(|mut s| async move {
+            let _ = s.write_all(b"bye").await;
+        })
+        .await
+    }
+
+    async fn serve<F, Fut>(&self, f: F) -> SocketAddr
+    where
+        F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let me = self.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let g = me.guard();
+                let fut = f(s);
+                tokio::spawn(async move {
+                    fut.await;
+                    drop(g);
+                });
+            }
+        });
+        addr
+    }
+}

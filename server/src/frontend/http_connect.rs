@@ -277,11 +277,13 @@ async fn write_loop<W>(
         core.metrics.packet(Segment::ToClient, pkt.r#type);
         let written = match (PacketType::try_from(pkt.r#type), pkt.payload) {
             (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) if rsp.error.is_empty() => {
-                let TunnelState::Established { backend, connect } = tunnel.state() else {
-                    return;
-                };
                 let r = write_or_abort(tunnel, &mut wr, ESTABLISHED).await;
-                let _ = est_tx.send(Some((backend, connect)));
+                // The connection may already be closing (a destination that
+                // spoke and hung up at once); its data and close are queued
+                // behind this and still go out in order.
+                if let TunnelState::Established { backend, connect } = tunnel.state() {
+                    let _ = est_tx.send(Some((backend, connect)));
+                }
                 r
             }
             (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
