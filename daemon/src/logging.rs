@@ -65,10 +65,17 @@ pub fn init(values: &Values) -> Result<(), String> {
         }
         (None, _) => BoxMakeWriter::new(std::io::stderr),
     };
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
+        .with_ansi(std::io::stderr().is_terminal() && path_is_none_or_stderr(values))
         .with_env_filter(filter)
         .with_writer(writer)
         .with_target(!values.bool("skip-headers"))
         .try_init()
         .map_err(|e| e.to_string())
+}
+
+/// Colours only when the lines go to a terminal and not to a file.
+fn path_is_none_or_stderr(values: &Values) -> bool {
+    values.string("log-file").is_empty() && values.string("log-dir").is_empty()
 }

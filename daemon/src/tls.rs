@@ -35,20 +35,11 @@ pub enum TlsError {
 }
 
 /// The TLS policy flags shared by every listener of a binary.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct TlsPolicy {
     tls13_only: bool,
     /// Empty means the provider's defaults.
     suites: Vec<SupportedCipherSuite>,
-}
-
-impl Default for TlsPolicy {
-    fn default() -> Self {
-        TlsPolicy {
-            tls13_only: false,
-            suites: Vec::new(),
-        }
-    }
 }
 
 /// Go cipher-suite names (as listed by Go's `tls.CipherSuites()`) and the rustls

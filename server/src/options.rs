@@ -121,6 +121,8 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         "http-connect" => Mode::HttpConnect,
         other => return Err(format!("mode must be set to either 'grpc' or 'http-connect', got {other:?}")),
     };
+    // Plain value checks first, so their errors are not hidden behind file ones.
+    let strategies = Strategy::parse_list(&v.string("proxy-strategies"))?;
     let policy = TlsPolicy::from_flags(&v.string("tls-min-version"), &v.strings("cipher-suites")).map_err(|e| e.to_string())?;
 
     let uds = v.string("uds-name");
@@ -180,7 +182,6 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
 
     let agent_tls = tls::server_config(&cluster_cert, &cluster_key, cluster_ca.as_deref(), &policy, &[b"h2"])
         .map_err(|e| e.to_string())?;
-    let strategies = Strategy::parse_list(&v.string("proxy-strategies"))?;
     let xfr = v.int("xfr-channel-size");
     if xfr <= 0 {
         return Err(format!("--xfr-channel-size must be greater than 0, got {xfr}"));

@@ -11,3 +11,4 @@ pub mod nodeport;
 pub mod client;
 pub mod konnectivity;
 pub mod h2raw;
+pub mod procs;

@@ -1,0 +1,122 @@
+//! Runs the built binaries as child processes. Readiness is a log line (each
+//! binary logs `listening listener=… addr=…` for every bound socket), never a
+//! sleep; children are killed when the handle drops.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// `target/<profile>/<name>`, next to the test executable's directory.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/debug/deps/<test> -> target/debug/<name>
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let path = dir.join(name);
+    assert!(path.exists(), "{} not built: run `cargo build --workspace --bins` first", path.display());
+    path
+}
+
+pub struct Proc {
+    pub child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+    /// Every line seen so far, for failure messages.
+    pub log: Vec<String>,
+}
+
+/// Longest a test waits for an expected log line before failing.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+impl Proc {
+    pub fn spawn(name: &str, args: &[String]) -> Proc {
+        let mut child = Command::new(binary(name))
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::unbounded_channel();
+        for out in [child.stdout.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>), child.stderr.take().map(|e| Box::new(e) as _)].into_iter().flatten() {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut r = BufReader::new(out).lines();
+                while let Ok(Some(l)) = r.next_line().await {
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Proc { child, lines, log: Vec::new() }
+    }
+
+    /// Waits for a line containing `needle`; panics with the log if the
+    /// process exits or says nothing of the sort in time.
+    pub async fn wait_line(&mut self, needle: &str) -> String {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+                Ok(Some(l)) => {
+                    self.log.push(l.clone());
+                    if l.contains(needle) {
+                        return l;
+                    }
+                }
+                Ok(None) => panic!("process ended before logging {needle:?}:\n{}", self.log.join("\n")),
+                Err(_) => panic!("no {needle:?} within {PATIENCE:?}:\n{}", self.log.join("\n")),
+            }
+        }
+    }
+
+    /// Waits until `n` `listening` lines were logged; returns listener → address.
+    pub async fn listening(&mut self, n: usize) -> HashMap<String, String> {
+        let mut out = HashMap::new();
+        while out.len() < n {
+            let l = self.wait_line("listening").await;
+            let field = |k: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                    .map(|v| v.trim_matches('"').to_string())
+            };
+            if let (Some(name), Some(addr)) = (field("listener"), field("addr")) {
+                out.insert(name, addr);
+            }
+        }
+        out
+    }
+
+    pub fn signal(&self, sig: i32) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+        }
+    }
+
+    /// Waits for exit (bounded) and returns the exit code.
+    pub async fn wait_exit(&mut self) -> Option<i32> {
+        let status = tokio::time::timeout(PATIENCE, self.child.wait()).await.ok()?.ok()?;
+        status.code()
+    }
+}
+
+/// A `host:port` a test can connect to, from a logged bind address such as
+/// `[::]:1234` or `0.0.0.0:1234`.
+pub fn loopback(addr: &str) -> SocketAddr {
+    let port = addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap();
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Runs a binary to completion with `args`; returns exit code and output.
+pub async fn run(name: &str, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(binary(name)).args(args).env("NO_COLOR", "1").output().await.unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text)
+}

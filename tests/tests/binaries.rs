@@ -1,0 +1,154 @@
+//! The `proxy-server` and `proxy-agent` binaries: upstream's flag spellings,
+//! clear errors with exit code 2, the Unix socket's mode, health endpoints and
+//! the signal sequence (first SIGTERM drains, second exits).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+
+use integration_tests::certs::Pki;
+use integration_tests::konnectivity::http_get;
+use integration_tests::procs::{Proc, loopback, run};
+
+#[tokio::test]
+async fn unknown_and_invalid_flags_exit_2_with_a_reason() {
+    for (bin, args, want) in [
+        ("proxy-server", vec!["--no-such-flag=1"], "unknown flag: --no-such-flag=1"),
+        ("proxy-server", vec!["--keepalive-time=10"], "invalid duration"),
+        ("proxy-server", vec!["--mode=tcp"], "mode must be set to either 'grpc' or 'http-connect'"),
+        ("proxy-server", vec!["--server-port=0", "--uds-name=/tmp/x"], "cluster-cert"),
+        ("proxy-server", vec!["--proxy-strategies=nearest"], "unknown proxy strategy"),
+        ("proxy-agent", vec!["--agent-identifiers=zone=a"], "--ca-cert"),
+        ("proxy-agent", vec!["--sync-interval=notaduration"], "invalid duration"),
+        ("proxy-agent", vec!["stray-positional"], "unexpected argument"),
+    ] {
+        let (code, out) = run(bin, &args).await;
+        assert_eq!(code, Some(2), "{bin} {args:?}: {out}");
+        assert!(out.contains(want), "{bin} {args:?}: want {want:?} in {out}");
+    }
+    let (code, out) = run("proxy-server", &["--help"]).await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains("--backend-dial-timeout duration"), "{out}");
+}
+
+#[tokio::test]
+async fn agent_validates_identifier_keys() {
+    let pki = Pki::new();
+    let ca = format!("--ca-cert={}", pki.ca().display());
+    let (code, out) = run("proxy-agent", &[&ca, "--agent-identifiers=ipv4=1.2.3.4&zone=a"]).await;
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("unknown address type: zone"), "{out}");
+}
+
+/// Every flag upstream's test framework and example manifests pass, in Go's
+/// value syntax, starts a server and an agent that work together.
+#[tokio::test]
+async fn upstream_flag_spellings_start_a_working_pair() {
+    let pki = Pki::new();
+    let server_cert = pki.server("server", &[]);
+    let agent_cert = pki.client("agent");
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("konnectivity-server.socket");
+    let server_args: Vec<String> = [
+        "--logtostderr=true".to_string(),
+        "--log-file-max-size=0".into(),
+        "-v=2".into(),
+        format!("--uds-name={}", sock.display()),
+        "--delete-existing-uds-file".into(),
+        format!("--cluster-cert={}", server_cert.cert.display()),
+        format!("--cluster-key={}", server_cert.key.display()),
+        format!("--cluster-ca-cert={}", pki.ca().display()),
+        "--mode=grpc".into(),
+        "--server-port=0".into(),
+        "--agent-port=0".into(),
+        "--admin-port=0".into(),
+        "--health-port=0".into(),
+        "--agent-bind-address=127.0.0.1".into(),
+        "--health-bind-address=127.0.0.1".into(),
+        "--keepalive-time=1h0m0s".into(),
+        "--frontend-keepalive-time=1h0m0s".into(),
+        "--server-id=server-a".into(),
+        "--server-count=1".into(),
+        "--proxy-strategies=destHost,default".into(),
+        "--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".into(),
+        "--tls-min-version=VersionTLS12".into(),
+        "--xfr-channel-size=10".into(),
+        "--graceful-shutdown-timeout=0s".into(),
+        "--backend-dial-timeout=10s".into(),
+        "--warn-on-channel-limit=true".into(),
+        "--enable-profiling=false".into(),
+        "--kube-api-content-type=application/vnd.kubernetes.protobuf".into(),
+    ]
+    .into();
+    let mut server = Proc::spawn("proxy-server", &server_args);
+    let addrs = server.listening(4).await;
+    let meta = std::fs::metadata(&sock).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o770, "socket mode must be srwxrwx---");
+    let agent_port = loopback(&addrs["agent"]).port();
+
+    // The argument list upstream's ExternalAgentRunner builds: every agent
+    // flag as --name=value in Go's formatting.
+    let agent_args: Vec<String> = [
+        format!("--agent-cert={}", agent_cert.cert.display()),
+        format!("--agent-key={}", agent_cert.key.display()),
+        format!("--ca-cert={}", pki.ca().display()),
+        "--proxy-server-host=127.0.0.1".into(),
+        format!("--proxy-server-port={agent_port}"),
+        "--alpn-proto=[]".into(),
+        "--health-server-host=127.0.0.1".into(),
+        "--health-server-port=0".into(),
+        "--admin-server-port=0".into(),
+        "--admin-bind-address=127.0.0.1".into(),
+        "--enable-profiling=false".into(),
+        "--enable-contention-profiling=false".into(),
+        "--agent-id=agent-a".into(),
+        "--sync-interval=100ms".into(),
+        "--probe-interval=100ms".into(),
+        "--sync-interval-cap=1s".into(),
+        "--keepalive-time=1h0m0s".into(),
+        "--service-account-token-path=".into(),
+        "--agent-identifiers=ipv4=127.0.0.1&host=localhost".into(),
+        "--warn-on-channel-limit=false".into(),
+        "--sync-forever=false".into(),
+        "--xfr-channel-size=150".into(),
+        "--count-server-leases=false".into(),
+        "--lease-namespace=kube-system".into(),
+        "--lease-label=k8s-app=konnectivity-server".into(),
+        "--server-count-source=default".into(),
+        "--kubeconfig=".into(),
+        "--kube-api-content-type=application/vnd.kubernetes.protobuf".into(),
+        "--v=4".into(),
+    ]
+    .into();
+    let mut agent = Proc::spawn("proxy-agent", &agent_args);
+    let agent_addrs = agent.listening(2).await;
+    agent.wait_line("connected to proxy server").await;
+    let agent_health = loopback(&agent_addrs["health"]);
+    let (status, body) = http_get(agent_health, "/readyz?verbose").await;
+    assert_eq!((status, body.as_str()), (200, "[+]ping ok\n[+]server-connected ok\ncheck passed\n"));
+    assert_eq!(http_get(agent_health, "/healthz").await, (200, "ok".to_string()));
+    // The agent's admin /metrics redirects to its health port.
+    let (status, _) = http_get(loopback(&agent_addrs["admin"]), "/metrics").await;
+    assert_eq!(status, 301);
+
+    let server_health = loopback(&addrs["health"]);
+    assert_eq!(http_get(server_health, "/readyz").await, (200, "ok".to_string()));
+    let (_, metrics) = http_get(server_health, "/metrics").await;
+    assert!(metrics.contains("# HELP konnectivity_network_proxy_server_ready_backends Number of konnectivity agent connected to the proxy server"), "{metrics}");
+    assert!(metrics.contains("konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"destHost\"} 2"), "{metrics}");
+
+    // First SIGTERM: the agent drains and the server hears about it; the
+    // agent keeps running.
+    agent.signal(15);
+    server.wait_line("agent is draining").await;
+    assert_eq!(http_get(agent_health, "/healthz").await.0, 200);
+    // Second SIGTERM: the agent exits, and the server sees the stream go.
+    agent.signal(15);
+    agent.wait_exit().await;
+    server.wait_line("agent stream closed").await;
+    assert_eq!(http_get(server_health, "/readyz").await, (500, "no connection to any proxy agent".to_string()));
+
+    server.signal(15);
+    assert_eq!(server.wait_exit().await, Some(0));
+    assert!(!sock.exists(), "the socket is removed on shutdown");
+}
