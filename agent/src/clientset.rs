@@ -109,7 +109,8 @@ impl ClientSet {
                         if duplicate {
                             tracing::debug!(server_id = %conn.server_id, "already connected to this server; closing the new stream");
                         } else {
-                            self.server_count.store(conn.server_count, Ordering::Relaxed);
+                            self.server_count
+                                .store(conn.server_count, Ordering::Relaxed);
                             self.start(conn);
                         }
                         jitter(cfg.interval)

@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_client::AgentServiceClient;
 use konnectivity_proto::header;
 use konnectivity_proto::ids::{AgentId, ServerId};
-use konnectivity_proto::Packet;
 use rustls::pki_types::ServerName;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataValue;
 use tonic::Streaming;
+use tonic::metadata::MetadataValue;
 
 /// How long one attempt (TCP, TLS, HTTP/2, response headers) may take.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,7 +30,10 @@ pub enum ConnectError {
     #[error("proxy server refused the stream: {0}")]
     Refused(String),
     #[error("reading the service account token {path}: {source}")]
-    Token { path: PathBuf, source: std::io::Error },
+    Token {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("expected one server ID in the response headers, got {0}")]
     ServerId(usize),
     #[error("expected one server count in the response headers, got {0:?}")]
@@ -81,7 +84,8 @@ impl Connector {
             .initial_stream_window_size(Some(4 << 20))
             .initial_connection_window_size(Some(16 << 20))
             .tcp_nodelay(true);
-        let name = ServerName::try_from(self.host.clone()).map_err(|_| ConnectError::Address(self.host.clone()))?;
+        let name = ServerName::try_from(self.host.clone())
+            .map_err(|_| ConnectError::Address(self.host.clone()))?;
         let tls = TlsConnector::from(self.tls.clone());
         let target = (self.host.clone(), self.port);
         let channel = endpoint
@@ -100,14 +104,21 @@ impl Connector {
         let (tx, rx) = mpsc::channel(queue);
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
         let md = request.metadata_mut();
-        let id = MetadataValue::try_from(self.agent_id.0.as_str()).map_err(|_| ConnectError::Address("agent id is not valid header text".into()))?;
+        let id = MetadataValue::try_from(self.agent_id.0.as_str())
+            .map_err(|_| ConnectError::Address("agent id is not valid header text".into()))?;
         md.insert(header::AGENT_ID, id);
-        let idents = MetadataValue::try_from(self.identifiers.as_str()).map_err(|_| ConnectError::Address("agent identifiers are not valid header text".into()))?;
+        let idents = MetadataValue::try_from(self.identifiers.as_str()).map_err(|_| {
+            ConnectError::Address("agent identifiers are not valid header text".into())
+        })?;
         md.insert(header::AGENT_IDENTIFIERS, idents);
         if let Some(path) = &self.token_path {
             // Re-read on every connection so a rotated token is picked up.
-            let token = std::fs::read_to_string(path).map_err(|source| ConnectError::Token { path: path.clone(), source })?;
-            let v = MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| ConnectError::Address("token is not valid header text".into()))?;
+            let token = std::fs::read_to_string(path).map_err(|source| ConnectError::Token {
+                path: path.clone(),
+                source,
+            })?;
+            let v = MetadataValue::try_from(format!("Bearer {token}"))
+                .map_err(|_| ConnectError::Address("token is not valid header text".into()))?;
             md.insert(header::AUTHORIZATION, v);
         }
 
@@ -119,7 +130,11 @@ impl Connector {
             .await
             .map_err(|s| ConnectError::Refused(format!("{:?}: {}", s.code(), source_chain(&s))))?;
         let md = response.metadata();
-        let ids: Vec<_> = md.get_all(header::SERVER_ID).iter().filter_map(|v| v.to_str().ok()).collect();
+        let ids: Vec<_> = md
+            .get_all(header::SERVER_ID)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
         let [server_id] = ids.as_slice() else {
             return Err(ConnectError::ServerId(ids.len()));
         };
@@ -130,7 +145,9 @@ impl Connector {
             .filter_map(|v| v.to_str().ok().map(str::to_string))
             .collect();
         let server_count = match counts.as_slice() {
-            [one] => one.parse::<u32>().map_err(|_| ConnectError::ServerCount(counts.clone()))?,
+            [one] => one
+                .parse::<u32>()
+                .map_err(|_| ConnectError::ServerCount(counts.clone()))?,
             _ => return Err(ConnectError::ServerCount(counts)),
         };
         Ok(Connection {

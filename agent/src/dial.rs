@@ -66,7 +66,9 @@ pub fn errno_text(e: &io::Error) -> String {
 fn split_host_port(address: &str) -> Result<(&str, u16), String> {
     let missing = || format!("address {address}: missing port in address");
     let (host, port) = if let Some(rest) = address.strip_prefix('[') {
-        let (h, p) = rest.split_once(']').ok_or_else(|| format!("address {address}: missing ']' in address"))?;
+        let (h, p) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("address {address}: missing ']' in address"))?;
         (h, p.strip_prefix(':').ok_or_else(missing)?)
     } else {
         let (h, p) = address.rsplit_once(':').ok_or_else(missing)?;
@@ -75,7 +77,9 @@ fn split_host_port(address: &str) -> Result<(&str, u16), String> {
         }
         (h, p)
     };
-    let port = port.parse::<u16>().map_err(|_| format!("address {address}: invalid port"))?;
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| format!("address {address}: invalid port"))?;
     Ok((host, port))
 }
 
@@ -101,13 +105,23 @@ async fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
         Err(e) => {
             let text = e.to_string();
             // getaddrinfo's messages (glibc, musl) for "the name does not exist".
-            let nxdomain = ["Name or service not known", "No address associated with hostname", "Name does not resolve", "not known"];
+            let nxdomain = [
+                "Name or service not known",
+                "No address associated with hostname",
+                "Name does not resolve",
+                "not known",
+            ];
             if nxdomain.iter().any(|n| text.contains(n)) {
                 Err(format!("lookup {host}: no such host"))
             } else if text.contains("Temporary failure") {
-                Err(format!("lookup {host}: temporary failure in name resolution"))
+                Err(format!(
+                    "lookup {host}: temporary failure in name resolution"
+                ))
             } else {
-                Err(format!("lookup {host}: {}", text.trim_start_matches("failed to lookup address information: ")))
+                Err(format!(
+                    "lookup {host}: {}",
+                    text.trim_start_matches("failed to lookup address information: ")
+                ))
             }
         }
     }
@@ -115,16 +129,29 @@ async fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
 
 /// Dials `protocol` `address` within `timeout` (DNS included), trying each
 /// resolved address in turn like Go does.
-pub async fn dial(protocol: &str, address: &str, timeout: Duration) -> Result<TcpStream, DialError> {
+pub async fn dial(
+    protocol: &str,
+    address: &str,
+    timeout: Duration,
+) -> Result<TcpStream, DialError> {
     if !matches!(protocol, "tcp" | "tcp4" | "tcp6") {
-        return Err(err(format!("dial {protocol} {address}: unknown network {protocol}"), false));
+        return Err(err(
+            format!("dial {protocol} {address}: unknown network {protocol}"),
+            false,
+        ));
     }
     let deadline = Instant::now() + timeout;
-    let (host, port) = split_host_port(address).map_err(|e| err(format!("dial {protocol} {e}"), false))?;
+    let (host, port) =
+        split_host_port(address).map_err(|e| err(format!("dial {protocol} {e}"), false))?;
     let addrs = match tokio::time::timeout_at(deadline, resolve(host, port)).await {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => return Err(err(format!("dial {protocol}: {e}"), false)),
-        Err(_) => return Err(err(format!("dial {protocol}: lookup {host}: i/o timeout"), true)),
+        Err(_) => {
+            return Err(err(
+                format!("dial {protocol}: lookup {host}: i/o timeout"),
+                true,
+            ));
+        }
     };
     let addrs: Vec<_> = addrs
         .into_iter()
@@ -142,14 +169,25 @@ pub async fn dial(protocol: &str, address: &str, timeout: Duration) -> Result<Tc
                 return Ok(s);
             }
             Ok(Err(e)) => {
-                first.get_or_insert_with(|| err(format!("dial {protocol} {addr}: connect: {}", errno_text(&e)), false));
+                first.get_or_insert_with(|| {
+                    err(
+                        format!("dial {protocol} {addr}: connect: {}", errno_text(&e)),
+                        false,
+                    )
+                });
             }
             Err(_) => {
-                return Err(first.unwrap_or_else(|| err(format!("dial {protocol} {addr}: i/o timeout"), true)));
+                return Err(first
+                    .unwrap_or_else(|| err(format!("dial {protocol} {addr}: i/o timeout"), true)));
             }
         }
     }
-    Err(first.unwrap_or_else(|| err(format!("dial {protocol}: no suitable address found for {address}"), false)))
+    Err(first.unwrap_or_else(|| {
+        err(
+            format!("dial {protocol}: no suitable address found for {address}"),
+            false,
+        )
+    }))
 }
 
 #[cfg(test)]
@@ -164,22 +202,40 @@ mod tests {
         let e = dial("tcp", &addr.to_string(), DIAL_TIMEOUT).await.err();
         assert_eq!(
             e,
-            Some(DialError { text: format!("dial tcp {addr}: connect: connection refused"), timeout: false })
+            Some(DialError {
+                text: format!("dial tcp {addr}: connect: connection refused"),
+                timeout: false
+            })
         );
     }
 
     #[tokio::test]
     async fn invalid_names_never_resolve() {
         let e = dial("tcp", "nothing.invalid:80", DIAL_TIMEOUT).await.err();
-        assert_eq!(e.map(|e| e.text), Some("dial tcp: lookup nothing.invalid: no such host".into()));
+        assert_eq!(
+            e.map(|e| e.text),
+            Some("dial tcp: lookup nothing.invalid: no such host".into())
+        );
     }
 
     #[tokio::test]
     async fn bad_addresses_are_reported() {
-        let e = dial("tcp", "no-port", DIAL_TIMEOUT).await.err().map(|e| e.text);
-        assert_eq!(e.as_deref(), Some("dial tcp address no-port: missing port in address"));
-        let e = dial("udp", "127.0.0.1:1", DIAL_TIMEOUT).await.err().map(|e| e.text);
-        assert_eq!(e.as_deref(), Some("dial udp 127.0.0.1:1: unknown network udp"));
+        let e = dial("tcp", "no-port", DIAL_TIMEOUT)
+            .await
+            .err()
+            .map(|e| e.text);
+        assert_eq!(
+            e.as_deref(),
+            Some("dial tcp address no-port: missing port in address")
+        );
+        let e = dial("udp", "127.0.0.1:1", DIAL_TIMEOUT)
+            .await
+            .err()
+            .map(|e| e.text);
+        assert_eq!(
+            e.as_deref(),
+            Some("dial udp 127.0.0.1:1: unknown network udp")
+        );
     }
 
     #[test]

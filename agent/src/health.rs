@@ -21,7 +21,10 @@ pub fn health_handler(clients: Arc<ClientSet>, metrics: Arc<Metrics>) -> Handler
                 body.push_str("[-]server-connected failed: no servers connected\n");
                 return Reply::text(StatusCode::SERVICE_UNAVAILABLE, body);
             }
-            let verbose = head.query.is_some_and(|q| q.split('&').any(|kv| kv == "verbose" || kv.starts_with("verbose=")));
+            let verbose = head.query.is_some_and(|q| {
+                q.split('&')
+                    .any(|kv| kv == "verbose" || kv.starts_with("verbose="))
+            });
             if verbose {
                 body.push_str("check passed\n");
                 Reply::text(StatusCode::OK, body)
@@ -40,7 +43,12 @@ pub fn admin_handler(health_port: u16) -> Handler {
             let host = head.host.unwrap_or("127.0.0.1");
             // Strip a port, keeping IPv6 brackets.
             let host = match host.rsplit_once(':') {
-                Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) && (!h.contains(':') || h.ends_with(']')) => h,
+                Some((h, p))
+                    if p.chars().all(|c| c.is_ascii_digit())
+                        && (!h.contains(':') || h.ends_with(']')) =>
+                {
+                    h
+                }
                 _ => host,
             };
             let query = head.query.map(|q| format!("?{q}")).unwrap_or_default();

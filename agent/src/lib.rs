@@ -77,12 +77,20 @@ impl AgentHandle {
 
     /// Open destination connections across all streams.
     pub fn open_connections(&self) -> usize {
-        self.clients.sessions().iter().map(|s| s.connections()).sum()
+        self.clients
+            .sessions()
+            .iter()
+            .map(|s| s.connections())
+            .sum()
     }
 
     /// Dials in progress across all streams.
     pub fn pending_dials(&self) -> usize {
-        self.clients.sessions().iter().map(|s| s.pending_dials()).sum()
+        self.clients
+            .sessions()
+            .iter()
+            .map(|s| s.pending_dials())
+            .sum()
     }
 
     pub fn live_tasks(&self) -> usize {
@@ -112,18 +120,37 @@ impl Agent {
         let metrics = Arc::new(Metrics::new());
         let drain = Drain::new();
         let clients = ClientSet::new(metrics.clone(), config.session.clone(), drain.clone());
-        Agent { config, metrics, clients, drain }
+        Agent {
+            config,
+            metrics,
+            clients,
+            drain,
+        }
     }
 
     pub fn handle(&self) -> AgentHandle {
-        AgentHandle { clients: self.clients.clone(), metrics: self.metrics.clone(), drain: self.drain.clone() }
+        AgentHandle {
+            clients: self.clients.clone(),
+            metrics: self.metrics.clone(),
+            drain: self.drain.clone(),
+        }
     }
 
     /// Runs until `stop` resolves. When `drain` resolves first, the agent
     /// stops connecting to new servers and sends DRAIN on every stream, but
     /// keeps serving the connections it has.
-    pub async fn run(self, listeners: Listeners, drain: impl Future<Output = ()>, stop: impl Future<Output = ()>) {
-        let Agent { config, metrics, clients, drain: tasks } = self;
+    pub async fn run(
+        self,
+        listeners: Listeners,
+        drain: impl Future<Output = ()>,
+        stop: impl Future<Output = ()>,
+    ) {
+        let Agent {
+            config,
+            metrics,
+            clients,
+            drain: tasks,
+        } = self;
         for (name, l) in [("health", &listeners.health), ("admin", &listeners.admin)] {
             tracing::info!(listener = name, addr = %daemon::listen::Listener::local(l), "listening");
         }
@@ -134,8 +161,17 @@ impl Agent {
             health::health_handler(clients.clone(), metrics.clone()),
             tasks.clone(),
         ));
-        tasks.spawn(daemon::endpoints::serve(listeners.admin, "admin", health::admin_handler(config.health_port), tasks.clone()));
-        tasks.spawn(clients.clone().sync(config.connector.clone(), config.sync.clone()));
+        tasks.spawn(daemon::endpoints::serve(
+            listeners.admin,
+            "admin",
+            health::admin_handler(config.health_port),
+            tasks.clone(),
+        ));
+        tasks.spawn(
+            clients
+                .clone()
+                .sync(config.connector.clone(), config.sync.clone()),
+        );
 
         tokio::pin!(drain, stop);
         tokio::select! {

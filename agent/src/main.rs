@@ -10,8 +10,11 @@ async fn main() -> anyhow::Result<()> {
         usage_error(&e);
     }
     let (config, addrs) = proxy_agent::options::parse(&values).unwrap_or_else(|e| usage_error(&e));
-    let listeners = proxy_agent::bind(&addrs).await.context("binding health and admin ports")?;
-    let mut signals = daemon::signals::Terminations::install().context("installing signal handlers")?;
+    let listeners = proxy_agent::bind(&addrs)
+        .await
+        .context("binding health and admin ports")?;
+    let mut signals =
+        daemon::signals::Terminations::install().context("installing signal handlers")?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let drain = async move {
         signals.next().await;
@@ -23,6 +26,8 @@ async fn main() -> anyhow::Result<()> {
     let stop = async move {
         let _ = stop_rx.await;
     };
-    proxy_agent::Agent::new(config).run(listeners, drain, stop).await;
+    proxy_agent::Agent::new(config)
+        .run(listeners, drain, stop)
+        .await;
     Ok(())
 }

@@ -9,15 +9,26 @@ use metrics::{Counter, Gauge, Histogram};
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
 
 const DIAL_DURATION: &str = "konnectivity_network_proxy_agent_dial_duration_seconds";
-const SERVER_CONNECTION_FAILURES: &str = "konnectivity_network_proxy_agent_server_connection_failure_count";
+const SERVER_CONNECTION_FAILURES: &str =
+    "konnectivity_network_proxy_agent_server_connection_failure_count";
 const ENDPOINT_DIAL_FAILURES: &str = "konnectivity_network_proxy_agent_endpoint_dial_failure_total";
 const OPEN_SERVER_CONNECTIONS: &str = "konnectivity_network_proxy_agent_open_server_connections";
 const KNOWN_SERVER_COUNT: &str = "konnectivity_network_proxy_agent_known_server_count";
-const OPEN_ENDPOINT_CONNECTIONS: &str = "konnectivity_network_proxy_agent_open_endpoint_connections";
+const OPEN_ENDPOINT_CONNECTIONS: &str =
+    "konnectivity_network_proxy_agent_open_endpoint_connections";
 const STREAM_PACKETS: &str = "konnectivity_network_proxy_agent_stream_packets_total";
 const STREAM_ERRORS: &str = "konnectivity_network_proxy_agent_stream_errors_total";
 
-const PACKET_TYPES: [&str; 8] = ["DIAL_REQ", "DIAL_RSP", "CLOSE_REQ", "CLOSE_RSP", "DATA", "DIAL_CLS", "DRAIN", "Unknown"];
+const PACKET_TYPES: [&str; 8] = [
+    "DIAL_REQ",
+    "DIAL_RSP",
+    "CLOSE_REQ",
+    "CLOSE_RSP",
+    "DATA",
+    "DIAL_CLS",
+    "DRAIN",
+    "Unknown",
+];
 
 /// Packets sent to the server (`from_agent`) or received from it (`to_agent`).
 #[derive(Debug, Clone, Copy)]
@@ -48,15 +59,30 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let r = Arc::new(Registry::new(&[(DIAL_DURATION, LATENCY_BUCKETS)]));
-        r.describe_histogram(DIAL_DURATION, "Latency of dial to the remote endpoint in seconds");
+        r.describe_histogram(
+            DIAL_DURATION,
+            "Latency of dial to the remote endpoint in seconds",
+        );
         r.describe_counter(
             SERVER_CONNECTION_FAILURES,
             "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
         );
-        r.describe_counter(ENDPOINT_DIAL_FAILURES, "Number of failures dialing the remote endpoint, by reason (example: timeout).");
-        r.describe_gauge(OPEN_SERVER_CONNECTIONS, "Current number of open server connections.");
-        r.describe_gauge(KNOWN_SERVER_COUNT, "Current number of servers agent is trying to connect to.");
-        r.describe_gauge(OPEN_ENDPOINT_CONNECTIONS, "Current number of open endpoint connections.");
+        r.describe_counter(
+            ENDPOINT_DIAL_FAILURES,
+            "Number of failures dialing the remote endpoint, by reason (example: timeout).",
+        );
+        r.describe_gauge(
+            OPEN_SERVER_CONNECTIONS,
+            "Current number of open server connections.",
+        );
+        r.describe_gauge(
+            KNOWN_SERVER_COUNT,
+            "Current number of servers agent is trying to connect to.",
+        );
+        r.describe_gauge(
+            OPEN_ENDPOINT_CONNECTIONS,
+            "Current number of open endpoint connections.",
+        );
         r.describe_counter(
             STREAM_PACKETS,
             "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
@@ -70,7 +96,8 @@ impl Metrics {
             dial_timeout: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "timeout")]),
             dial_unknown: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "unknown")]),
             server_failure_to: r.counter(SERVER_CONNECTION_FAILURES, &[("direction", "to_server")]),
-            server_failure_from: r.counter(SERVER_CONNECTION_FAILURES, &[("direction", "from_server")]),
+            server_failure_from: r
+                .counter(SERVER_CONNECTION_FAILURES, &[("direction", "from_server")]),
             open_server_connections: r.gauge(OPEN_SERVER_CONNECTIONS, &[]),
             known_server_count: r.gauge(KNOWN_SERVER_COUNT, &[]),
             open_endpoint_connections: r.gauge(OPEN_ENDPOINT_CONNECTIONS, &[]),
@@ -100,7 +127,10 @@ impl Metrics {
     }
 
     pub fn packet(&self, segment: Segment, packet_type: i32) {
-        let t = usize::try_from(packet_type).ok().filter(|t| *t < 7).unwrap_or(7);
+        let t = usize::try_from(packet_type)
+            .ok()
+            .filter(|t| *t < 7)
+            .unwrap_or(7);
         if let Some(c) = self.packets.get(segment as usize).and_then(|s| s.get(t)) {
             c.increment(1);
         }
@@ -112,7 +142,14 @@ impl Metrics {
             Segment::ToAgent => "to_agent",
         };
         self.registry
-            .counter(STREAM_ERRORS, &[("segment", seg), ("code", code), ("packet_type", packet_type)])
+            .counter(
+                STREAM_ERRORS,
+                &[
+                    ("segment", seg),
+                    ("code", code),
+                    ("packet_type", packet_type),
+                ],
+            )
             .increment(1);
     }
 

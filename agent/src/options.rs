@@ -70,7 +70,8 @@ fn file(v: &Values, name: &str) -> Result<Option<PathBuf>, String> {
 
 fn port(v: &Values, name: &str) -> Result<u16, String> {
     let p = v.int(name);
-    u16::try_from(p).map_err(|_| format!("--{name} {p} is not a valid port (0 picks any free port)"))
+    u16::try_from(p)
+        .map_err(|_| format!("--{name} {p} is not a valid port (0 picks any free port)"))
 }
 
 pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
@@ -85,17 +86,24 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         return Err("--ca-cert is required to verify the proxy server".into());
     };
     let token_path = file(v, "service-account-token-path")?;
-    let mut alpn: Vec<Vec<u8>> = v.strings("alpn-proto").into_iter().map(String::into_bytes).collect();
+    let mut alpn: Vec<Vec<u8>> = v
+        .strings("alpn-proto")
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
     if !alpn.iter().any(|p| p == b"h2") {
         alpn.push(b"h2".to_vec());
     }
     let tls = daemon::tls::client_config(&ca, identity, &alpn).map_err(|e| e.to_string())?;
 
     let identifiers = v.string("agent-identifiers");
-    konnectivity_proto::header::validate_identifiers(&identifiers).map_err(|e| format!("--agent-identifiers: {e}"))?;
+    konnectivity_proto::header::validate_identifiers(&identifiers)
+        .map_err(|e| format!("--agent-identifiers: {e}"))?;
     let xfr = v.int("xfr-channel-size");
     if xfr <= 0 {
-        return Err(format!("--xfr-channel-size must be greater than 0, got {xfr}"));
+        return Err(format!(
+            "--xfr-channel-size must be greater than 0, got {xfr}"
+        ));
     }
     let (interval, cap) = (v.duration("sync-interval"), v.duration("sync-interval-cap"));
     if interval > cap {
@@ -110,7 +118,11 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     }
     match v.string("server-count-source").as_str() {
         "" | "default" | "max" => {}
-        other => return Err(format!("--server-count-source must be 'default' or 'max', got {other:?}")),
+        other => {
+            return Err(format!(
+                "--server-count-source must be 'default' or 'max', got {other:?}"
+            ));
+        }
     }
     if v.bool("count-server-leases") {
         return Err("--count-server-leases is not available in this build yet; the agent uses the servercount header".into());
@@ -140,14 +152,20 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         },
         session: SessionConfig {
             dial_timeout: crate::dial::DIAL_TIMEOUT,
-            conn_queue: usize::try_from(xfr).map_err(|_| "--xfr-channel-size is too large".to_string())?,
-            stall_timeout: v.duration("destination-stall-timeout").max(Duration::from_millis(100)),
+            conn_queue: usize::try_from(xfr)
+                .map_err(|_| "--xfr-channel-size is too large".to_string())?,
+            stall_timeout: v
+                .duration("destination-stall-timeout")
+                .max(Duration::from_millis(100)),
         },
         health_port,
     };
     let addrs = Addresses {
         health: (v.string("health-server-host"), health_port),
-        admin: (v.string("admin-bind-address"), port(v, "admin-server-port")?),
+        admin: (
+            v.string("admin-bind-address"),
+            port(v, "admin-server-port")?,
+        ),
     };
     Ok((config, addrs))
 }

@@ -48,7 +48,13 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(server_id: ServerId, out: mpsc::Sender<Packet>, metrics: Arc<Metrics>, cfg: SessionConfig, drain: Drain) -> Arc<Session> {
+    pub fn new(
+        server_id: ServerId,
+        out: mpsc::Sender<Packet>,
+        metrics: Arc<Metrics>,
+        cfg: SessionConfig,
+        drain: Drain,
+    ) -> Arc<Session> {
         Arc::new(Session {
             server_id,
             out,
@@ -104,7 +110,11 @@ impl Session {
                 }
                 Err(status) => {
                     self.metrics.server_failure_from.increment(1);
-                    self.metrics.stream_error(Segment::ToAgent, konnectivity_proto::code_name(status.code()), "Unknown");
+                    self.metrics.stream_error(
+                        Segment::ToAgent,
+                        konnectivity_proto::code_name(status.code()),
+                        "Unknown",
+                    );
                     tracing::info!(%status, "stream from server failed");
                     break;
                 }
@@ -131,12 +141,23 @@ impl Session {
                 self.deliver(ConnectId(d.connect_id), d.data).await;
             }
             (Ok(PacketType::CloseReq), Some(Payload::CloseRequest(c))) => {
-                let found = self.conns.lock().get(&ConnectId(c.connect_id)).map(|h| h.close.clone());
+                let found = self
+                    .conns
+                    .lock()
+                    .get(&ConnectId(c.connect_id))
+                    .map(|h| h.close.clone());
                 match found {
                     Some(close) => close.close(None),
                     None => {
-                        tracing::debug!(connection_id = c.connect_id, "CLOSE_REQ for unknown connection");
-                        self.send(Packet::close_response(c.connect_id, "Unknown connectID".into())).await;
+                        tracing::debug!(
+                            connection_id = c.connect_id,
+                            "CLOSE_REQ for unknown connection"
+                        );
+                        self.send(Packet::close_response(
+                            c.connect_id,
+                            "Unknown connectID".into(),
+                        ))
+                        .await;
                     }
                 }
             }
@@ -154,25 +175,38 @@ impl Session {
     /// queue within the stall limit is closed with an error; the stream
     /// reader never waits longer than that.
     async fn deliver(&self, id: ConnectId, data: Bytes) {
-        let found = self.conns.lock().get(&id).map(|h| (h.to_remote.clone(), h.close.clone()));
+        let found = self
+            .conns
+            .lock()
+            .get(&id)
+            .map(|h| (h.to_remote.clone(), h.close.clone()));
         let Some((tx, close)) = found else {
             tracing::debug!(connection_id = id.0, "DATA for unknown connection");
-            self.send(Packet::close_response(id.0, "unrecognized connectID".into())).await;
+            self.send(Packet::close_response(
+                id.0,
+                "unrecognized connectID".into(),
+            ))
+            .await;
             return;
         };
         match tx.try_send(data) {
             Ok(()) => {}
             Err(TrySendError::Closed(_)) => {}
-            Err(TrySendError::Full(data)) => match tx.send_timeout(data, self.cfg.stall_timeout).await {
-                Ok(()) | Err(SendTimeoutError::Closed(_)) => {}
-                Err(SendTimeoutError::Timeout(_)) => {
-                    tracing::warn!(connection_id = id.0, "destination stalled; closing its connection");
-                    close.close(Some(format!(
+            Err(TrySendError::Full(data)) => {
+                match tx.send_timeout(data, self.cfg.stall_timeout).await {
+                    Ok(()) | Err(SendTimeoutError::Closed(_)) => {}
+                    Err(SendTimeoutError::Timeout(_)) => {
+                        tracing::warn!(
+                            connection_id = id.0,
+                            "destination stalled; closing its connection"
+                        );
+                        close.close(Some(format!(
                         "destination did not read for {:?}; connection closed to protect the stream",
                         self.cfg.stall_timeout
                     )));
+                    }
                 }
-            },
+            }
         }
     }
 
@@ -192,7 +226,13 @@ impl Session {
     }
 
     /// Dials, then owns the connection until it ends.
-    async fn run_connection(self: Arc<Self>, dial_id: DialId, connect: ConnectId, req: konnectivity_proto::DialRequest, cancel: CancellationToken) {
+    async fn run_connection(
+        self: Arc<Self>,
+        dial_id: DialId,
+        connect: ConnectId,
+        req: konnectivity_proto::DialRequest,
+        cancel: CancellationToken,
+    ) {
         let started = Instant::now();
         let dialed = tokio::select! {
             r = dial::dial(&req.protocol, &req.address, self.cfg.dial_timeout) => Some(r),
@@ -209,12 +249,23 @@ impl Session {
             }
             Some(Ok(s)) => s,
         };
-        self.metrics.dial_duration.record(started.elapsed().as_secs_f64());
+        self.metrics
+            .dial_duration
+            .record(started.elapsed().as_secs_f64());
         let (tx, rx) = mpsc::channel(self.cfg.conn_queue);
         let close = CloseSignal::default();
-        self.conns.lock().insert(connect, ConnHandle { to_remote: tx, close: close.clone() });
+        self.conns.lock().insert(
+            connect,
+            ConnHandle {
+                to_remote: tx,
+                close: close.clone(),
+            },
+        );
         self.metrics.open_endpoint_connections.increment(1.0);
-        if self.send(Packet::dial_response(dial_id.0, connect.0, String::new())).await {
+        if self
+            .send(Packet::dial_response(dial_id.0, connect.0, String::new()))
+            .await
+        {
             tracing::debug!("connection established");
             let metrics = self.metrics.clone();
             tokio::select! {

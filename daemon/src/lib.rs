@@ -3,17 +3,17 @@
 //! from PEM files, the health/metrics HTTP endpoints, logging mapped from klog
 //! flags, listeners, and one drain signal shared by listeners and live tunnels.
 
+pub mod authority;
 pub mod drain;
 pub mod duration;
 pub mod endpoints;
 pub mod flags;
+pub mod h2io;
+pub mod keepalive;
 pub mod listen;
 pub mod logging;
 pub mod metrics;
-pub mod signals;
-pub mod tls;
-pub mod authority;
-pub mod h2io;
-pub mod keepalive;
 pub mod prefixed;
 pub mod relay;
+pub mod signals;
+pub mod tls;

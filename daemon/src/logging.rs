@@ -32,16 +32,14 @@ pub fn init(values: &Values) -> Result<(), String> {
     let path = if !log_file.is_empty() {
         Some(std::path::PathBuf::from(log_file))
     } else if !dir.is_empty() {
-        Some(
-            std::path::Path::new(&dir).join(format!(
+        Some(std::path::Path::new(&dir).join(format!(
                 "{}.log",
                 std::env::args()
                     .next()
                     .as_deref()
                     .and_then(|a| a.rsplit('/').next().map(str::to_string))
                     .unwrap_or_else(|| "proxy".into())
-            )),
-        )
+            )))
     } else {
         None
     };

@@ -123,13 +123,12 @@ impl AgentIdentifiers {
                 Some(IdentifierKind::Ipv6) => ids.ipv6.push(v),
                 Some(IdentifierKind::Host) => ids.host.push(v),
                 Some(IdentifierKind::Cidr) => ids.cidr.push(v),
-                Some(IdentifierKind::DefaultRoute) => {
-                    // Only the first value counts, as upstream reads it.
-                    if !seen_default_route {
-                        seen_default_route = true;
-                        ids.default_route = parse_go_bool(&v).ok_or(IdentifierError::BadBool(v))?;
-                    }
+                // Only the first value counts, as upstream reads it.
+                Some(IdentifierKind::DefaultRoute) if !seen_default_route => {
+                    seen_default_route = true;
+                    ids.default_route = parse_go_bool(&v).ok_or(IdentifierError::BadBool(v))?;
                 }
+                Some(IdentifierKind::DefaultRoute) => {}
                 None => {}
             }
         }

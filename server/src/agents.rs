@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use daemon::drain::Drain;
 use futures::{Stream, StreamExt};
+use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_server::AgentService;
 use konnectivity_proto::header::{self, AgentIdentifiers};
 use konnectivity_proto::ids::{AgentId, ServerId};
-use konnectivity_proto::Packet;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
@@ -30,10 +30,15 @@ pub type AgentStream = Pin<Box<dyn Stream<Item = Result<Packet, Status>> + Send>
 
 /// Reads the agent's identity from the request metadata, as upstream does:
 /// exactly one `agentid`, at most one `agentidentifiers`.
-pub fn agent_identity(md: &tonic::metadata::MetadataMap) -> Result<(AgentId, AgentIdentifiers), Status> {
+pub fn agent_identity(
+    md: &tonic::metadata::MetadataMap,
+) -> Result<(AgentId, AgentIdentifiers), Status> {
     let ids: Vec<_> = md.get_all(header::AGENT_ID).iter().collect();
     let [id] = ids.as_slice() else {
-        return Err(Status::unknown(format!("expected one agent ID in the context, got {:?}", ids.len())));
+        return Err(Status::unknown(format!(
+            "expected one agent ID in the context, got {:?}",
+            ids.len()
+        )));
     };
     let id = id
         .to_str()
@@ -63,13 +68,22 @@ pub fn agent_identity(md: &tonic::metadata::MetadataMap) -> Result<(AgentId, Age
 impl AgentService for AgentSvc {
     type ConnectStream = AgentStream;
 
-    async fn connect(&self, request: Request<Streaming<Packet>>) -> Result<Response<AgentStream>, Status> {
+    async fn connect(
+        &self,
+        request: Request<Streaming<Packet>>,
+    ) -> Result<Response<AgentStream>, Status> {
         let (agent_id, identifiers) = agent_identity(request.metadata()).inspect_err(|e| {
             tracing::warn!(error = %e.message(), "rejecting agent stream");
         })?;
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(self.core.cfg.agent_queue);
-        let backend = Backend::new(agent_id.clone(), identifiers, tx, self.core.metrics.clone(), self.core.backends.changes());
+        let backend = Backend::new(
+            agent_id.clone(),
+            identifiers,
+            tx,
+            self.core.metrics.clone(),
+            self.core.backends.changes(),
+        );
         tracing::info!(agent_id = %agent_id, stream = backend.id, "agent connected");
         self.core.backends.add(backend.clone());
 
@@ -116,7 +130,8 @@ async fn serve(core: &Core, backend: &Arc<Backend>, mut inbound: Streaming<Packe
             Ok(Some(pkt)) => core.agent_packet(backend, pkt).await,
             Ok(None) => return,
             Err(status) => {
-                core.metrics.stream_error(Segment::FromAgent, status.code(), "Unknown");
+                core.metrics
+                    .stream_error(Segment::FromAgent, status.code(), "Unknown");
                 tracing::info!(%status, "agent stream failed");
                 return;
             }

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use konnectivity_proto::Packet;
 use konnectivity_proto::header::AgentIdentifiers;
 use konnectivity_proto::ids::{AgentId, ConnectId};
-use konnectivity_proto::Packet;
 use parking_lot::{Mutex, RwLock};
 use rand::seq::IndexedRandom;
 use tokio::sync::{mpsc, watch};
@@ -215,7 +215,10 @@ impl Strategy {
     fn keys(self, backends: &[Arc<Backend>]) -> usize {
         let mut keys: Vec<&str> = match self {
             Strategy::Default => backends.iter().map(|b| b.agent_id.0.as_str()).collect(),
-            Strategy::DestHost => backends.iter().flat_map(|b| b.identifiers.dest_hosts()).collect(),
+            Strategy::DestHost => backends
+                .iter()
+                .flat_map(|b| b.identifiers.dest_hosts())
+                .collect(),
             Strategy::DefaultRoute => backends
                 .iter()
                 .filter(|b| b.identifiers.default_route)
@@ -318,7 +321,8 @@ impl Backends {
             for b in all.iter().filter(|b| !b.is_retired() && s.serves(b, host)) {
                 newest.insert(&b.agent_id, b);
             }
-            let (ready, draining): (Vec<_>, Vec<_>) = newest.into_values().partition(|b| !b.is_draining());
+            let (ready, draining): (Vec<_>, Vec<_>) =
+                newest.into_values().partition(|b| !b.is_draining());
             if let Some(b) = ready.choose(&mut rng).or_else(|| draining.choose(&mut rng)) {
                 return Some(Arc::clone(b));
             }
@@ -394,7 +398,10 @@ mod tests {
             assert_eq!(bs.pick("[fd00::1]:443").map(|x| x.id), Some(b.id));
         }
         // Unknown hosts fall through to `default`, which reaches both.
-        let picked: std::collections::HashSet<_> = (0..200).filter_map(|_| bs.pick("elsewhere:1")).map(|x| x.id).collect();
+        let picked: std::collections::HashSet<_> = (0..200)
+            .filter_map(|_| bs.pick("elsewhere:1"))
+            .map(|x| x.id)
+            .collect();
         assert_eq!(picked.len(), 2);
     }
 
@@ -413,14 +420,20 @@ mod tests {
         bs.add(old.clone());
         bs.add(new.clone());
         bs.add(other.clone());
-        let picked: std::collections::HashSet<_> = (0..200).filter_map(|_| bs.pick("x:1")).map(|x| x.id).collect();
+        let picked: std::collections::HashSet<_> = (0..200)
+            .filter_map(|_| bs.pick("x:1"))
+            .map(|x| x.id)
+            .collect();
         assert_eq!(picked, [new.id, other.id].into_iter().collect());
         other.set_draining();
         for _ in 0..50 {
             assert_eq!(bs.pick("x:1").map(|x| x.id), Some(new.id));
         }
         new.set_draining();
-        assert!(bs.pick("x:1").is_some(), "draining agents still serve when nothing else can");
+        assert!(
+            bs.pick("x:1").is_some(),
+            "draining agents still serve when nothing else can"
+        );
     }
 
     #[test]

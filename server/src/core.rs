@@ -84,7 +84,11 @@ impl Core {
     }
 
     pub fn established_count(&self) -> usize {
-        self.backends.snapshot().iter().map(|b| b.conn_count()).sum()
+        self.backends
+            .snapshot()
+            .iter()
+            .map(|b| b.conn_count())
+            .sum()
     }
 
     fn add_pending(&self, dial: DialId, p: Pending) {
@@ -112,7 +116,9 @@ impl Core {
                 }
             })
             .await;
-        self.metrics.frontend_write_duration.record(started.elapsed().as_secs_f64());
+        self.metrics
+            .frontend_write_duration
+            .record(started.elapsed().as_secs_f64());
         d
     }
 
@@ -140,11 +146,22 @@ impl Core {
             if pending.contains_key(&dial) {
                 return Err(DialRefused::DuplicateDialId);
             }
-            pending.insert(dial, Pending { tunnel: tunnel.clone(), backend: backend.clone(), started });
+            pending.insert(
+                dial,
+                Pending {
+                    tunnel: tunnel.clone(),
+                    backend: backend.clone(),
+                    started,
+                },
+            );
             self.metrics.pending_dials.set(pending.len() as f64);
         }
         tunnel.with_state(|s| {
-            *s = TunnelState::Dialing { dial, backend: backend.clone(), deadline }
+            *s = TunnelState::Dialing {
+                dial,
+                backend: backend.clone(),
+                deadline,
+            }
         });
         match backend.send_within(pkt, self.cfg.dial_timeout).await {
             Ok(()) => Ok(()),
@@ -189,7 +206,9 @@ impl Core {
         self.metrics.dial_failure(DialFailure::BackendDialTimeout);
         tracing::warn!(dial_id = %dial, agent_id = %backend.agent_id, "dial timed out waiting for DIAL_RSP");
         // Lets an agent that supports it drop the dial; others ignore it.
-        let _ = backend.send_within(Packet::close_dial(dial.0), Duration::from_secs(1)).await;
+        let _ = backend
+            .send_within(Packet::close_dial(dial.0), Duration::from_secs(1))
+            .await;
         Some(dial)
     }
 
@@ -205,11 +224,21 @@ impl Core {
         }
         match tunnel.state() {
             TunnelState::Idle => {
-                tunnel.deliver_last(close_rsp(id, "backend not initialized"), self.cfg.stall_timeout).await;
+                tunnel
+                    .deliver_last(
+                        close_rsp(id, "backend not initialized"),
+                        self.cfg.stall_timeout,
+                    )
+                    .await;
                 Flow::End
             }
             TunnelState::Dialing { .. } => {
-                tunnel.deliver_last(close_rsp(id, "connection not established"), self.cfg.stall_timeout).await;
+                tunnel
+                    .deliver_last(
+                        close_rsp(id, "connection not established"),
+                        self.cfg.stall_timeout,
+                    )
+                    .await;
                 Flow::End
             }
             TunnelState::Established { backend, connect } if connect.0 == id => {
@@ -226,8 +255,15 @@ impl Core {
                 if backend.remove_conn_of(connect, tunnel) {
                     let _ = backend.send(Packet::close_request(connect.0)).await;
                 }
-                let _ = self.deliver(tunnel, close_rsp(id, "mismatched connection IDs")).await;
-                tunnel.deliver_last(close_rsp(connect.0, "mismatched connection IDs"), self.cfg.stall_timeout).await;
+                let _ = self
+                    .deliver(tunnel, close_rsp(id, "mismatched connection IDs"))
+                    .await;
+                tunnel
+                    .deliver_last(
+                        close_rsp(connect.0, "mismatched connection IDs"),
+                        self.cfg.stall_timeout,
+                    )
+                    .await;
                 Flow::End
             }
             TunnelState::Closing { .. } | TunnelState::Closed => Flow::Continue,
@@ -238,21 +274,30 @@ impl Core {
     pub async fn frontend_close(&self, tunnel: &Tunnel, id: i64) -> Flow {
         match tunnel.state() {
             TunnelState::Idle => {
-                let _ = self.deliver(tunnel, close_rsp(id, "backend uninitialized")).await;
+                let _ = self
+                    .deliver(tunnel, close_rsp(id, "backend uninitialized"))
+                    .await;
                 Flow::Continue
             }
             TunnelState::Established { backend, connect } if connect.0 == id => {
                 if backend.send(Packet::close_request(id)).await.is_err() {
                     tunnel.with_state(|s| *s = TunnelState::Closed);
                     backend.remove_conn_of(connect, tunnel);
-                    tunnel.deliver_last(close_rsp(id, "CLOSE_REQ to backend failed"), self.cfg.stall_timeout).await;
+                    tunnel
+                        .deliver_last(
+                            close_rsp(id, "CLOSE_REQ to backend failed"),
+                            self.cfg.stall_timeout,
+                        )
+                        .await;
                     return Flow::End;
                 }
                 tunnel.with_state(|s| *s = TunnelState::Closing { backend, connect });
                 Flow::Continue
             }
             TunnelState::Dialing { .. } | TunnelState::Established { .. } => {
-                let _ = self.deliver(tunnel, close_rsp(id, "unrecognized connectID")).await;
+                let _ = self
+                    .deliver(tunnel, close_rsp(id, "unrecognized connectID"))
+                    .await;
                 Flow::Continue
             }
             TunnelState::Closing { .. } | TunnelState::Closed => Flow::Continue,
@@ -271,14 +316,21 @@ impl Core {
         if self.take_pending(dial).is_some() {
             self.metrics.dial_failure(DialFailure::FrontendClose);
             tracing::debug!(dial_id = %dial, "dial cancelled by frontend");
-            let _ = backend.send_within(Packet::close_dial(random), Duration::from_secs(1)).await;
+            let _ = backend
+                .send_within(Packet::close_dial(random), Duration::from_secs(1))
+                .await;
         }
         tunnel.finish();
         Flow::End
     }
 
     /// HTTP CONNECT: the client's bytes for the established connection.
-    pub async fn frontend_bytes(&self, backend: &Backend, connect: ConnectId, data: bytes::Bytes) -> bool {
+    pub async fn frontend_bytes(
+        &self,
+        backend: &Backend,
+        connect: ConnectId,
+        data: bytes::Bytes,
+    ) -> bool {
         backend.send(Packet::data(connect.0, data)).await.is_ok()
     }
 
@@ -290,7 +342,9 @@ impl Core {
             TunnelState::Dialing { dial, backend, .. } => {
                 if self.take_pending(dial).is_some() {
                     self.metrics.dial_failure(DialFailure::FrontendClose);
-                    let _ = backend.send_within(Packet::close_dial(dial.0), Duration::from_secs(1)).await;
+                    let _ = backend
+                        .send_within(Packet::close_dial(dial.0), Duration::from_secs(1))
+                        .await;
                 }
             }
             TunnelState::Established { backend, connect } => {
@@ -316,7 +370,8 @@ impl Core {
         match (PacketType::try_from(pkt.r#type), &pkt.payload) {
             (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
                 let (random, connect, failed) = (rsp.random, rsp.connect_id, !rsp.error.is_empty());
-                self.agent_dial_response(backend, random, connect, failed, pkt).await
+                self.agent_dial_response(backend, random, connect, failed, pkt)
+                    .await
             }
             (Ok(PacketType::Data), Some(Payload::Data(d))) => {
                 let id = d.connect_id;
@@ -349,7 +404,9 @@ impl Core {
                         t.with_state(|s| *s = TunnelState::Closed);
                         t.deliver_last(pkt, self.cfg.stall_timeout).await;
                     }
-                    None => tracing::debug!(agent_id = %backend.agent_id, connection_id = id, "CLOSE_RSP for unknown connection; dropped"),
+                    None => {
+                        tracing::debug!(agent_id = %backend.agent_id, connection_id = id, "CLOSE_RSP for unknown connection; dropped")
+                    }
                 }
             }
             (Ok(PacketType::DialCls), Some(Payload::CloseDial(c))) => {
@@ -375,7 +432,14 @@ impl Core {
         }
     }
 
-    async fn agent_dial_response(&self, backend: &Arc<Backend>, random: i64, connect: i64, failed: bool, pkt: Packet) {
+    async fn agent_dial_response(
+        &self,
+        backend: &Arc<Backend>,
+        random: i64,
+        connect: i64,
+        failed: bool,
+        pkt: Packet,
+    ) {
         let dial = DialId(random);
         let pending = match self.take_pending(dial) {
             // A dial id answered by a stream we did not send it to is not ours.
@@ -402,10 +466,15 @@ impl Core {
         }
         let connect_id = ConnectId(connect);
         p.tunnel.with_state(|s| {
-            *s = TunnelState::Established { backend: backend.clone(), connect: connect_id }
+            *s = TunnelState::Established {
+                backend: backend.clone(),
+                connect: connect_id,
+            }
         });
         backend.add_conn(connect_id, p.tunnel.clone());
-        self.metrics.dial_duration.record(p.started.elapsed().as_secs_f64());
+        self.metrics
+            .dial_duration
+            .record(p.started.elapsed().as_secs_f64());
         if self.deliver(&p.tunnel, pkt).await != crate::tunnel::Delivery::Queued {
             self.metrics.dial_failure(DialFailure::SendResponse);
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
@@ -435,14 +504,21 @@ impl Core {
                 .filter(|(_, p)| p.backend.id == backend.id)
                 .map(|(id, _)| *id)
                 .collect();
-            let taken = ids.into_iter().filter_map(|id| pending.remove(&id).map(|p| (id, p))).collect();
+            let taken = ids
+                .into_iter()
+                .filter_map(|id| pending.remove(&id).map(|p| (id, p)))
+                .collect();
             self.metrics.pending_dials.set(pending.len() as f64);
             taken
         };
         for (dial, p) in dials {
             self.metrics.dial_failure(DialFailure::BackendClose);
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
-            let rsp = Packet::dial_response(dial.0, 0, "agent stream closed before the dial completed".into());
+            let rsp = Packet::dial_response(
+                dial.0,
+                0,
+                "agent stream closed before the dial completed".into(),
+            );
             p.tunnel.close_now(rsp, Abort::AgentGone);
         }
     }

@@ -15,7 +15,10 @@ pub fn health_handler(core: Arc<Core>) -> Handler {
             if core.backends.ready() {
                 Reply::ok()
             } else {
-                Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "no connection to any proxy agent")
+                Reply::text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "no connection to any proxy agent",
+                )
             }
         }
         "/metrics" => Reply::metrics(core.metrics.render()),

@@ -30,7 +30,9 @@ use tokio::sync::watch;
 
 pub use crate::backend::Strategy;
 pub use crate::core::CoreConfig;
-pub use crate::frontend::http_connect::{ConnectAuthority, Head, HeadError, parse_head, status_for_dial_error};
+pub use crate::frontend::http_connect::{
+    ConnectAuthority, Head, HeadError, parse_head, status_for_dial_error,
+};
 
 use crate::agents::AgentSvc;
 use crate::backend::Backends;
@@ -89,19 +91,32 @@ pub enum ServerError {
 /// Binds every listener named by the flags.
 pub async fn bind(addrs: &options::Addresses) -> Result<Listeners, ServerError> {
     let frontend = match &addrs.frontend {
-        options::FrontendAddr::Unix { path, delete_existing } => FrontendListener::Unix(
-            daemon::listen::bind_unix(path, *delete_existing).map_err(|source| ServerError::Bind { what: "frontend unix socket", source })?,
-        ),
-        options::FrontendAddr::Tcp { host, port } => FrontendListener::Tcp(
-            daemon::listen::bind_tcp(host, *port)
-                .await
-                .map_err(|source| ServerError::Bind { what: "frontend port", source })?,
-        ),
+        options::FrontendAddr::Unix {
+            path,
+            delete_existing,
+        } => FrontendListener::Unix(daemon::listen::bind_unix(path, *delete_existing).map_err(
+            |source| ServerError::Bind {
+                what: "frontend unix socket",
+                source,
+            },
+        )?),
+        options::FrontendAddr::Tcp { host, port } => {
+            FrontendListener::Tcp(daemon::listen::bind_tcp(host, *port).await.map_err(
+                |source| ServerError::Bind {
+                    what: "frontend port",
+                    source,
+                },
+            )?)
+        }
     };
     let tcp = |what: &'static str, (host, port): &(String, u16)| {
         let host = host.clone();
         let port = *port;
-        async move { daemon::listen::bind_tcp(&host, port).await.map_err(|source| ServerError::Bind { what, source }) }
+        async move {
+            daemon::listen::bind_tcp(&host, port)
+                .await
+                .map_err(|source| ServerError::Bind { what, source })
+        }
     };
     Ok(Listeners {
         frontend,
@@ -156,7 +171,12 @@ impl ServerHandle {
 
     /// Agent streams that sent DRAIN.
     pub fn draining_agents(&self) -> usize {
-        self.core.backends.snapshot().iter().filter(|b| b.is_draining()).count()
+        self.core
+            .backends
+            .snapshot()
+            .iter()
+            .filter(|b| b.is_draining())
+            .count()
     }
 
     /// Waits until `cond` holds; re-checked whenever an agent stream is added,
@@ -191,17 +211,32 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let backends = Backends::new(config.strategies.clone(), metrics.clone());
         let core = Arc::new(Core::new(backends, metrics, config.core.clone()));
-        Server { config, core, drain: Drain::new() }
+        Server {
+            config,
+            core,
+            drain: Drain::new(),
+        }
     }
 
     pub fn handle(&self) -> ServerHandle {
-        ServerHandle { core: self.core.clone(), drain: self.drain.clone() }
+        ServerHandle {
+            core: self.core.clone(),
+            drain: self.drain.clone(),
+        }
     }
 
     /// Serves until `shutdown` resolves, then drains for the configured grace
     /// period and returns.
-    pub async fn run(self, listeners: Listeners, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-        let Server { config, core, drain } = self;
+    pub async fn run(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ServerError> {
+        let Server {
+            config,
+            core,
+            drain,
+        } = self;
         log_bound("agent", &listeners.agent);
         log_bound("health", &listeners.health);
         log_bound("admin", &listeners.admin);
@@ -212,13 +247,37 @@ impl Server {
 
         let registry = core.metrics.registry().clone();
         drain.spawn(registry.run_upkeep(drain.clone()));
-        drain.spawn(daemon::endpoints::serve(listeners.health, "health", health::health_handler(core.clone()), drain.clone()));
-        drain.spawn(daemon::endpoints::serve(listeners.admin, "admin", health::admin_handler(core.clone()), drain.clone()));
-        drain.spawn(serve_agents(listeners.agent, &config, core.clone(), drain.clone()));
+        drain.spawn(daemon::endpoints::serve(
+            listeners.health,
+            "health",
+            health::health_handler(core.clone()),
+            drain.clone(),
+        ));
+        drain.spawn(daemon::endpoints::serve(
+            listeners.admin,
+            "admin",
+            health::admin_handler(core.clone()),
+            drain.clone(),
+        ));
+        drain.spawn(serve_agents(
+            listeners.agent,
+            &config,
+            core.clone(),
+            drain.clone(),
+        ));
         match listeners.frontend {
             FrontendListener::Unix(l) => {
-                let path = l.local_addr().ok().and_then(|a| a.as_pathname().map(PathBuf::from));
-                drain.spawn(serve_frontend(l, None, &config, core.clone(), drain.clone()));
+                let path = l
+                    .local_addr()
+                    .ok()
+                    .and_then(|a| a.as_pathname().map(PathBuf::from));
+                drain.spawn(serve_frontend(
+                    l,
+                    None,
+                    &config,
+                    core.clone(),
+                    drain.clone(),
+                ));
                 shutdown.await;
                 finish(&drain, config.graceful_shutdown_timeout).await;
                 if let Some(p) = path {
@@ -226,7 +285,13 @@ impl Server {
                 }
             }
             FrontendListener::Tcp(l) => {
-                drain.spawn(serve_frontend(l, config.frontend_tls.clone(), &config, core.clone(), drain.clone()));
+                drain.spawn(serve_frontend(
+                    l,
+                    config.frontend_tls.clone(),
+                    &config,
+                    core.clone(),
+                    drain.clone(),
+                ));
                 shutdown.await;
                 finish(&drain, config.graceful_shutdown_timeout).await;
             }
@@ -246,24 +311,38 @@ async fn finish(drain: &Drain, grace: Duration) {
     }
 }
 
-fn serve_agents(listener: TcpListener, config: &Config, core: Arc<Core>, drain: Drain) -> impl Future<Output = ()> + Send + use<> {
+fn serve_agents(
+    listener: TcpListener,
+    config: &Config,
+    core: Arc<Core>,
+    drain: Drain,
+) -> impl Future<Output = ()> + Send + use<> {
     let svc = AgentServiceServer::new(AgentSvc {
         core,
         drain: drain.clone(),
         server_id: config.server_id.clone(),
         server_count: config.server_count,
     });
-    let settings = H2Settings { keepalive: config.keepalive_time, keepalive_timeout: Duration::from_secs(20) };
+    let settings = H2Settings {
+        keepalive: config.keepalive_time,
+        keepalive_timeout: Duration::from_secs(20),
+    };
     let tls = acceptor(config.agent_tls.clone());
     let d = drain.clone();
-    accept_loop(listener, "agent", drain, AcceptOptions::default(), move |io, _, _| {
-        let (svc, settings, tls, d) = (svc.clone(), settings.clone(), tls.clone(), d.clone());
-        async move {
-            if let Some(io) = tls_handshake(&tls, io).await {
-                serve_h2(io, svc, &settings, &d).await;
+    accept_loop(
+        listener,
+        "agent",
+        drain,
+        AcceptOptions::default(),
+        move |io, _, _| {
+            let (svc, settings, tls, d) = (svc.clone(), settings.clone(), tls.clone(), d.clone());
+            async move {
+                if let Some(io) = tls_handshake(&tls, io).await {
+                    serve_h2(io, svc, &settings, &d).await;
+                }
             }
-        }
-    })
+        },
+    )
 }
 
 fn serve_frontend<L: Listener>(
@@ -274,27 +353,49 @@ fn serve_frontend<L: Listener>(
     drain: Drain,
 ) -> impl Future<Output = ()> + Send + use<L> {
     let mode = config.mode;
-    let svc = ProxyServiceServer::new(ProxySvc { core: core.clone(), drain: drain.clone() });
-    let settings = H2Settings { keepalive: config.frontend_keepalive_time, keepalive_timeout: Duration::from_secs(20) };
+    let svc = ProxyServiceServer::new(ProxySvc {
+        core: core.clone(),
+        drain: drain.clone(),
+    });
+    let settings = H2Settings {
+        keepalive: config.frontend_keepalive_time,
+        keepalive_timeout: Duration::from_secs(20),
+    };
     let tls = tls.map(acceptor);
     let d = drain.clone();
-    accept_loop(listener, "frontend", drain, AcceptOptions::default(), move |io, _, _| {
-        let (svc, settings, tls, d, core) = (svc.clone(), settings.clone(), tls.clone(), d.clone(), core.clone());
-        async move {
-            match (mode, tls) {
-                (Mode::Grpc, None) => serve_h2(frontend::FixAuthority::new(io), svc, &settings, &d).await,
-                (Mode::Grpc, Some(tls)) => {
-                    if let Some(io) = tls_handshake(&tls, io).await {
-                        serve_h2(io, svc, &settings, &d).await
+    accept_loop(
+        listener,
+        "frontend",
+        drain,
+        AcceptOptions::default(),
+        move |io, _, _| {
+            let (svc, settings, tls, d, core) = (
+                svc.clone(),
+                settings.clone(),
+                tls.clone(),
+                d.clone(),
+                core.clone(),
+            );
+            async move {
+                match (mode, tls) {
+                    (Mode::Grpc, None) => {
+                        serve_h2(frontend::FixAuthority::new(io), svc, &settings, &d).await
                     }
-                }
-                (Mode::HttpConnect, None) => frontend::http_connect::serve_conn(core, io, d).await,
-                (Mode::HttpConnect, Some(tls)) => {
-                    if let Some(io) = tls_handshake(&tls, io).await {
+                    (Mode::Grpc, Some(tls)) => {
+                        if let Some(io) = tls_handshake(&tls, io).await {
+                            serve_h2(io, svc, &settings, &d).await
+                        }
+                    }
+                    (Mode::HttpConnect, None) => {
                         frontend::http_connect::serve_conn(core, io, d).await
+                    }
+                    (Mode::HttpConnect, Some(tls)) => {
+                        if let Some(io) = tls_handshake(&tls, io).await {
+                            frontend::http_connect::serve_conn(core, io, d).await
+                        }
                     }
                 }
             }
-        }
-    })
+        },
+    )
 }

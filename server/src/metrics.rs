@@ -9,10 +9,12 @@ use metrics::{Counter, Gauge, Histogram};
 const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
 
 const DIAL_DURATION: &str = "konnectivity_network_proxy_server_dial_duration_seconds";
-const FRONTEND_WRITE_DURATION: &str = "konnectivity_network_proxy_server_frontend_write_duration_seconds";
+const FRONTEND_WRITE_DURATION: &str =
+    "konnectivity_network_proxy_server_frontend_write_duration_seconds";
 const GRPC_CONNECTIONS: &str = "konnectivity_network_proxy_server_grpc_connections";
 const HTTP_CONNECTIONS: &str = "konnectivity_network_proxy_server_http_connections";
-const READY_BACKEND_CONNECTIONS: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+const READY_BACKEND_CONNECTIONS: &str =
+    "konnectivity_network_proxy_server_ready_backend_connections";
 const READY_BACKENDS: &str = "konnectivity_network_proxy_server_ready_backends";
 const PENDING_DIALS: &str = "konnectivity_network_proxy_server_pending_backend_dials";
 const ESTABLISHED: &str = "konnectivity_network_proxy_server_established_connections";
@@ -67,11 +69,23 @@ pub enum Segment {
 }
 
 const PACKET_TYPES: [&str; 8] = [
-    "DIAL_REQ", "DIAL_RSP", "CLOSE_REQ", "CLOSE_RSP", "DATA", "DIAL_CLS", "DRAIN", "Unknown",
+    "DIAL_REQ",
+    "DIAL_RSP",
+    "CLOSE_REQ",
+    "CLOSE_RSP",
+    "DATA",
+    "DIAL_CLS",
+    "DRAIN",
+    "Unknown",
 ];
 
 impl Segment {
-    const ALL: [Segment; 4] = [Segment::FromClient, Segment::ToClient, Segment::FromAgent, Segment::ToAgent];
+    const ALL: [Segment; 4] = [
+        Segment::FromClient,
+        Segment::ToClient,
+        Segment::FromAgent,
+        Segment::ToAgent,
+    ];
 
     fn label(self) -> &'static str {
         match self {
@@ -120,17 +134,38 @@ impl Metrics {
             (DIAL_DURATION, LATENCY_BUCKETS),
             (FRONTEND_WRITE_DURATION, LATENCY_BUCKETS),
         ]));
-        r.describe_histogram(DIAL_DURATION, "Latency of dial to the remote endpoint in seconds");
-        r.describe_histogram(FRONTEND_WRITE_DURATION, "Latency of write to the frontend in seconds");
-        r.describe_gauge(GRPC_CONNECTIONS, "Number of current grpc connections, partitioned by service method.");
-        r.describe_gauge(HTTP_CONNECTIONS, "Number of current HTTP CONNECT connections");
+        r.describe_histogram(
+            DIAL_DURATION,
+            "Latency of dial to the remote endpoint in seconds",
+        );
+        r.describe_histogram(
+            FRONTEND_WRITE_DURATION,
+            "Latency of write to the frontend in seconds",
+        );
+        r.describe_gauge(
+            GRPC_CONNECTIONS,
+            "Number of current grpc connections, partitioned by service method.",
+        );
+        r.describe_gauge(
+            HTTP_CONNECTIONS,
+            "Number of current HTTP CONNECT connections",
+        );
         r.describe_gauge(
             READY_BACKEND_CONNECTIONS,
             "Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
         );
-        r.describe_gauge(READY_BACKENDS, "Number of konnectivity agent connected to the proxy server");
-        r.describe_gauge(PENDING_DIALS, "Current number of pending backend dial requests");
-        r.describe_gauge(ESTABLISHED, "Current number of established end-to-end connections (post-dial).");
+        r.describe_gauge(
+            READY_BACKENDS,
+            "Number of konnectivity agent connected to the proxy server",
+        );
+        r.describe_gauge(
+            PENDING_DIALS,
+            "Current number of pending backend dial requests",
+        );
+        r.describe_gauge(
+            ESTABLISHED,
+            "Current number of established end-to-end connections (post-dial).",
+        );
         r.describe_gauge(
             FULL_RECV_CHANNELS,
             "Number of current connections blocked by a full receive channel, partitioned by service method.",
@@ -167,7 +202,12 @@ impl Metrics {
                 .map(|seg| {
                     PACKET_TYPES
                         .iter()
-                        .map(|t| r.counter(STREAM_PACKETS, &[("segment", seg.label()), ("packet_type", t)]))
+                        .map(|t| {
+                            r.counter(
+                                STREAM_PACKETS,
+                                &[("segment", seg.label()), ("packet_type", t)],
+                            )
+                        })
                         .collect()
                 })
                 .collect(),
@@ -213,7 +253,10 @@ impl Metrics {
 
     /// Counts one packet of raw type `packet_type` on `segment`.
     pub fn packet(&self, segment: Segment, packet_type: i32) {
-        let t = usize::try_from(packet_type).ok().filter(|t| *t < 7).unwrap_or(7);
+        let t = usize::try_from(packet_type)
+            .ok()
+            .filter(|t| *t < 7)
+            .unwrap_or(7);
         if let Some(c) = self.packets.get(segment as usize).and_then(|s| s.get(t)) {
             c.increment(1);
         }
@@ -223,7 +266,11 @@ impl Metrics {
         self.registry
             .counter(
                 STREAM_ERRORS,
-                &[("segment", segment.label()), ("code", konnectivity_proto::code_name(code)), ("packet_type", packet_type)],
+                &[
+                    ("segment", segment.label()),
+                    ("code", konnectivity_proto::code_name(code)),
+                    ("packet_type", packet_type),
+                ],
             )
             .increment(1);
     }

@@ -71,8 +71,14 @@ pub fn flags() -> FlagSet {
 /// Where the frontend listens, from the flags.
 #[derive(Debug, Clone)]
 pub enum FrontendAddr {
-    Unix { path: PathBuf, delete_existing: bool },
-    Tcp { host: String, port: u16 },
+    Unix {
+        path: PathBuf,
+        delete_existing: bool,
+    },
+    Tcp {
+        host: String,
+        port: u16,
+    },
 }
 
 /// Every listening address, from the flags.
@@ -90,7 +96,9 @@ fn port(v: &Values, name: &str) -> Result<u16, String> {
     if p == 0 || (1024..=49151).contains(&p) {
         Ok(p as u16)
     } else {
-        Err(format!("please do not try to use reserved port {p} for --{name}; use 1024-49151, or 0 for any free port"))
+        Err(format!(
+            "please do not try to use reserved port {p} for --{name}; use 1024-49151, or 0 for any free port"
+        ))
     }
 }
 
@@ -119,11 +127,16 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     let mode = match v.string("mode").as_str() {
         "grpc" => Mode::Grpc,
         "http-connect" => Mode::HttpConnect,
-        other => return Err(format!("mode must be set to either 'grpc' or 'http-connect', got {other:?}")),
+        other => {
+            return Err(format!(
+                "mode must be set to either 'grpc' or 'http-connect', got {other:?}"
+            ));
+        }
     };
     // Plain value checks first, so their errors are not hidden behind file ones.
     let strategies = Strategy::parse_list(&v.string("proxy-strategies"))?;
-    let policy = TlsPolicy::from_flags(&v.string("tls-min-version"), &v.strings("cipher-suites")).map_err(|e| e.to_string())?;
+    let policy = TlsPolicy::from_flags(&v.string("tls-min-version"), &v.strings("cipher-suites"))
+        .map_err(|e| e.to_string())?;
 
     let uds = v.string("uds-name");
     let server_pair = pair(v, "server-cert", "server-key")?;
@@ -134,33 +147,55 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     };
     let (frontend, frontend_tls) = if uds.is_empty() {
         let Some((cert, key)) = server_pair else {
-            return Err("a TCP frontend needs --server-cert and --server-key (or set --uds-name)".into());
+            return Err(
+                "a TCP frontend needs --server-cert and --server-key (or set --uds-name)".into(),
+            );
         };
         let Some(ca) = server_ca else {
             return Err("a TCP frontend needs --server-ca-cert: kube-apiserver clients must present certificates".into());
         };
-        let tls = tls::server_config(&cert, &key, Some(&ca), &policy, alpn).map_err(|e| e.to_string())?;
+        let tls =
+            tls::server_config(&cert, &key, Some(&ca), &policy, alpn).map_err(|e| e.to_string())?;
         let host = v.string("server-bind-address");
-        (FrontendAddr::Tcp { host, port: port(v, "server-port")? }, Some(Arc::new(tls)))
+        (
+            FrontendAddr::Tcp {
+                host,
+                port: port(v, "server-port")?,
+            },
+            Some(Arc::new(tls)),
+        )
     } else {
         if v.int("server-port") != 0 {
             return Err("--server-port must be 0 when --uds-name is set".into());
         }
         if server_pair.is_some() || server_ca.is_some() {
-            return Err("--server-cert, --server-key and --server-ca-cert must not be set with --uds-name".into());
+            return Err(
+                "--server-cert, --server-key and --server-ca-cert must not be set with --uds-name"
+                    .into(),
+            );
         }
         (
-            FrontendAddr::Unix { path: PathBuf::from(uds), delete_existing: v.bool("delete-existing-uds-file") },
+            FrontendAddr::Unix {
+                path: PathBuf::from(uds),
+                delete_existing: v.bool("delete-existing-uds-file"),
+            },
             None,
         )
     };
 
     let Some((cluster_cert, cluster_key)) = pair(v, "cluster-cert", "cluster-key")? else {
-        return Err("--cluster-cert and --cluster-key are required: the agent listener always uses TLS".into());
+        return Err(
+            "--cluster-cert and --cluster-key are required: the agent listener always uses TLS"
+                .into(),
+        );
     };
     let cluster_ca = file(v, "cluster-ca-cert")?;
 
-    let token_flags = [v.string("agent-namespace"), v.string("agent-service-account"), v.string("authentication-audience")];
+    let token_flags = [
+        v.string("agent-namespace"),
+        v.string("agent-service-account"),
+        v.string("authentication-audience"),
+    ];
     if token_flags.iter().any(|f| !f.is_empty()) {
         if token_flags.iter().any(String::is_empty) {
             return Err("token authentication needs all of --agent-namespace, --agent-service-account and --authentication-audience".into());
@@ -174,20 +209,37 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     if v.bool("enable-lease-controller") {
         v.string("lease-label")
             .split(',')
-            .all(|kv| kv.split_once('=').is_some_and(|(k, _)| !k.trim().is_empty()))
+            .all(|kv| {
+                kv.split_once('=')
+                    .is_some_and(|(k, _)| !k.trim().is_empty())
+            })
             .then_some(())
-            .ok_or_else(|| format!("--lease-label {:?} is not a list of key=value", v.string("lease-label")))?;
+            .ok_or_else(|| {
+                format!(
+                    "--lease-label {:?} is not a list of key=value",
+                    v.string("lease-label")
+                )
+            })?;
         return Err("--enable-lease-controller is not available in this build yet".into());
     }
 
-    let agent_tls = tls::server_config(&cluster_cert, &cluster_key, cluster_ca.as_deref(), &policy, &[b"h2"])
-        .map_err(|e| e.to_string())?;
+    let agent_tls = tls::server_config(
+        &cluster_cert,
+        &cluster_key,
+        cluster_ca.as_deref(),
+        &policy,
+        &[b"h2"],
+    )
+    .map_err(|e| e.to_string())?;
     let xfr = v.int("xfr-channel-size");
     if xfr <= 0 {
-        return Err(format!("--xfr-channel-size must be greater than 0, got {xfr}"));
+        return Err(format!(
+            "--xfr-channel-size must be greater than 0, got {xfr}"
+        ));
     }
     let xfr = usize::try_from(xfr).map_err(|_| "--xfr-channel-size is too large".to_string())?;
-    let server_count = u32::try_from(v.int("server-count")).map_err(|_| "--server-count must be a non-negative count".to_string())?;
+    let server_count = u32::try_from(v.int("server-count"))
+        .map_err(|_| "--server-count must be a non-negative count".to_string())?;
     let mut dial_timeout = v.duration("backend-dial-timeout");
     if dial_timeout.is_zero() || dial_timeout > MAX_BACKEND_DIAL_TIMEOUT {
         tracing::warn!(
@@ -217,7 +269,9 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         strategies,
         core: CoreConfig {
             dial_timeout,
-            stall_timeout: v.duration("frontend-stall-timeout").max(Duration::from_millis(100)),
+            stall_timeout: v
+                .duration("frontend-stall-timeout")
+                .max(Duration::from_millis(100)),
             frontend_queue: xfr,
             agent_queue: xfr.max(16),
         },
@@ -230,7 +284,9 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         agent: (v.string("agent-bind-address"), port(v, "agent-port")?),
         health: (v.string("health-bind-address"), port(v, "health-port")?),
         admin: (
-            Some(v.string("admin-bind-address")).filter(|a| !a.is_empty()).unwrap_or_else(|| "127.0.0.1".into()),
+            Some(v.string("admin-bind-address"))
+                .filter(|a| !a.is_empty())
+                .unwrap_or_else(|| "127.0.0.1".into()),
             port(v, "admin-port")?,
         ),
     };

@@ -92,7 +92,10 @@ where
 }
 
 /// Completes a TLS handshake within [`HANDSHAKE_TIMEOUT`].
-pub async fn tls_handshake<IO>(acceptor: &TlsAcceptor, io: IO) -> Option<tokio_rustls::server::TlsStream<IO>>
+pub async fn tls_handshake<IO>(
+    acceptor: &TlsAcceptor,
+    io: IO,
+) -> Option<tokio_rustls::server::TlsStream<IO>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {

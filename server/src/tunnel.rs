@@ -27,11 +27,21 @@ pub enum TunnelState {
     #[default]
     Idle,
     /// DIAL_REQ sent to `backend`, waiting for DIAL_RSP.
-    Dialing { dial: DialId, backend: Arc<Backend>, deadline: Instant },
+    Dialing {
+        dial: DialId,
+        backend: Arc<Backend>,
+        deadline: Instant,
+    },
     /// DIAL_RSP succeeded; packets flow.
-    Established { backend: Arc<Backend>, connect: ConnectId },
+    Established {
+        backend: Arc<Backend>,
+        connect: ConnectId,
+    },
     /// The frontend asked to close; waiting for the agent's CLOSE_RSP.
-    Closing { backend: Arc<Backend>, connect: ConnectId },
+    Closing {
+        backend: Arc<Backend>,
+        connect: ConnectId,
+    },
     /// Nothing more will be sent either way.
     Closed,
 }
@@ -53,7 +63,10 @@ pub enum Abort {
 impl std::fmt::Display for Abort {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Abort::Stalled(d) => write!(f, "frontend did not read for {d:?}; connection closed to protect the agent stream"),
+            Abort::Stalled(d) => write!(
+                f,
+                "frontend did not read for {d:?}; connection closed to protect the agent stream"
+            ),
             Abort::AgentGone => f.write_str("agent stream closed"),
             Abort::Shutdown => f.write_str("proxy server is shutting down"),
             Abort::Frontend(_, why) => f.write_str(why),

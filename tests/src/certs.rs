@@ -3,7 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
 
 pub struct Pki {
     dir: tempfile::TempDir,
@@ -23,12 +26,22 @@ impl Pki {
         let dir = tempfile::tempdir().unwrap();
         let ca_key = KeyPair::generate().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.distinguished_name.push(DnType::CommonName, "test-ca");
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "test-ca");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         let ca = ca_params.self_signed(&ca_key).unwrap();
         std::fs::write(dir.path().join("ca.crt"), ca.pem()).unwrap();
-        Pki { dir, ca_key, ca_params }
+        Pki {
+            dir,
+            ca_key,
+            ca_params,
+        }
     }
 
     pub fn dir(&self) -> &Path {

@@ -23,7 +23,10 @@ use tonic::Streaming;
 #[derive(Clone)]
 pub enum Frontend {
     Uds(PathBuf),
-    Tcp { addr: SocketAddr, tls: Arc<rustls::ClientConfig> },
+    Tcp {
+        addr: SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
+    },
 }
 
 /// Any byte stream to the frontend.
@@ -38,7 +41,9 @@ impl Frontend {
             Frontend::Tcp { addr, tls } => {
                 let tcp = tokio::net::TcpStream::connect(addr).await?;
                 let name = ServerName::try_from("127.0.0.1").map_err(std::io::Error::other)?;
-                let s = tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp).await?;
+                let s = tokio_rustls::TlsConnector::from(tls.clone())
+                    .connect(name, tcp)
+                    .await?;
                 Ok(Box::new(s))
             }
         }
@@ -49,10 +54,11 @@ impl Frontend {
     /// socket to be really closed.
     pub async fn grpc_client(&self) -> std::io::Result<(ProxyServiceClient<H2>, JoinHandle<()>)> {
         let io = self.connect().await?;
-        let (send, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(std::io::Error::other)?;
+        let (send, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake(TokioIo::new(io))
+                .await
+                .map_err(std::io::Error::other)?;
         let task = tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -68,9 +74,14 @@ pub struct H2(hyper::client::conn::http2::SendRequest<tonic::body::Body>);
 impl tower::Service<http::Request<tonic::body::Body>> for H2 {
     type Response = http::Response<hyper::body::Incoming>;
     type Error = hyper::Error;
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
 
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
         self.0.poll_ready(cx)
     }
 
@@ -97,15 +108,23 @@ pub struct DialFailed(pub String);
 pub async fn grpc_dial(frontend: &Frontend, address: &str) -> Result<GrpcTunnel, DialFailed> {
     let mut t = start_dial(frontend, address).await;
     match t.rx.message().await {
-        Ok(Some(Packet { payload: Some(Payload::DialResponse(r)), .. })) if r.error.is_empty() && r.random == t.dial_id => {
+        Ok(Some(Packet {
+            payload: Some(Payload::DialResponse(r)),
+            ..
+        })) if r.error.is_empty() && r.random == t.dial_id => {
             t.connect_id = r.connect_id;
             Ok(t)
         }
-        Ok(Some(Packet { payload: Some(Payload::DialResponse(r)), .. })) => {
+        Ok(Some(Packet {
+            payload: Some(Payload::DialResponse(r)),
+            ..
+        })) => {
             t.finish().await;
             Err(DialFailed(r.error))
         }
-        other => Err(DialFailed(format!("unexpected answer to DIAL_REQ: {other:?}"))),
+        other => Err(DialFailed(format!(
+            "unexpected answer to DIAL_REQ: {other:?}"
+        ))),
     }
 }
 
@@ -113,8 +132,17 @@ pub async fn grpc_dial(frontend: &Frontend, address: &str) -> Result<GrpcTunnel,
 pub async fn start_dial(frontend: &Frontend, address: &str) -> GrpcTunnel {
     let (tx, rx, conn) = open_stream_owned(frontend).await;
     let dial_id = konnectivity_proto::ids::DialId::random().0;
-    tx.send(Packet::dial_request("tcp", address, dial_id)).await.unwrap();
-    GrpcTunnel { tx, rx, connect_id: 0, dial_id, pending: BytesMut::new(), conn: Some(conn) }
+    tx.send(Packet::dial_request("tcp", address, dial_id))
+        .await
+        .unwrap();
+    GrpcTunnel {
+        tx,
+        rx,
+        connect_id: 0,
+        dial_id,
+        pending: BytesMut::new(),
+        conn: Some(conn),
+    }
 }
 
 /// Opens a bare `Proxy` stream (for tests that send odd packets).
@@ -123,10 +151,16 @@ pub async fn open_stream(frontend: &Frontend) -> (mpsc::Sender<Packet>, Streamin
     (tx, rx)
 }
 
-async fn open_stream_owned(frontend: &Frontend) -> (mpsc::Sender<Packet>, Streaming<Packet>, JoinHandle<()>) {
+async fn open_stream_owned(
+    frontend: &Frontend,
+) -> (mpsc::Sender<Packet>, Streaming<Packet>, JoinHandle<()>) {
     let (mut client, conn) = frontend.grpc_client().await.unwrap();
     let (tx, rx) = mpsc::channel(64);
-    let inbound = client.proxy(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let inbound = client
+        .proxy(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
     (tx, inbound, conn)
 }
 
@@ -134,7 +168,10 @@ impl GrpcTunnel {
     /// Sends `data` as DATA packets of at most 32 KiB, like `conn.Write` chunks.
     pub async fn write(&self, data: &[u8]) {
         for chunk in data.chunks(32 * 1024) {
-            self.tx.send(Packet::data(self.connect_id, Bytes::copy_from_slice(chunk))).await.unwrap();
+            self.tx
+                .send(Packet::data(self.connect_id, Bytes::copy_from_slice(chunk)))
+                .await
+                .unwrap();
         }
     }
 
@@ -145,7 +182,10 @@ impl GrpcTunnel {
         }
         loop {
             match self.rx.message().await {
-                Ok(Some(Packet { payload: Some(Payload::Data(d)), .. })) => return Some(d.data),
+                Ok(Some(Packet {
+                    payload: Some(Payload::Data(d)),
+                    ..
+                })) => return Some(d.data),
                 Ok(Some(p)) if p.r#type == PacketType::CloseRsp as i32 => return None,
                 Ok(Some(_)) => continue,
                 Ok(None) | Err(_) => return None,
@@ -157,7 +197,10 @@ impl GrpcTunnel {
     pub async fn read_exact(&mut self, n: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
-            let chunk = self.read().await.unwrap_or_else(|| panic!("closed after {} of {n} bytes", out.len()));
+            let chunk = self
+                .read()
+                .await
+                .unwrap_or_else(|| panic!("closed after {} of {n} bytes", out.len()));
             let take = (n - out.len()).min(chunk.len());
             out.extend_from_slice(&chunk[..take]);
             if take < chunk.len() {
@@ -169,10 +212,16 @@ impl GrpcTunnel {
 
     /// Sends CLOSE_REQ and waits for CLOSE_RSP; returns its error text.
     pub async fn close(mut self) -> Option<String> {
-        self.tx.send(Packet::close_request(self.connect_id)).await.ok()?;
+        self.tx
+            .send(Packet::close_request(self.connect_id))
+            .await
+            .ok()?;
         let error = loop {
             match self.rx.message().await {
-                Ok(Some(Packet { payload: Some(Payload::CloseResponse(c)), .. })) => break Some(c.error),
+                Ok(Some(Packet {
+                    payload: Some(Payload::CloseResponse(c)),
+                    ..
+                })) => break Some(c.error),
                 Ok(Some(_)) => continue,
                 _ => break None,
             }
@@ -227,5 +276,10 @@ pub async fn http_connect_on(mut s: Box<dyn Io>, address: &str, early: &[u8]) ->
     if status != 200 {
         let _ = s.read_to_string(&mut body).await;
     }
-    ConnectReply { status, head, body, stream: s }
+    ConnectReply {
+        status,
+        head,
+        body,
+        stream: s,
+    }
 }

@@ -65,7 +65,8 @@ pub async fn source(len: usize) -> SocketAddr {
 /// kept bound so nobody else takes it while the test runs.
 pub fn refused() -> (socket2::Socket, SocketAddr) {
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
     let addr = s.local_addr().unwrap().as_socket().unwrap();
     (s, addr)
 }
@@ -81,23 +82,36 @@ pub struct Blackhole {
 
 pub async fn blackhole() -> Blackhole {
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
     s.listen(0).unwrap();
     let addr = s.local_addr().unwrap().as_socket().unwrap();
     // Fill the accept queue. With backlog 0 Linux queues one connection; keep
     // connecting until a handshake stops completing.
     let mut fillers = Vec::new();
     for _ in 0..8 {
-        match tokio::time::timeout(std::time::Duration::from_millis(200), TcpStream::connect(addr)).await {
+        match tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            TcpStream::connect(addr),
+        )
+        .await
+        {
             Ok(Ok(c)) => fillers.push(c),
             _ => break,
         }
     }
-    Blackhole { addr, _listener: s, _fillers: fillers }
+    Blackhole {
+        addr,
+        _listener: s,
+        _fillers: fillers,
+    }
 }
 
 /// Writes `data`, reads the same number of bytes back, returns them.
-pub async fn roundtrip<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &mut S, data: &[u8]) -> Vec<u8> {
+pub async fn roundtrip<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    s: &mut S,
+    data: &[u8],
+) -> Vec<u8> {
     s.write_all(data).await.unwrap();
     let mut buf = vec![0; data.len()];
     s.read_exact(&mut buf).await.unwrap();
@@ -121,7 +135,9 @@ impl Drop for Guard {
 
 impl Default for Counted {
     fn default() -> Self {
-        Counted { live: std::sync::Arc::new(tokio::sync::watch::channel(0).0) }
+        Counted {
+            live: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
+        }
     }
 }
 

@@ -62,7 +62,9 @@ pub fn grpc_data(stream: u32, message: &[u8]) -> Vec<u8> {
 }
 
 /// Reads one frame: (type, flags, stream, payload).
-pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
     let mut head = [0u8; 9];
     r.read_exact(&mut head).await?;
     let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;

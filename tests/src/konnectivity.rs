@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use konnectivity_proto::ids::{AgentId, ServerId};
 use proxy_agent::{Agent, AgentHandle, Connector, SessionConfig, SyncConfig};
-use proxy_server::{Config, CoreConfig, FrontendListener, Listeners, Mode, Server, ServerHandle, Strategy};
+use proxy_server::{
+    Config, CoreConfig, FrontendListener, Listeners, Mode, Server, ServerHandle, Strategy,
+};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -98,28 +100,70 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
     let server_cert = pki.server("proxy-server", &[]);
     let policy = daemon::tls::TlsPolicy::default();
     let agent_ca = opts.agent_mtls.then(|| pki.ca());
-    let agent_tls = daemon::tls::server_config(&server_cert.cert, &server_cert.key, agent_ca.as_deref(), &policy, &[b"h2"]).unwrap();
+    let agent_tls = daemon::tls::server_config(
+        &server_cert.cert,
+        &server_cert.key,
+        agent_ca.as_deref(),
+        &policy,
+        &[b"h2"],
+    )
+    .unwrap();
     let alpn: &[&[u8]] = match opts.mode {
         Mode::Grpc => &[b"h2"],
         Mode::HttpConnect => &[b"http/1.1"],
     };
     let (frontend_listener, frontend, frontend_tls, uds) = if opts.tcp_frontend {
-        let tls = daemon::tls::server_config(&server_cert.cert, &server_cert.key, Some(&pki.ca()), &policy, alpn).unwrap();
+        let tls = daemon::tls::server_config(
+            &server_cert.cert,
+            &server_cert.key,
+            Some(&pki.ca()),
+            &policy,
+            alpn,
+        )
+        .unwrap();
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let client = pki.client("kube-apiserver");
-        let client_tls = daemon::tls::client_config(&pki.ca(), Some((&client.cert, &client.key)), &[alpn[0].to_vec()]).unwrap();
-        (FrontendListener::Tcp(l), Frontend::Tcp { addr, tls: Arc::new(client_tls) }, Some(Arc::new(tls)), None)
+        let client_tls = daemon::tls::client_config(
+            &pki.ca(),
+            Some((&client.cert, &client.key)),
+            &[alpn[0].to_vec()],
+        )
+        .unwrap();
+        (
+            FrontendListener::Tcp(l),
+            Frontend::Tcp {
+                addr,
+                tls: Arc::new(client_tls),
+            },
+            Some(Arc::new(tls)),
+            None,
+        )
     } else {
         let path = dir.path().join("konnectivity-server.socket");
         let l = daemon::listen::bind_unix(&path, true).unwrap();
-        (FrontendListener::Unix(l), Frontend::Uds(path.clone()), None, Some(path))
+        (
+            FrontendListener::Unix(l),
+            Frontend::Uds(path.clone()),
+            None,
+            Some(path),
+        )
     };
-    let agent = daemon::listen::bind_tcp("127.0.0.1", opts.agent_port).await.unwrap();
+    let agent = daemon::listen::bind_tcp("127.0.0.1", opts.agent_port)
+        .await
+        .unwrap();
     let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (agent_addr, health_addr, admin_addr) = (agent.local_addr().unwrap(), health.local_addr().unwrap(), admin.local_addr().unwrap());
-    let server_id = if opts.server_id.is_empty() { format!("server-{}", agent_addr.port()) } else { opts.server_id.clone() };
+    let (agent_addr, health_addr, admin_addr) = (
+        agent.local_addr().unwrap(),
+        health.local_addr().unwrap(),
+        admin.local_addr().unwrap(),
+    );
+    let server_id = if opts.server_id.is_empty() {
+        format!("server-{}", agent_addr.port())
+    } else {
+        opts.server_id.clone()
+    };
     let config = Config {
         mode: opts.mode,
         frontend_tls,
@@ -140,7 +184,12 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
     let server = Server::new(config);
     let handle = server.handle();
     let (stop, stop_rx) = oneshot::channel::<()>();
-    let listeners = Listeners { frontend: frontend_listener, agent, health, admin };
+    let listeners = Listeners {
+        frontend: frontend_listener,
+        agent,
+        health,
+        admin,
+    };
     let join = tokio::spawn(async move {
         let _ = server
             .run(listeners, async {
@@ -222,9 +271,20 @@ impl Drop for RunningAgent {
 }
 
 pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> RunningAgent {
-    let id = if opts.id.is_empty() { format!("agent-{}", rand_suffix()) } else { opts.id.clone() };
+    let id = if opts.id.is_empty() {
+        format!("agent-{}", rand_suffix())
+    } else {
+        opts.id.clone()
+    };
     let identity = opts.client_cert.then(|| pki.client(&id));
-    let tls = daemon::tls::client_config(&pki.ca(), identity.as_ref().map(|i| (i.cert.as_path(), i.key.as_path())), &[b"h2".to_vec()]).unwrap();
+    let tls = daemon::tls::client_config(
+        &pki.ca(),
+        identity
+            .as_ref()
+            .map(|i| (i.cert.as_path(), i.key.as_path())),
+        &[b"h2".to_vec()],
+    )
+    .unwrap();
     let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health_addr = health.local_addr().unwrap();
@@ -238,7 +298,11 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             token_path: None,
             keepalive: Duration::from_secs(3600),
         },
-        sync: SyncConfig { interval: opts.sync_interval, interval_cap: opts.sync_interval * 10, forever: false },
+        sync: SyncConfig {
+            interval: opts.sync_interval,
+            interval_cap: opts.sync_interval * 10,
+            forever: false,
+        },
         session: SessionConfig {
             dial_timeout: proxy_agent::dial::DIAL_TIMEOUT,
             conn_queue: opts.conn_queue,
@@ -261,13 +325,23 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             let _ = stop_rx.await;
         },
     ));
-    RunningAgent { handle, health_addr, drain: Some(drain_tx), stop: Some(stop_tx), join: Some(join) }
+    RunningAgent {
+        handle,
+        health_addr,
+        drain: Some(drain_tx),
+        stop: Some(stop_tx),
+        join: Some(join),
+    }
 }
 
 fn rand_suffix() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A server and one connected agent.
@@ -293,11 +367,18 @@ impl Stack {
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -313,7 +394,12 @@ pub struct RawAgent {
 /// Opens an agent stream with a client certificate named `id`.
 pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &str) -> RawAgent {
     let identity = pki.client(id);
-    let tls = daemon::tls::client_config(&pki.ca(), Some((&identity.cert, &identity.key)), &[b"h2".to_vec()]).unwrap();
+    let tls = daemon::tls::client_config(
+        &pki.ca(),
+        Some((&identity.cert, &identity.key)),
+        &[b"h2".to_vec()],
+    )
+    .unwrap();
     let connector = Connector {
         host: server.ip().to_string(),
         port: server.port(),
@@ -324,7 +410,12 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
         keepalive: Duration::from_secs(3600),
     };
     let c = connector.connect(64).await.unwrap();
-    RawAgent { tx: c.outbound, rx: c.inbound, server_id: c.server_id.0, server_count: c.server_count }
+    RawAgent {
+        tx: c.outbound,
+        rx: c.inbound,
+        server_id: c.server_id.0,
+        server_count: c.server_count,
+    }
 }
 
 /// An agent that connects and never answers anything.
@@ -363,5 +454,8 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
 
 /// Dials an agent has completed successfully (its dial-latency sample count).
 pub fn agent_dials(agent: &AgentHandle) -> f64 {
-    metric(&agent.metrics(), "konnectivity_network_proxy_agent_dial_duration_seconds_count")
+    metric(
+        &agent.metrics(),
+        "konnectivity_network_proxy_agent_dial_duration_seconds_count",
+    )
 }

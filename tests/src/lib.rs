@@ -6,9 +6,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod certs;
-pub mod dest;
-pub mod nodeport;
 pub mod client;
-pub mod konnectivity;
+pub mod dest;
 pub mod h2raw;
+pub mod konnectivity;
+pub mod nodeport;
 pub mod procs;

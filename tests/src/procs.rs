@@ -18,7 +18,11 @@ pub fn binary(name: &str) -> PathBuf {
     // target/debug/deps/<test> -> target/debug/<name>
     let dir = exe.parent().and_then(|d| d.parent()).unwrap();
     let path = dir.join(name);
-    assert!(path.exists(), "{} not built: run `cargo build --workspace --bins` first", path.display());
+    assert!(
+        path.exists(),
+        "{} not built: run `cargo build --workspace --bins` first",
+        path.display()
+    );
     path
 }
 
@@ -45,7 +49,16 @@ impl Proc {
             .spawn()
             .unwrap();
         let (tx, lines) = mpsc::unbounded_channel();
-        for out in [child.stdout.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>), child.stderr.take().map(|e| Box::new(e) as _)].into_iter().flatten() {
+        for out in [
+            child
+                .stdout
+                .take()
+                .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+            child.stderr.take().map(|e| Box::new(e) as _),
+        ]
+        .into_iter()
+        .flatten()
+        {
             let tx = tx.clone();
             tokio::spawn(async move {
                 let mut r = BufReader::new(out).lines();
@@ -56,7 +69,11 @@ impl Proc {
                 }
             });
         }
-        Proc { child, lines, log: Vec::new() }
+        Proc {
+            child,
+            lines,
+            log: Vec::new(),
+        }
     }
 
     /// Waits for a line containing `needle`; panics with the log if the
@@ -71,8 +88,14 @@ impl Proc {
                         return l;
                     }
                 }
-                Ok(None) => panic!("process ended before logging {needle:?}:\n{}", self.log.join("\n")),
-                Err(_) => panic!("no {needle:?} within {PATIENCE:?}:\n{}", self.log.join("\n")),
+                Ok(None) => panic!(
+                    "process ended before logging {needle:?}:\n{}",
+                    self.log.join("\n")
+                ),
+                Err(_) => panic!(
+                    "no {needle:?} within {PATIENCE:?}:\n{}",
+                    self.log.join("\n")
+                ),
             }
         }
     }
@@ -96,13 +119,19 @@ impl Proc {
 
     pub fn signal(&self, sig: i32) {
         if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+            let _ = std::process::Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(pid.to_string())
+                .status();
         }
     }
 
     /// Waits for exit (bounded) and returns the exit code.
     pub async fn wait_exit(&mut self) -> Option<i32> {
-        let status = tokio::time::timeout(PATIENCE, self.child.wait()).await.ok()?.ok()?;
+        let status = tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .ok()?
+            .ok()?;
         status.code()
     }
 }
@@ -110,13 +139,26 @@ impl Proc {
 /// A `host:port` a test can connect to, from a logged bind address such as
 /// `[::]:1234` or `0.0.0.0:1234`.
 pub fn loopback(addr: &str) -> SocketAddr {
-    let port = addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap();
+    let port = addr
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap();
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// Runs a binary to completion with `args`; returns exit code and output.
 pub async fn run(name: &str, args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(binary(name)).args(args).env("NO_COLOR", "1").output().await.unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(binary(name))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.code(), text)
 }

@@ -12,14 +12,46 @@ use integration_tests::procs::{Proc, loopback, run};
 #[tokio::test]
 async fn unknown_and_invalid_flags_exit_2_with_a_reason() {
     for (bin, args, want) in [
-        ("proxy-server", vec!["--no-such-flag=1"], "unknown flag: --no-such-flag=1"),
-        ("proxy-server", vec!["--keepalive-time=10"], "invalid duration"),
-        ("proxy-server", vec!["--mode=tcp"], "mode must be set to either 'grpc' or 'http-connect'"),
-        ("proxy-server", vec!["--server-port=0", "--uds-name=/tmp/x"], "cluster-cert"),
-        ("proxy-server", vec!["--proxy-strategies=nearest"], "unknown proxy strategy"),
-        ("proxy-agent", vec!["--agent-identifiers=zone=a"], "--ca-cert"),
-        ("proxy-agent", vec!["--sync-interval=notaduration"], "invalid duration"),
-        ("proxy-agent", vec!["stray-positional"], "unexpected argument"),
+        (
+            "proxy-server",
+            vec!["--no-such-flag=1"],
+            "unknown flag: --no-such-flag=1",
+        ),
+        (
+            "proxy-server",
+            vec!["--keepalive-time=10"],
+            "invalid duration",
+        ),
+        (
+            "proxy-server",
+            vec!["--mode=tcp"],
+            "mode must be set to either 'grpc' or 'http-connect'",
+        ),
+        (
+            "proxy-server",
+            vec!["--server-port=0", "--uds-name=/tmp/x"],
+            "cluster-cert",
+        ),
+        (
+            "proxy-server",
+            vec!["--proxy-strategies=nearest"],
+            "unknown proxy strategy",
+        ),
+        (
+            "proxy-agent",
+            vec!["--agent-identifiers=zone=a"],
+            "--ca-cert",
+        ),
+        (
+            "proxy-agent",
+            vec!["--sync-interval=notaduration"],
+            "invalid duration",
+        ),
+        (
+            "proxy-agent",
+            vec!["stray-positional"],
+            "unexpected argument",
+        ),
     ] {
         let (code, out) = run(bin, &args).await;
         assert_eq!(code, Some(2), "{bin} {args:?}: {out}");
@@ -34,7 +66,11 @@ async fn unknown_and_invalid_flags_exit_2_with_a_reason() {
 async fn agent_validates_identifier_keys() {
     let pki = Pki::new();
     let ca = format!("--ca-cert={}", pki.ca().display());
-    let (code, out) = run("proxy-agent", &[&ca, "--agent-identifiers=ipv4=1.2.3.4&zone=a"]).await;
+    let (code, out) = run(
+        "proxy-agent",
+        &[&ca, "--agent-identifiers=ipv4=1.2.3.4&zone=a"],
+    )
+    .await;
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("unknown address type: zone"), "{out}");
 }
@@ -83,7 +119,11 @@ async fn upstream_flag_spellings_start_a_working_pair() {
     let addrs = server.listening(4).await;
     let meta = std::fs::metadata(&sock).unwrap();
     assert!(meta.file_type().is_socket());
-    assert_eq!(meta.permissions().mode() & 0o777, 0o770, "socket mode must be srwxrwx---");
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o770,
+        "socket mode must be srwxrwx---"
+    );
     let agent_port = loopback(&addrs["agent"]).port();
 
     // The argument list upstream's ExternalAgentRunner builds: every agent
@@ -125,17 +165,31 @@ async fn upstream_flag_spellings_start_a_working_pair() {
     agent.wait_line("connected to proxy server").await;
     let agent_health = loopback(&agent_addrs["health"]);
     let (status, body) = http_get(agent_health, "/readyz?verbose").await;
-    assert_eq!((status, body.as_str()), (200, "[+]ping ok\n[+]server-connected ok\ncheck passed\n"));
-    assert_eq!(http_get(agent_health, "/healthz").await, (200, "ok".to_string()));
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "[+]ping ok\n[+]server-connected ok\ncheck passed\n")
+    );
+    assert_eq!(
+        http_get(agent_health, "/healthz").await,
+        (200, "ok".to_string())
+    );
     // The agent's admin /metrics redirects to its health port.
     let (status, _) = http_get(loopback(&agent_addrs["admin"]), "/metrics").await;
     assert_eq!(status, 301);
 
     let server_health = loopback(&addrs["health"]);
-    assert_eq!(http_get(server_health, "/readyz").await, (200, "ok".to_string()));
+    assert_eq!(
+        http_get(server_health, "/readyz").await,
+        (200, "ok".to_string())
+    );
     let (_, metrics) = http_get(server_health, "/metrics").await;
     assert!(metrics.contains("# HELP konnectivity_network_proxy_server_ready_backends Number of konnectivity agent connected to the proxy server"), "{metrics}");
-    assert!(metrics.contains("konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"destHost\"} 2"), "{metrics}");
+    assert!(
+        metrics.contains(
+            "konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"destHost\"} 2"
+        ),
+        "{metrics}"
+    );
 
     // First SIGTERM: the agent drains and the server hears about it; the
     // agent keeps running.
@@ -146,7 +200,10 @@ async fn upstream_flag_spellings_start_a_working_pair() {
     agent.signal(15);
     agent.wait_exit().await;
     server.wait_line("agent stream closed").await;
-    assert_eq!(http_get(server_health, "/readyz").await, (500, "no connection to any proxy agent".to_string()));
+    assert_eq!(
+        http_get(server_health, "/readyz").await,
+        (500, "no connection to any proxy agent".to_string())
+    );
 
     server.signal(15);
     assert_eq!(server.wait_exit().await, Some(0));

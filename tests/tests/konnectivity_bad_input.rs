@@ -17,7 +17,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn still_serves(stack: &Stack) {
     let echo = dest::echo().await;
-    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string()).await.unwrap();
+    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string())
+        .await
+        .unwrap();
     t.write(b"alive").await;
     assert_eq!(t.read_exact(5).await, b"alive");
 }
@@ -33,20 +35,30 @@ fn close_rsp(p: &Packet) -> Option<(i64, String)> {
 async fn garbage_on_the_unix_socket_closes_that_connection_only() {
     let stack = Stack::start(ServerOpts::default()).await;
     let mut s = stack.server.frontend.connect().await.unwrap();
-    s.write_all(b"\x00\x01garbage that is not HTTP/2 at all\r\n\r\n").await.unwrap();
+    s.write_all(b"\x00\x01garbage that is not HTTP/2 at all\r\n\r\n")
+        .await
+        .unwrap();
     let mut buf = Vec::new();
     // The server answers (at most) a GOAWAY and closes.
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await.expect("connection must be closed");
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .expect("connection must be closed");
     still_serves(&stack).await;
 }
 
 #[tokio::test]
 async fn garbage_on_the_agent_port_closes_that_connection_only() {
     let stack = Stack::start(ServerOpts::default()).await;
-    let mut s = tokio::net::TcpStream::connect(stack.server.agent_addr).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\n\r\nnot a TLS record").await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(stack.server.agent_addr)
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\nnot a TLS record")
+        .await
+        .unwrap();
     let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await.expect("connection must be closed");
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .expect("connection must be closed");
     still_serves(&stack).await;
 }
 
@@ -57,7 +69,10 @@ async fn data_before_dial_gets_close_rsp() {
     tx.send(Packet::data_copy(5, b"too early")).await.unwrap();
     let p = rx.message().await.unwrap().unwrap();
     assert_eq!(close_rsp(&p), Some((5, "backend not initialized".into())));
-    assert!(rx.message().await.unwrap().is_none(), "the stream ends after the CLOSE_RSP");
+    assert!(
+        rx.message().await.unwrap().is_none(),
+        "the stream ends after the CLOSE_RSP"
+    );
     still_serves(&stack).await;
 }
 
@@ -74,10 +89,17 @@ async fn close_req_before_dial_gets_close_rsp() {
 async fn mismatched_connect_id_closes_only_the_offending_stream() {
     let stack = Stack::start(ServerOpts::default()).await;
     let echo = dest::echo().await;
-    let mut victim = grpc_dial(&stack.server.frontend, &echo.to_string()).await.unwrap();
-    let mut bad = grpc_dial(&stack.server.frontend, &echo.to_string()).await.unwrap();
+    let mut victim = grpc_dial(&stack.server.frontend, &echo.to_string())
+        .await
+        .unwrap();
+    let mut bad = grpc_dial(&stack.server.frontend, &echo.to_string())
+        .await
+        .unwrap();
     // `bad` writes with `victim`'s connection id.
-    bad.tx.send(Packet::data_copy(victim.connect_id, b"hijack")).await.unwrap();
+    bad.tx
+        .send(Packet::data_copy(victim.connect_id, b"hijack"))
+        .await
+        .unwrap();
     let mut closes = Vec::new();
     while let Some(Ok(Some(p))) = Some(bad.rx.message().await) {
         if let Some(c) = close_rsp(&p) {
@@ -101,8 +123,12 @@ async fn mismatched_connect_id_closes_only_the_offending_stream() {
 async fn oversize_frontend_message_fails_that_stream_only() {
     let stack = Stack::start(ServerOpts::default()).await;
     let echo = dest::echo().await;
-    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string()).await.unwrap();
-    t.tx.send(Packet::data(t.connect_id, Bytes::from(vec![0u8; 5 << 20]))).await.unwrap();
+    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string())
+        .await
+        .unwrap();
+    t.tx.send(Packet::data(t.connect_id, Bytes::from(vec![0u8; 5 << 20])))
+        .await
+        .unwrap();
     let status = loop {
         match t.rx.message().await {
             Ok(Some(_)) => continue,
@@ -124,49 +150,86 @@ async fn misbehaving_agent_gets_close_requests_and_others_are_served() {
     let mut raw = raw_agent(&pki, server.agent_addr, "raw", "").await;
     assert_eq!(raw.server_count, 1);
     // A DIAL_RSP nobody asked for, with a connection: the server closes it.
-    raw.tx.send(Packet::dial_response(424242, 7, String::new())).await.unwrap();
+    raw.tx
+        .send(Packet::dial_response(424242, 7, String::new()))
+        .await
+        .unwrap();
     let p = raw.rx.message().await.unwrap().unwrap();
-    assert!(matches!(p.payload, Some(Payload::CloseRequest(ref c)) if c.connect_id == 7), "{p:?}");
+    assert!(
+        matches!(p.payload, Some(Payload::CloseRequest(ref c)) if c.connect_id == 7),
+        "{p:?}"
+    );
     // DATA for a connection the server does not know: closed too.
     raw.tx.send(Packet::data_copy(8, b"??")).await.unwrap();
     let p = raw.rx.message().await.unwrap().unwrap();
-    assert!(matches!(p.payload, Some(Payload::CloseRequest(ref c)) if c.connect_id == 8), "{p:?}");
+    assert!(
+        matches!(p.payload, Some(Payload::CloseRequest(ref c)) if c.connect_id == 8),
+        "{p:?}"
+    );
     // A CLOSE_RSP for nothing and DATA without an id are dropped silently;
     // the next answer the agent sees is for the DIAL_RSP after them.
-    raw.tx.send(Packet::close_response(99, String::new())).await.unwrap();
+    raw.tx
+        .send(Packet::close_response(99, String::new()))
+        .await
+        .unwrap();
     raw.tx.send(Packet::data_copy(0, b"no id")).await.unwrap();
-    raw.tx.send(Packet::dial_response(515151, 11, String::new())).await.unwrap();
+    raw.tx
+        .send(Packet::dial_response(515151, 11, String::new()))
+        .await
+        .unwrap();
     let p = raw.rx.message().await.unwrap().unwrap();
-    assert!(matches!(p.payload, Some(Payload::CloseRequest(ref c)) if c.connect_id == 11), "{p:?}");
+    assert!(
+        matches!(p.payload, Some(Payload::CloseRequest(ref c)) if c.connect_id == 11),
+        "{p:?}"
+    );
     // An oversize message ends this agent's stream only.
-    raw.tx.send(Packet::data(8, Bytes::from(vec![1u8; 5 << 20]))).await.unwrap();
+    raw.tx
+        .send(Packet::data(8, Bytes::from(vec![1u8; 5 << 20])))
+        .await
+        .unwrap();
     server.handle.wait_until(|h| h.agent_streams() == 0).await;
-    let agent = integration_tests::konnectivity::start_agent(&pki, server.agent_addr, Default::default()).await;
+    let agent =
+        integration_tests::konnectivity::start_agent(&pki, server.agent_addr, Default::default())
+            .await;
     agent.handle.wait_connected(1).await;
     server.handle.wait_for_agents(1).await;
     let echo = dest::echo().await;
-    let mut t = grpc_dial(&server.frontend, &echo.to_string()).await.unwrap();
+    let mut t = grpc_dial(&server.frontend, &echo.to_string())
+        .await
+        .unwrap();
     t.write(b"ok").await;
     assert_eq!(t.read_exact(2).await, b"ok");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frontend_that_never_reads_is_closed_alone() {
-    let opts = ServerOpts { stall_timeout: Duration::from_millis(300), frontend_queue: 4, ..Default::default() };
+    let opts = ServerOpts {
+        stall_timeout: Duration::from_millis(300),
+        frontend_queue: 4,
+        ..Default::default()
+    };
     let stack = Stack::start(opts).await;
     let src = dest::source(64 << 20).await;
     // Dial a source that sends 64 MiB, and never read.
-    let mut stuck = grpc_dial(&stack.server.frontend, &src.to_string()).await.unwrap();
+    let mut stuck = grpc_dial(&stack.server.frontend, &src.to_string())
+        .await
+        .unwrap();
     // Meanwhile another connection of the same agent moves 10 MiB.
     let src2 = dest::source(10 << 20).await;
-    let mut t = grpc_dial(&stack.server.frontend, &src2.to_string()).await.unwrap();
+    let mut t = grpc_dial(&stack.server.frontend, &src2.to_string())
+        .await
+        .unwrap();
     let mut total = 0;
     while let Some(d) = t.read().await {
         total += d.len();
     }
     assert_eq!(total, 10 << 20);
     // Both are gone: the finished one by CLOSE_RSP, the stuck one by the stall limit.
-    stack.server.handle.wait_until(|h| h.established() == 0).await;
+    stack
+        .server
+        .handle
+        .wait_until(|h| h.established() == 0)
+        .await;
     // The stuck frontend, when it finally reads, finds its stream ended with
     // an error naming the cause.
     let status = loop {
@@ -177,7 +240,11 @@ async fn frontend_that_never_reads_is_closed_alone() {
         }
     };
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
-    assert!(status.message().contains("did not read"), "{}", status.message());
+    assert!(
+        status.message().contains("did not read"),
+        "{}",
+        status.message()
+    );
 }
 
 #[tokio::test]
@@ -189,23 +256,44 @@ async fn raw_socket_path_authority_is_accepted() {
     // Old grpc-go sends the socket path itself; new grpc-go percent-encodes it.
     let raw = path.to_str().unwrap().to_string();
     let encoded = raw.replace('/', "%2F");
-    s.write_all(&h2raw::grpc_headers(1, "/ProxyService/Proxy", &raw)).await.unwrap();
-    s.write_all(&h2raw::grpc_headers(3, "/ProxyService/Proxy", &encoded)).await.unwrap();
-    s.write_all(&h2raw::grpc_data(1, &Packet::dial_request("tcp", "127.0.0.1:1", 77).encode_to_vec())).await.unwrap();
-    s.write_all(&h2raw::grpc_data(3, &Packet::dial_request("tcp", "127.0.0.1:1", 78).encode_to_vec())).await.unwrap();
+    s.write_all(&h2raw::grpc_headers(1, "/ProxyService/Proxy", &raw))
+        .await
+        .unwrap();
+    s.write_all(&h2raw::grpc_headers(3, "/ProxyService/Proxy", &encoded))
+        .await
+        .unwrap();
+    s.write_all(&h2raw::grpc_data(
+        1,
+        &Packet::dial_request("tcp", "127.0.0.1:1", 77).encode_to_vec(),
+    ))
+    .await
+    .unwrap();
+    s.write_all(&h2raw::grpc_data(
+        3,
+        &Packet::dial_request("tcp", "127.0.0.1:1", 78).encode_to_vec(),
+    ))
+    .await
+    .unwrap();
     let mut answered = std::collections::BTreeSet::new();
     while answered.len() < 2 {
-        let (kind, _, stream, payload) = tokio::time::timeout(Duration::from_secs(10), h2raw::read_frame(&mut s))
-            .await
-            .expect("server went silent")
-            .unwrap();
+        let (kind, _, stream, payload) =
+            tokio::time::timeout(Duration::from_secs(10), h2raw::read_frame(&mut s))
+                .await
+                .expect("server went silent")
+                .unwrap();
         // RST_STREAM(NO_ERROR) after a complete response is normal HTTP/2.
-        assert!(kind != h2raw::RST_STREAM || payload == [0, 0, 0, 0], "stream {stream} was reset: {payload:?}");
+        assert!(
+            kind != h2raw::RST_STREAM || payload == [0, 0, 0, 0],
+            "stream {stream} was reset: {payload:?}"
+        );
         assert_ne!(kind, h2raw::GOAWAY, "connection refused: {payload:?}");
         if kind == h2raw::DATA && payload.len() > 5 {
             let p = Packet::decode(&payload[5..]).unwrap();
             let want = if stream == 1 { 77 } else { 78 };
-            assert!(matches!(p.payload, Some(Payload::DialResponse(ref r)) if r.random == want), "{p:?}");
+            assert!(
+                matches!(p.payload, Some(Payload::DialResponse(ref r)) if r.random == want),
+                "{p:?}"
+            );
             answered.insert(stream);
         }
     }
@@ -219,12 +307,16 @@ async fn a_dial_id_in_use_cannot_be_taken_over() {
     let mut agent = raw_agent(&pki, server.agent_addr, "quiet", "").await;
     server.handle.wait_for_agents(1).await;
     let (tx1, _rx1) = open_stream(&server.frontend).await;
-    tx1.send(Packet::dial_request("tcp", "127.0.0.1:1", 4242)).await.unwrap();
+    tx1.send(Packet::dial_request("tcp", "127.0.0.1:1", 4242))
+        .await
+        .unwrap();
     // The agent sees the first DIAL_REQ and keeps it pending.
     let first = agent.rx.message().await.unwrap().unwrap();
     assert!(matches!(first.payload, Some(Payload::DialRequest(ref d)) if d.random == 4242));
     let (tx2, mut rx2) = open_stream(&server.frontend).await;
-    tx2.send(Packet::dial_request("tcp", "127.0.0.1:2", 4242)).await.unwrap();
+    tx2.send(Packet::dial_request("tcp", "127.0.0.1:2", 4242))
+        .await
+        .unwrap();
     let p = rx2.message().await.unwrap().unwrap();
     assert!(
         matches!(p.payload, Some(Payload::DialResponse(ref r)) if r.error == "dial id is already in use by another pending dial"),

@@ -9,13 +9,19 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn opts(mode: Mode, tcp: bool) -> ServerOpts {
-    ServerOpts { mode, tcp_frontend: tcp, ..Default::default() }
+    ServerOpts {
+        mode,
+        tcp_frontend: tcp,
+        ..Default::default()
+    }
 }
 
 async fn grpc_echo(tcp: bool) {
     let stack = Stack::start(opts(Mode::Grpc, tcp)).await;
     let echo = dest::echo().await;
-    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string()).await.unwrap();
+    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string())
+        .await
+        .unwrap();
     assert!(t.connect_id > 0);
     t.write(b"hello through the tunnel").await;
     assert_eq!(t.read_exact(24).await, b"hello through the tunnel");
@@ -117,7 +123,9 @@ async fn hundred_mib_download_checksum_http_connect() {
 async fn hundred_mib_upload_and_back_grpc() {
     let stack = Stack::start(opts(Mode::Grpc, false)).await;
     let echo = dest::echo().await;
-    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string()).await.unwrap();
+    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string())
+        .await
+        .unwrap();
     let chunk: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
     let tx = t.tx.clone();
     let id = t.connect_id;
@@ -125,7 +133,9 @@ async fn hundred_mib_upload_and_back_grpc() {
         let mut left = HUNDRED_MIB;
         while left > 0 {
             let n = left.min(chunk.len());
-            tx.send(konnectivity_proto::Packet::data_copy(id, &chunk[..n])).await.unwrap();
+            tx.send(konnectivity_proto::Packet::data_copy(id, &chunk[..n]))
+                .await
+                .unwrap();
             left -= n;
         }
     });

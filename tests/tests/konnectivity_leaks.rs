@@ -7,13 +7,17 @@
 
 use integration_tests::client::{grpc_dial, http_connect, start_dial};
 use integration_tests::dest::{self, Counted};
-use integration_tests::konnectivity::{AgentOpts, ServerOpts, init_logging, metric, start_agent, start_server};
+use integration_tests::konnectivity::{
+    AgentOpts, ServerOpts, init_logging, metric, start_agent, start_server,
+};
 use konnectivity_proto::{Packet, PacketExt};
 use proxy_server::Mode;
 use tokio::io::AsyncReadExt;
 
 fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,7 +25,14 @@ async fn a_thousand_connections_leave_nothing_behind() {
     init_logging();
     let pki = integration_tests::certs::Pki::new();
     let grpc = start_server(&pki, ServerOpts::default()).await;
-    let hc = start_server(&pki, ServerOpts { mode: Mode::HttpConnect, ..Default::default() }).await;
+    let hc = start_server(
+        &pki,
+        ServerOpts {
+            mode: Mode::HttpConnect,
+            ..Default::default()
+        },
+    )
+    .await;
     let agent = start_agent(&pki, grpc.agent_addr, AgentOpts::default()).await;
     let agent2 = start_agent(&pki, hc.agent_addr, AgentOpts::default()).await;
     agent.handle.wait_connected(1).await;
@@ -37,7 +48,12 @@ async fn a_thousand_connections_leave_nothing_behind() {
     let t = grpc_dial(&grpc.frontend, &echo.to_string()).await.unwrap();
     t.close().await;
     dests.wait_idle().await;
-    let tasks = (grpc.handle.live_tasks(), hc.handle.live_tasks(), agent.handle.live_tasks(), agent2.handle.live_tasks());
+    let tasks = (
+        grpc.handle.live_tasks(),
+        hc.handle.live_tasks(),
+        agent.handle.live_tasks(),
+        agent2.handle.live_tasks(),
+    );
     grpc.handle.wait_tasks_at_most(tasks.0).await;
     let fds = open_fds();
 
@@ -97,22 +113,61 @@ async fn a_thousand_connections_leave_nothing_behind() {
     }
 
     for s in [&grpc, &hc] {
-        s.handle.wait_until(|h| h.established() == 0 && h.pending_dials() == 0).await;
+        s.handle
+            .wait_until(|h| h.established() == 0 && h.pending_dials() == 0)
+            .await;
     }
     grpc.handle.wait_tasks_at_most(tasks.0).await;
     hc.handle.wait_tasks_at_most(tasks.1).await;
     agent.handle.wait_tasks_at_most(tasks.2).await;
     agent2.handle.wait_tasks_at_most(tasks.3).await;
     dests.wait_idle().await;
-    assert_eq!((agent.handle.open_connections(), agent.handle.pending_dials()), (0, 0));
-    assert_eq!((agent2.handle.open_connections(), agent2.handle.pending_dials()), (0, 0));
+    assert_eq!(
+        (
+            agent.handle.open_connections(),
+            agent.handle.pending_dials()
+        ),
+        (0, 0)
+    );
+    assert_eq!(
+        (
+            agent2.handle.open_connections(),
+            agent2.handle.pending_dials()
+        ),
+        (0, 0)
+    );
     assert_eq!(open_fds(), fds, "descriptors back to baseline");
     for s in [&grpc, &hc] {
         let m = s.handle.metrics();
-        assert_eq!(metric(&m, "konnectivity_network_proxy_server_established_connections "), 0.0, "{m}");
-        assert_eq!(metric(&m, "konnectivity_network_proxy_server_pending_backend_dials "), 0.0, "{m}");
-        assert_eq!(metric(&m, "konnectivity_network_proxy_server_http_connections "), 0.0, "{m}");
+        assert_eq!(
+            metric(
+                &m,
+                "konnectivity_network_proxy_server_established_connections "
+            ),
+            0.0,
+            "{m}"
+        );
+        assert_eq!(
+            metric(
+                &m,
+                "konnectivity_network_proxy_server_pending_backend_dials "
+            ),
+            0.0,
+            "{m}"
+        );
+        assert_eq!(
+            metric(&m, "konnectivity_network_proxy_server_http_connections "),
+            0.0,
+            "{m}"
+        );
     }
     let m = agent.handle.metrics();
-    assert_eq!(metric(&m, "konnectivity_network_proxy_agent_open_endpoint_connections "), 0.0, "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "konnectivity_network_proxy_agent_open_endpoint_connections "
+        ),
+        0.0,
+        "{m}"
+    );
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 use integration_tests::certs::Pki;
 use integration_tests::client::grpc_dial;
 use integration_tests::dest;
-use integration_tests::konnectivity::{AgentOpts, ServerOpts, agent_dials, init_logging, round_robin, start_agent, start_server};
+use integration_tests::konnectivity::{
+    AgentOpts, ServerOpts, agent_dials, init_logging, round_robin, start_agent, start_server,
+};
 use proxy_server::Strategy;
 use tokio::net::TcpListener;
 
@@ -29,9 +31,32 @@ async fn echo_on(ip: &str) -> std::net::SocketAddr {
 async fn killed_agent_closes_exactly_its_frontends() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(&pki, ServerOpts { strategies: vec![Strategy::DestHost], ..Default::default() }).await;
-    let a = start_agent(&pki, server.agent_addr, AgentOpts { identifiers: "ipv4=127.0.0.2".into(), ..Default::default() }).await;
-    let b = start_agent(&pki, server.agent_addr, AgentOpts { identifiers: "ipv4=127.0.0.3".into(), ..Default::default() }).await;
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            strategies: vec![Strategy::DestHost],
+            ..Default::default()
+        },
+    )
+    .await;
+    let a = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            identifiers: "ipv4=127.0.0.2".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let b = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            identifiers: "ipv4=127.0.0.3".into(),
+            ..Default::default()
+        },
+    )
+    .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
     let (ea, eb) = (echo_on("127.0.0.2").await, echo_on("127.0.0.3").await);
     let mut on_a = Vec::new();
@@ -74,10 +99,19 @@ async fn agent_reconnects_after_server_restart() {
     // The tunnel through the old server is gone.
     assert!(t.read().await.is_none());
 
-    let second = start_server(&pki, ServerOpts { agent_port: port, ..Default::default() }).await;
+    let second = start_server(
+        &pki,
+        ServerOpts {
+            agent_port: port,
+            ..Default::default()
+        },
+    )
+    .await;
     connected.wait_for(|n| *n == 1).await.unwrap();
     second.handle.wait_for_agents(1).await;
-    let mut t = grpc_dial(&second.frontend, &echo.to_string()).await.unwrap();
+    let mut t = grpc_dial(&second.frontend, &echo.to_string())
+        .await
+        .unwrap();
     t.write(b"b").await;
     assert_eq!(t.read_exact(1).await, b"b");
 }
@@ -86,7 +120,11 @@ async fn agent_reconnects_after_server_restart() {
 async fn agent_holds_one_stream_to_each_of_two_servers() {
     init_logging();
     let pki = Pki::new();
-    let opts = |id: &str| ServerOpts { server_id: id.into(), server_count: 2, ..Default::default() };
+    let opts = |id: &str| ServerOpts {
+        server_id: id.into(),
+        server_count: 2,
+        ..Default::default()
+    };
     let s1 = start_server(&pki, opts("one")).await;
     let s2 = start_server(&pki, opts("two")).await;
     let lb = round_robin(vec![s1.agent_addr, s2.agent_addr]).await;
@@ -118,14 +156,36 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
         token_path: None,
         keepalive: Duration::from_secs(3600),
     };
-    let err = connector.connect(8).await.err().expect("a stream without a client certificate must fail");
+    let err = connector
+        .connect(8)
+        .await
+        .err()
+        .expect("a stream without a client certificate must fail");
     let text = err.to_string();
-    assert!(text.to_lowercase().contains("certificate"), "the error should say why: {text}");
+    assert!(
+        text.to_lowercase().contains("certificate"),
+        "the error should say why: {text}"
+    );
     assert_eq!(server.handle.agent_streams(), 0);
 
     // Without --cluster-ca-cert the same agent is accepted (TLS only).
-    let open = start_server(&pki, ServerOpts { agent_mtls: false, ..Default::default() }).await;
-    let agent = start_agent(&pki, open.agent_addr, AgentOpts { client_cert: false, ..Default::default() }).await;
+    let open = start_server(
+        &pki,
+        ServerOpts {
+            agent_mtls: false,
+            ..Default::default()
+        },
+    )
+    .await;
+    let agent = start_agent(
+        &pki,
+        open.agent_addr,
+        AgentOpts {
+            client_cert: false,
+            ..Default::default()
+        },
+    )
+    .await;
     agent.handle.wait_connected(1).await;
 }
 
@@ -133,19 +193,34 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
 async fn frontend_without_client_certificate_is_rejected_on_tcp() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(&pki, ServerOpts { tcp_frontend: true, ..Default::default() }).await;
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            tcp_frontend: true,
+            ..Default::default()
+        },
+    )
+    .await;
     let addr = match &server.frontend {
         integration_tests::client::Frontend::Tcp { addr, .. } => *addr,
         _ => unreachable!(),
     };
     let tls = daemon::tls::client_config(&pki.ca(), None, &[b"h2".to_vec()]).unwrap();
-    let fe = integration_tests::client::Frontend::Tcp { addr, tls: std::sync::Arc::new(tls) };
+    let fe = integration_tests::client::Frontend::Tcp {
+        addr,
+        tls: std::sync::Arc::new(tls),
+    };
     // TLS 1.3 may report the missing certificate only after the handshake,
     // so the failure can surface at connect or at the first request.
     let attempt = async {
         let (mut c, _conn) = fe.grpc_client().await?;
         let (_tx, rx) = tokio::sync::mpsc::channel(1);
-        c.proxy(tokio_stream::wrappers::ReceiverStream::new(rx)).await.map_err(std::io::Error::other)
+        c.proxy(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(std::io::Error::other)
     };
-    assert!(attempt.await.is_err(), "a frontend without a client certificate must be refused");
+    assert!(
+        attempt.await.is_err(),
+        "a frontend without a client certificate must be refused"
+    );
 }

@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 
 use integration_tests::certs::Pki;
 use integration_tests::client::grpc_dial;
-use integration_tests::konnectivity::{AgentOpts, ServerOpts, agent_dials, init_logging, start_agent, start_server};
+use integration_tests::konnectivity::{
+    AgentOpts, ServerOpts, agent_dials, init_logging, start_agent, start_server,
+};
 use proxy_server::Strategy;
 use tokio::net::TcpListener;
 
@@ -35,11 +37,38 @@ async fn dial_echo(fe: &integration_tests::client::Frontend, addr: SocketAddr) {
 async fn dest_host_routes_by_identifier_then_falls_back_to_default() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(&pki, ServerOpts { strategies: vec![Strategy::DestHost, Strategy::Default], ..Default::default() }).await;
-    let a = start_agent(&pki, server.agent_addr, AgentOpts { identifiers: "ipv4=127.0.0.2".into(), ..Default::default() }).await;
-    let b = start_agent(&pki, server.agent_addr, AgentOpts { identifiers: "ipv4=127.0.0.3&host=node-b".into(), ..Default::default() }).await;
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            strategies: vec![Strategy::DestHost, Strategy::Default],
+            ..Default::default()
+        },
+    )
+    .await;
+    let a = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            identifiers: "ipv4=127.0.0.2".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let b = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            identifiers: "ipv4=127.0.0.3&host=node-b".into(),
+            ..Default::default()
+        },
+    )
+    .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
-    let (ea, eb, e1) = (echo_on("127.0.0.2").await, echo_on("127.0.0.3").await, echo_on("127.0.0.1").await);
+    let (ea, eb, e1) = (
+        echo_on("127.0.0.2").await,
+        echo_on("127.0.0.3").await,
+        echo_on("127.0.0.1").await,
+    );
     for _ in 0..5 {
         dial_echo(&server.frontend, ea).await;
     }
@@ -59,27 +88,71 @@ async fn dest_host_routes_by_identifier_then_falls_back_to_default() {
 async fn default_route_takes_what_dest_host_does_not_match() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(&pki, ServerOpts { strategies: vec![Strategy::DestHost, Strategy::DefaultRoute], ..Default::default() }).await;
-    let a = start_agent(&pki, server.agent_addr, AgentOpts { identifiers: "ipv4=127.0.0.2".into(), ..Default::default() }).await;
-    let gw = start_agent(&pki, server.agent_addr, AgentOpts { identifiers: "default-route=true".into(), ..Default::default() }).await;
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            strategies: vec![Strategy::DestHost, Strategy::DefaultRoute],
+            ..Default::default()
+        },
+    )
+    .await;
+    let a = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            identifiers: "ipv4=127.0.0.2".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let gw = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            identifiers: "default-route=true".into(),
+            ..Default::default()
+        },
+    )
+    .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
     let (ea, e1) = (echo_on("127.0.0.2").await, echo_on("127.0.0.1").await);
     dial_echo(&server.frontend, ea).await;
     for _ in 0..5 {
         dial_echo(&server.frontend, e1).await;
     }
-    assert_eq!((agent_dials(&a.handle), agent_dials(&gw.handle)), (1.0, 5.0));
+    assert_eq!(
+        (agent_dials(&a.handle), agent_dials(&gw.handle)),
+        (1.0, 5.0)
+    );
 }
 
 #[tokio::test]
 async fn dest_host_alone_refuses_unknown_hosts() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(&pki, ServerOpts { strategies: vec![Strategy::DestHost], ..Default::default() }).await;
-    let _a = start_agent(&pki, server.agent_addr, AgentOpts { identifiers: "ipv4=127.0.0.2".into(), ..Default::default() }).await;
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            strategies: vec![Strategy::DestHost],
+            ..Default::default()
+        },
+    )
+    .await;
+    let _a = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            identifiers: "ipv4=127.0.0.2".into(),
+            ..Default::default()
+        },
+    )
+    .await;
     server.handle.wait_for_agents(1).await;
     let e1 = echo_on("127.0.0.1").await;
-    let err = grpc_dial(&server.frontend, &e1.to_string()).await.err().unwrap();
+    let err = grpc_dial(&server.frontend, &e1.to_string())
+        .await
+        .err()
+        .unwrap();
     assert_eq!(err.0, "No agent available");
 }
 
@@ -95,7 +168,9 @@ async fn drain_steers_new_dials_to_the_other_agent() {
     // A connection through `a` that must survive the drain.
     let mut kept = loop {
         let before = agent_dials(&a.handle);
-        let t = grpc_dial(&server.frontend, &echo.to_string()).await.unwrap();
+        let t = grpc_dial(&server.frontend, &echo.to_string())
+            .await
+            .unwrap();
         if agent_dials(&a.handle) > before {
             break t;
         }
@@ -107,7 +182,11 @@ async fn drain_steers_new_dials_to_the_other_agent() {
     for _ in 0..20 {
         dial_echo(&server.frontend, echo).await;
     }
-    assert_eq!(agent_dials(&a.handle), a_before, "a draining agent gets no new dials while another can serve");
+    assert_eq!(
+        agent_dials(&a.handle),
+        a_before,
+        "a draining agent gets no new dials while another can serve"
+    );
     assert_eq!(agent_dials(&b.handle), b_before + 20.0);
     kept.write(b"still here").await;
     assert_eq!(kept.read_exact(10).await, b"still here");

@@ -117,7 +117,11 @@ impl<S> FixAuthority<S> {
                     return Ok(true);
                 }
                 self.out.put(self.inbuf.split_to(n));
-                self.state = if n == left { State::Frame } else { State::Preface(left - n) };
+                self.state = if n == left {
+                    State::Frame
+                } else {
+                    State::Preface(left - n)
+                };
                 Ok(true)
             }
             State::Payload(0) => {
@@ -137,7 +141,8 @@ impl<S> FixAuthority<S> {
                 if self.inbuf.len() < 9 {
                     return Ok(false);
                 }
-                let len = u32::from_be_bytes([0, self.inbuf[0], self.inbuf[1], self.inbuf[2]]) as usize;
+                let len =
+                    u32::from_be_bytes([0, self.inbuf[0], self.inbuf[1], self.inbuf[2]]) as usize;
                 let kind = self.inbuf[3];
                 if kind != HEADERS && kind != CONTINUATION {
                     if self.pending.is_some() {
@@ -155,7 +160,12 @@ impl<S> FixAuthority<S> {
                     return Ok(false);
                 }
                 let flags = self.inbuf[4];
-                let stream = u32::from_be_bytes([self.inbuf[5], self.inbuf[6], self.inbuf[7], self.inbuf[8]]) & 0x7fff_ffff;
+                let stream = u32::from_be_bytes([
+                    self.inbuf[5],
+                    self.inbuf[6],
+                    self.inbuf[7],
+                    self.inbuf[8],
+                ]) & 0x7fff_ffff;
                 let frame = self.inbuf.split_to(9 + len);
                 self.header_frame(kind, flags, stream, &frame[9..])?;
                 Ok(true)
@@ -163,22 +173,43 @@ impl<S> FixAuthority<S> {
         }
     }
 
-    fn header_frame(&mut self, kind: u8, flags: u8, stream: u32, mut payload: &[u8]) -> io::Result<()> {
+    fn header_frame(
+        &mut self,
+        kind: u8,
+        flags: u8,
+        stream: u32,
+        mut payload: &[u8],
+    ) -> io::Result<()> {
         match (kind, self.pending.as_mut()) {
             (HEADERS, None) => {
                 let mut pad = 0;
                 if flags & PADDED != 0 {
-                    pad = usize::from(*payload.first().ok_or_else(|| bad("padded frame without pad length"))?);
+                    pad = usize::from(
+                        *payload
+                            .first()
+                            .ok_or_else(|| bad("padded frame without pad length"))?,
+                    );
                     payload = &payload[1..];
                 }
                 let mut priority = None;
                 if flags & PRIORITY != 0 {
-                    let p: [u8; 5] = payload.get(..5).and_then(|p| p.try_into().ok()).ok_or_else(|| bad("short priority"))?;
+                    let p: [u8; 5] = payload
+                        .get(..5)
+                        .and_then(|p| p.try_into().ok())
+                        .ok_or_else(|| bad("short priority"))?;
                     priority = Some(p);
                     payload = &payload[5..];
                 }
-                let fragment = payload.get(..payload.len().saturating_sub(pad)).filter(|_| pad <= payload.len()).ok_or_else(|| bad("padding exceeds frame"))?;
-                self.pending = Some(Pending { stream, flags: flags & 0x1, priority, block: fragment.to_vec() });
+                let fragment = payload
+                    .get(..payload.len().saturating_sub(pad))
+                    .filter(|_| pad <= payload.len())
+                    .ok_or_else(|| bad("padding exceeds frame"))?;
+                self.pending = Some(Pending {
+                    stream,
+                    flags: flags & 0x1,
+                    priority,
+                    block: fragment.to_vec(),
+                });
             }
             (CONTINUATION, Some(p)) if p.stream == stream => {
                 if p.block.len() + payload.len() > MAX_BLOCK {
@@ -188,10 +219,10 @@ impl<S> FixAuthority<S> {
             }
             _ => return Err(bad("unexpected header frame")),
         }
-        if flags & END_HEADERS != 0 {
-            if let Some(p) = self.pending.take() {
-                self.finish_block(p)?;
-            }
+        if flags & END_HEADERS != 0
+            && let Some(p) = self.pending.take()
+        {
+            self.finish_block(p)?;
         }
         Ok(())
     }
@@ -243,7 +274,12 @@ impl<S> FixAuthority<S> {
         while !rest.is_empty() {
             let (chunk, tail) = rest.split_at(MAX_FRAME.min(rest.len()));
             rest = tail;
-            self.frame_head(chunk.len(), CONTINUATION, if rest.is_empty() { END_HEADERS } else { 0 }, stream);
+            self.frame_head(
+                chunk.len(),
+                CONTINUATION,
+                if rest.is_empty() { END_HEADERS } else { 0 },
+                stream,
+            );
             self.out.put_slice(chunk);
         }
     }
@@ -257,7 +293,14 @@ impl<S> FixAuthority<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         let me = &mut *self;
         loop {
             if !me.out.is_empty() {
@@ -271,21 +314,22 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
             }
             // Inside a passed-through payload with nothing buffered: read
             // straight into the caller's buffer.
-            if let State::Payload(left) = me.state {
-                if me.inbuf.is_empty() && left > 0 {
-                    let before = buf.filled().len();
-                    let limit = left.min(buf.remaining());
-                    let dst = buf.initialize_unfilled_to(limit);
-                    let mut sub = ReadBuf::new(dst);
-                    ready!(Pin::new(&mut me.inner).poll_read(cx, &mut sub))?;
-                    let n = sub.filled().len();
-                    buf.advance(n);
-                    debug_assert_eq!(buf.filled().len(), before + n);
-                    if left != usize::MAX {
-                        me.state = State::Payload(left - n);
-                    }
-                    return Poll::Ready(Ok(()));
+            if let State::Payload(left) = me.state
+                && me.inbuf.is_empty()
+                && left > 0
+            {
+                let before = buf.filled().len();
+                let limit = left.min(buf.remaining());
+                let dst = buf.initialize_unfilled_to(limit);
+                let mut sub = ReadBuf::new(dst);
+                ready!(Pin::new(&mut me.inner).poll_read(cx, &mut sub))?;
+                let n = sub.filled().len();
+                buf.advance(n);
+                debug_assert_eq!(buf.filled().len(), before + n);
+                if left != usize::MAX {
+                    me.state = State::Payload(left - n);
                 }
+                return Poll::Ready(Ok(()));
             }
             me.inbuf.reserve(8192);
             let mut chunk = [0u8; 8192];
@@ -306,7 +350,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for FixAuthority<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
@@ -318,7 +366,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FixAuthority<S> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -357,7 +409,9 @@ mod tests {
     async fn run(input: Vec<u8>) -> Vec<u8> {
         let mut r = FixAuthority::new(std::io::Cursor::new(input));
         let mut out = Vec::new();
-        r.read_to_end(&mut out).await.unwrap_or_else(|e| panic!("{e}"));
+        r.read_to_end(&mut out)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         out
     }
 
@@ -406,15 +460,26 @@ mod tests {
         let blocks = decode_all(&run(input).await);
         assert_eq!(blocks.len(), 2);
         for b in &blocks {
-            assert!(b.contains(&(b":method".to_vec(), b"POST".to_vec())), "{b:?}");
-            assert!(b.contains(&(b":authority".to_vec(), b"localhost".to_vec())), "{b:?}");
+            assert!(
+                b.contains(&(b":method".to_vec(), b"POST".to_vec())),
+                "{b:?}"
+            );
+            assert!(
+                b.contains(&(b":authority".to_vec(), b"localhost".to_vec())),
+                "{b:?}"
+            );
         }
     }
 
     #[tokio::test]
     async fn garbage_is_refused_not_panicked_on() {
         let mut input = PREFACE.to_vec();
-        input.extend(frame(HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff]));
+        input.extend(frame(
+            HEADERS,
+            END_HEADERS,
+            1,
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        ));
         let mut r = FixAuthority::new(std::io::Cursor::new(input));
         let mut out = Vec::new();
         assert!(r.read_to_end(&mut out).await.is_err());

@@ -24,7 +24,10 @@ pub struct ProxySvc {
 impl ProxyService for ProxySvc {
     type ProxyStream = FrontendStream;
 
-    async fn proxy(&self, request: Request<Streaming<Packet>>) -> Result<Response<FrontendStream>, Status> {
+    async fn proxy(
+        &self,
+        request: Request<Streaming<Packet>>,
+    ) -> Result<Response<FrontendStream>, Status> {
         let user_agent = request
             .metadata()
             .get("user-agent")
@@ -47,7 +50,11 @@ impl ProxyService for ProxySvc {
             }
             .instrument(span),
         );
-        Ok(Response::new(FrontendStream::new(queue, tunnel, self.core.metrics.clone())))
+        Ok(Response::new(FrontendStream::new(
+            queue,
+            tunnel,
+            self.core.metrics.clone(),
+        )))
     }
 }
 
@@ -79,10 +86,14 @@ async fn serve(core: &Core, tunnel: &Arc<Tunnel>, mut inbound: Streaming<Packet>
                 return;
             }
             Err(status) => {
-                core.metrics.stream_error(Segment::FromClient, status.code(), "Unknown");
+                core.metrics
+                    .stream_error(Segment::FromClient, status.code(), "Unknown");
                 tracing::debug!(%status, "frontend stream failed");
                 // Tell the frontend why, if it is still listening.
-                tunnel.abort(crate::tunnel::Abort::Frontend(status.code(), status.message().to_string()));
+                tunnel.abort(crate::tunnel::Abort::Frontend(
+                    status.code(),
+                    status.message().to_string(),
+                ));
                 return;
             }
         };
@@ -108,10 +119,17 @@ async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Flow {
             }
         }
         (Ok(PacketType::Data), _) => core.frontend_data(tunnel, pkt).await,
-        (Ok(PacketType::CloseReq), Some(Payload::CloseRequest(c))) => core.frontend_close(tunnel, c.connect_id).await,
-        (Ok(PacketType::DialCls), Some(Payload::CloseDial(c))) => core.frontend_dial_close(tunnel, c.random).await,
+        (Ok(PacketType::CloseReq), Some(Payload::CloseRequest(c))) => {
+            core.frontend_close(tunnel, c.connect_id).await
+        }
+        (Ok(PacketType::DialCls), Some(Payload::CloseDial(c))) => {
+            core.frontend_dial_close(tunnel, c.random).await
+        }
         _ => {
-            tracing::debug!(packet_type = pkt.r#type, "ignoring unexpected packet from frontend");
+            tracing::debug!(
+                packet_type = pkt.r#type,
+                "ignoring unexpected packet from frontend"
+            );
             Flow::Continue
         }
     }

@@ -38,7 +38,10 @@ pub struct ConnectAuthority(pub String);
 /// A parsed request head.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Head {
-    Connect { authority: ConnectAuthority, user_agent: String },
+    Connect {
+        authority: ConnectAuthority,
+        user_agent: String,
+    },
     OtherMethod(String),
 }
 
@@ -82,7 +85,10 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
         .unwrap_or_default()
         .to_string();
     Ok(Some((
-        Head::Connect { authority: ConnectAuthority(target.to_string()), user_agent },
+        Head::Connect {
+            authority: ConnectAuthority(target.to_string()),
+            user_agent,
+        },
         len,
     )))
 }
@@ -173,7 +179,11 @@ where
                 other => return other,
             }
             match io.read_buf(&mut buf).await {
-                Ok(0) => return Err(HeadError::Malformed("connection closed before the request head ended".into())),
+                Ok(0) => {
+                    return Err(HeadError::Malformed(
+                        "connection closed before the request head ended".into(),
+                    ));
+                }
                 Ok(_) => {}
                 Err(e) => return Err(HeadError::Malformed(e.to_string())),
             }
@@ -184,7 +194,9 @@ where
         Ok(Ok(Some(h))) => h,
         Ok(Ok(None)) => return,
         Ok(Err(HeadError::TooLarge)) => {
-            let _ = io.write_all(&go_error(431, "request header too large")).await;
+            let _ = io
+                .write_all(&go_error(431, "request header too large"))
+                .await;
             return;
         }
         Ok(Err(e)) => {
@@ -198,10 +210,18 @@ where
         }
     };
     let (authority, user_agent) = match head {
-        Head::Connect { authority, user_agent } => (authority, user_agent),
+        Head::Connect {
+            authority,
+            user_agent,
+        } => (authority, user_agent),
         Head::OtherMethod(m) => {
             tracing::debug!(method = %m, "non-CONNECT request");
-            let _ = io.write_all(&go_error(405, "this proxy only supports CONNECT passthrough")).await;
+            let _ = io
+                .write_all(&go_error(
+                    405,
+                    "this proxy only supports CONNECT passthrough",
+                ))
+                .await;
             return;
         }
     };
@@ -211,7 +231,8 @@ where
     let (tunnel, queue) = Tunnel::new(core.cfg.frontend_queue);
     let dial = DialId::random();
     let req = Packet::dial_request("tcp", &authority.0, dial.0);
-    core.metrics.packet(Segment::FromClient, PacketType::DialReq as i32);
+    core.metrics
+        .packet(Segment::FromClient, PacketType::DialReq as i32);
     if let Err(why) = core.dial(&tunnel, req).await {
         tracing::debug!(host = %authority.0, error = %why, "dial refused");
         let _ = io.write_all(&refused_response(&why)).await;
@@ -222,8 +243,14 @@ where
     core.frontend_gone(&tunnel).await;
 }
 
-async fn run_tunnel<IO>(core: &Core, tunnel: &Arc<Tunnel>, queue: FrontendQueue, io: &mut IO, early: BytesMut, drain: &Drain)
-where
+async fn run_tunnel<IO>(
+    core: &Core,
+    tunnel: &Arc<Tunnel>,
+    queue: FrontendQueue,
+    io: &mut IO,
+    early: BytesMut,
+    drain: &Drain,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let (rd, wr) = tokio::io::split(io);
@@ -291,7 +318,9 @@ async fn write_loop<W>(
                 let _ = write_or_abort(tunnel, &mut wr, &resp).await;
                 return;
             }
-            (Ok(PacketType::Data), Some(Payload::Data(d))) => write_or_abort(tunnel, &mut wr, &d.data).await,
+            (Ok(PacketType::Data), Some(Payload::Data(d))) => {
+                write_or_abort(tunnel, &mut wr, &d.data).await
+            }
             (Ok(PacketType::CloseRsp | PacketType::DialCls), _) => return,
             _ => true,
         };
@@ -312,8 +341,12 @@ async fn write_or_abort<W: AsyncWrite + Unpin>(tunnel: &Tunnel, wr: &mut W, data
 
 /// Everything the client sends goes to the agent from here. Bytes that arrive
 /// before the 200 are kept (up to one chunk) and sent once the dial succeeds.
-async fn read_loop<R>(core: &Core, mut rd: R, early: BytesMut, mut est_rx: watch::Receiver<Option<(Arc<Backend>, ConnectId)>>)
-where
+async fn read_loop<R>(
+    core: &Core,
+    mut rd: R,
+    early: BytesMut,
+    mut est_rx: watch::Receiver<Option<(Arc<Backend>, ConnectId)>>,
+) where
     R: AsyncRead + Unpin,
 {
     let mut buf = early;
@@ -359,7 +392,8 @@ where
 }
 
 async fn send(core: &Core, backend: &Backend, connect: ConnectId, data: Bytes) -> bool {
-    core.metrics.packet(Segment::FromClient, PacketType::Data as i32);
+    core.metrics
+        .packet(Segment::FromClient, PacketType::Data as i32);
     core.frontend_bytes(backend, connect, data).await
 }
 
@@ -369,11 +403,18 @@ mod tests {
 
     #[test]
     fn parses_what_kube_apiserver_sends() {
-        let req = b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: kube\r\n\r\nEXTRA";
-        let (head, len) = parse_head(req).ok().flatten().unwrap_or((Head::OtherMethod(String::new()), 0));
+        let req =
+            b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: kube\r\n\r\nEXTRA";
+        let (head, len) = parse_head(req)
+            .ok()
+            .flatten()
+            .unwrap_or((Head::OtherMethod(String::new()), 0));
         assert_eq!(
             head,
-            Head::Connect { authority: ConnectAuthority("10.0.0.5:10250".into()), user_agent: "kube".into() }
+            Head::Connect {
+                authority: ConnectAuthority("10.0.0.5:10250".into()),
+                user_agent: "kube".into()
+            }
         );
         assert_eq!(&req[len..], b"EXTRA");
     }
@@ -381,21 +422,48 @@ mod tests {
     #[test]
     fn partial_heads_wait_and_bad_ones_fail() {
         assert_eq!(parse_head(b"CONNECT a:1 HTTP/1.1\r\nHo"), Ok(None));
-        assert!(matches!(parse_head(b"CONNECT /path HTTP/1.1\r\n\r\n"), Err(HeadError::BadTarget(_))));
-        assert!(matches!(parse_head(b"CONNECT a:99999 HTTP/1.1\r\n\r\n"), Err(HeadError::BadTarget(_))));
-        assert!(matches!(parse_head(b"\x16\x03\x01garbage\r\n\r\n"), Err(HeadError::Malformed(_))));
-        let huge = [b"CONNECT a:1 HTTP/1.1\r\nX: ".as_slice(), &vec![b'a'; MAX_HEAD + 1]].concat();
+        assert!(matches!(
+            parse_head(b"CONNECT /path HTTP/1.1\r\n\r\n"),
+            Err(HeadError::BadTarget(_))
+        ));
+        assert!(matches!(
+            parse_head(b"CONNECT a:99999 HTTP/1.1\r\n\r\n"),
+            Err(HeadError::BadTarget(_))
+        ));
+        assert!(matches!(
+            parse_head(b"\x16\x03\x01garbage\r\n\r\n"),
+            Err(HeadError::Malformed(_))
+        ));
+        let huge = [
+            b"CONNECT a:1 HTTP/1.1\r\nX: ".as_slice(),
+            &vec![b'a'; MAX_HEAD + 1],
+        ]
+        .concat();
         assert_eq!(parse_head(&huge), Err(HeadError::TooLarge));
-        assert!(matches!(parse_head(b"GET / HTTP/1.1\r\n\r\n"), Ok(Some((Head::OtherMethod(m), _))) if m == "GET"));
+        assert!(
+            matches!(parse_head(b"GET / HTTP/1.1\r\n\r\n"), Ok(Some((Head::OtherMethod(m), _))) if m == "GET")
+        );
     }
 
     #[test]
     fn dial_errors_map_like_upstream() {
-        assert_eq!(status_for_dial_error("dial tcp 10.0.0.1:80: i/o timeout"), 504);
+        assert_eq!(
+            status_for_dial_error("dial tcp 10.0.0.1:80: i/o timeout"),
+            504
+        );
         assert_eq!(status_for_dial_error("context deadline exceeded"), 504);
-        assert_eq!(status_for_dial_error("dial tcp: socket: too many open files"), 503);
-        assert_eq!(status_for_dial_error("dial tcp 127.0.0.1:1: connect: connection refused"), 502);
-        assert_eq!(status_for_dial_error("dial tcp: lookup x.invalid: no such host"), 502);
+        assert_eq!(
+            status_for_dial_error("dial tcp: socket: too many open files"),
+            503
+        );
+        assert_eq!(
+            status_for_dial_error("dial tcp 127.0.0.1:1: connect: connection refused"),
+            502
+        );
+        assert_eq!(
+            status_for_dial_error("dial tcp: lookup x.invalid: no such host"),
+            502
+        );
         assert_eq!(status_for_dial_error("something else"), 502);
     }
 }

@@ -42,7 +42,9 @@ impl FrontendStream {
     fn end(&mut self) -> Poll<Option<Result<Packet, Status>>> {
         self.done = true;
         match self.tunnel.aborted() {
-            Some(why @ Abort::Stalled(_)) => Poll::Ready(Some(Err(Status::resource_exhausted(why.to_string())))),
+            Some(why @ Abort::Stalled(_)) => {
+                Poll::Ready(Some(Err(Status::resource_exhausted(why.to_string()))))
+            }
             Some(Abort::Frontend(code, why)) => Poll::Ready(Some(Err(Status::new(code, why)))),
             Some(why) => Poll::Ready(Some(Err(Status::unavailable(why.to_string())))),
             None => Poll::Ready(None),
