@@ -1,0 +1,116 @@
+//! A throw-away PKI: one CA, serving certificates for `localhost`,
+//! `127.0.0.1`, `::1` plus any names, and client certificates, as PEM files
+//! in a directory. For the local stack and the tests; never for production.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("generating a certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid name {0:?} for a certificate")]
+    Name(String),
+}
+
+pub struct Pki {
+    dir: PathBuf,
+    ca_key: KeyPair,
+    ca_params: CertificateParams,
+}
+
+/// Paths of one issued certificate and its key.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+fn write(path: PathBuf, contents: String) -> Result<PathBuf, PkiError> {
+    std::fs::write(&path, contents).map_err(|source| PkiError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+impl Pki {
+    /// Creates a CA in `dir` (which must exist).
+    pub fn create(dir: &Path) -> Result<Pki, PkiError> {
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "local-stack-ca");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = ca_params.self_signed(&ca_key)?;
+        write(dir.join("ca.crt"), ca.pem())?;
+        Ok(Pki {
+            dir: dir.to_path_buf(),
+            ca_key,
+            ca_params,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    fn issue(
+        &self,
+        name: &str,
+        sans: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<Identity, PkiError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| match s.parse::<std::net::IpAddr>() {
+                Ok(ip) => Ok(SanType::IpAddress(ip)),
+                Err(_) => (*s)
+                    .try_into()
+                    .map(SanType::DnsName)
+                    .map_err(|_| PkiError::Name((*s).to_string())),
+            })
+            .collect::<Result<_, _>>()?;
+        params.extended_key_usages = vec![usage];
+        let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok(Identity {
+            cert: write(self.dir.join(format!("{name}.crt")), cert.pem())?,
+            key: write(self.dir.join(format!("{name}.key")), key.serialize_pem())?,
+        })
+    }
+
+    /// A serving certificate for `localhost`, `127.0.0.1`, `::1` and `extra`.
+    pub fn server(&self, name: &str, extra: &[&str]) -> Result<Identity, PkiError> {
+        let mut sans = vec!["localhost", "127.0.0.1", "::1"];
+        sans.extend_from_slice(extra);
+        self.issue(name, &sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate with common name `name`.
+    pub fn client(&self, name: &str) -> Result<Identity, PkiError> {
+        self.issue(name, &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
