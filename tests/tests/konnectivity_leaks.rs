@@ -14,10 +14,18 @@ use konnectivity_proto::{Packet, PacketExt};
 use proxy_server::Mode;
 use tokio::io::AsyncReadExt;
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
+/// What each open descriptor points at (`socket:[…]`, `anon_inode:[eventpoll]`, …).
+fn open_fds() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|t| t.display().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,17 +52,20 @@ async fn a_thousand_connections_leave_nothing_behind() {
     let (_refused_keep, refused) = dest::refused();
     let hole = dest::blackhole().await;
 
-    // One full round trip first, so lazily created state exists in the baseline.
-    let t = grpc_dial(&grpc.frontend, &echo.to_string()).await.unwrap();
-    t.close().await;
-    dests.wait_idle().await;
+    // The steady state: listeners, agent streams, nothing in flight.
     let tasks = (
         grpc.handle.live_tasks(),
         hc.handle.live_tasks(),
         agent.handle.live_tasks(),
         agent2.handle.live_tasks(),
     );
+    // One full round trip, so lazily created state exists in the baseline;
+    // then wait until its tasks are gone before counting descriptors.
+    let t = grpc_dial(&grpc.frontend, &echo.to_string()).await.unwrap();
+    t.close().await;
+    dests.wait_idle().await;
     grpc.handle.wait_tasks_at_most(tasks.0).await;
+    agent.handle.wait_tasks_at_most(tasks.2).await;
     let fds = open_fds();
 
     let mut jobs = Vec::new();
@@ -136,7 +147,12 @@ async fn a_thousand_connections_leave_nothing_behind() {
         ),
         (0, 0)
     );
-    assert_eq!(open_fds(), fds, "descriptors back to baseline");
+    let after = open_fds();
+    assert_eq!(
+        after.len(),
+        fds.len(),
+        "descriptors back to baseline: before {fds:?}, after {after:?}"
+    );
     for s in [&grpc, &hc] {
         let m = s.handle.metrics();
         assert_eq!(
