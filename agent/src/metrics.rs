@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use daemon::metrics::Registry;
+use daemon::metrics::{CounterGrid, Registry};
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
@@ -18,17 +18,6 @@ const OPEN_ENDPOINT_CONNECTIONS: &str =
     "konnectivity_network_proxy_agent_open_endpoint_connections";
 const STREAM_PACKETS: &str = "konnectivity_network_proxy_agent_stream_packets_total";
 const STREAM_ERRORS: &str = "konnectivity_network_proxy_agent_stream_errors_total";
-
-const PACKET_TYPES: [&str; 8] = [
-    "DIAL_REQ",
-    "DIAL_RSP",
-    "CLOSE_REQ",
-    "CLOSE_RSP",
-    "DATA",
-    "DIAL_CLS",
-    "DRAIN",
-    "Unknown",
-];
 
 /// Packets sent to the server (`from_agent`) or received from it (`to_agent`).
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +36,8 @@ pub struct Metrics {
     pub open_server_connections: Gauge,
     pub known_server_count: Gauge,
     pub open_endpoint_connections: Gauge,
-    packets: Vec<Vec<Counter>>,
+    /// Segment × packet type: the data path counts every packet.
+    packets: CounterGrid,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -101,15 +91,12 @@ impl Metrics {
             open_server_connections: r.gauge(OPEN_SERVER_CONNECTIONS, &[]),
             known_server_count: r.gauge(KNOWN_SERVER_COUNT, &[]),
             open_endpoint_connections: r.gauge(OPEN_ENDPOINT_CONNECTIONS, &[]),
-            packets: ["from_agent", "to_agent"]
-                .iter()
-                .map(|seg| {
-                    PACKET_TYPES
-                        .iter()
-                        .map(|t| r.counter(STREAM_PACKETS, &[("segment", seg), ("packet_type", t)]))
-                        .collect()
-                })
-                .collect(),
+            packets: CounterGrid::new(
+                &r,
+                STREAM_PACKETS,
+                ("segment", &["from_agent", "to_agent"]),
+                ("packet_type", &konnectivity_proto::PACKET_TYPE_LABELS),
+            ),
             registry: r,
         }
     }
@@ -127,11 +114,8 @@ impl Metrics {
     }
 
     pub fn packet(&self, segment: Segment, packet_type: i32) {
-        let t = usize::try_from(packet_type)
-            .ok()
-            .filter(|t| *t < 7)
-            .unwrap_or(7);
-        if let Some(c) = self.packets.get(segment as usize).and_then(|s| s.get(t)) {
+        let t = konnectivity_proto::packet_type_index(packet_type);
+        if let Some(c) = self.packets.get(segment as usize, t) {
             c.increment(1);
         }
     }

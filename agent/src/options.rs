@@ -1,7 +1,6 @@
 //! `proxy-agent` flags: upstream's names, defaults and Go value syntax, and
 //! their validation into a [`Config`]; the binary exits 2 on any error.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,36 +55,18 @@ pub struct Addresses {
     pub admin: (String, u16),
 }
 
-fn file(v: &Values, name: &str) -> Result<Option<PathBuf>, String> {
-    let s = v.string(name);
-    if s.is_empty() {
-        return Ok(None);
-    }
-    let p = PathBuf::from(&s);
-    if !p.is_file() {
-        return Err(format!("error checking --{name} {s:?}: no such file"));
-    }
-    Ok(Some(p))
-}
-
-fn port(v: &Values, name: &str) -> Result<u16, String> {
-    let p = v.int(name);
-    u16::try_from(p)
-        .map_err(|_| format!("--{name} {p} is not a valid port (0 picks any free port)"))
-}
-
 pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
-    let cert = file(v, "agent-cert")?;
-    let key = file(v, "agent-key")?;
+    let cert = v.existing_file("agent-cert")?;
+    let key = v.existing_file("agent-key")?;
     let identity = match (&cert, &key) {
         (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
         (None, None) => None,
         _ => return Err("--agent-cert and --agent-key must be set together".into()),
     };
-    let Some(ca) = file(v, "ca-cert")? else {
+    let Some(ca) = v.existing_file("ca-cert")? else {
         return Err("--ca-cert is required to verify the proxy server".into());
     };
-    let token_path = file(v, "service-account-token-path")?;
+    let token_path = v.existing_file("service-account-token-path")?;
     let mut alpn: Vec<Vec<u8>> = v
         .strings("alpn-proto")
         .into_iter()
@@ -134,11 +115,11 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
     };
-    let health_port = port(v, "health-server-port")?;
+    let health_port = v.port("health-server-port")?;
     let config = Config {
         connector: Connector {
             host: v.string("proxy-server-host"),
-            port: port(v, "proxy-server-port")?,
+            port: v.port("proxy-server-port")?,
             tls: Arc::new(tls),
             agent_id: AgentId(agent_id),
             identifiers,
@@ -162,10 +143,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     };
     let addrs = Addresses {
         health: (v.string("health-server-host"), health_port),
-        admin: (
-            v.string("admin-bind-address"),
-            port(v, "admin-server-port")?,
-        ),
+        admin: (v.string("admin-bind-address"), v.port("admin-server-port")?),
     };
     Ok((config, addrs))
 }

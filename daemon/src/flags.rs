@@ -436,6 +436,19 @@ impl Values {
         self.explicit.contains(name)
     }
 
+    /// A path flag that, when set, must name an existing file.
+    pub fn existing_file(&self, name: &str) -> Result<Option<std::path::PathBuf>, String> {
+        let s = self.string(name);
+        if s.is_empty() {
+            return Ok(None);
+        }
+        let p = std::path::PathBuf::from(&s);
+        if !p.is_file() {
+            return Err(format!("error checking --{name} {s:?}: no such file"));
+        }
+        Ok(Some(p))
+    }
+
     /// A port flag as `u16`, with the flag name in the error.
     pub fn port(&self, name: &str) -> Result<u16, String> {
         let v = self.int(name);

@@ -46,3 +46,24 @@ pub fn code_name(code: tonic::Code) -> &'static str {
         Unauthenticated => "Unauthenticated",
     }
 }
+
+/// Upstream's metric label for each packet type, by wire value, then
+/// `Unknown` for values this build does not know.
+pub const PACKET_TYPE_LABELS: [&str; 8] = [
+    "DIAL_REQ",
+    "DIAL_RSP",
+    "CLOSE_REQ",
+    "CLOSE_RSP",
+    "DATA",
+    "DIAL_CLS",
+    "DRAIN",
+    "Unknown",
+];
+
+/// Index into [`PACKET_TYPE_LABELS`] for a raw `type` value.
+pub fn packet_type_index(packet_type: i32) -> usize {
+    usize::try_from(packet_type)
+        .ok()
+        .filter(|t| *t < 7)
+        .unwrap_or(7)
+}

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use daemon::metrics::Registry;
+use daemon::metrics::{CounterGrid, Registry};
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
@@ -68,17 +68,6 @@ pub enum Segment {
     ToAgent,
 }
 
-const PACKET_TYPES: [&str; 8] = [
-    "DIAL_REQ",
-    "DIAL_RSP",
-    "CLOSE_REQ",
-    "CLOSE_RSP",
-    "DATA",
-    "DIAL_CLS",
-    "DRAIN",
-    "Unknown",
-];
-
 impl Segment {
     const ALL: [Segment; 4] = [
         Segment::FromClient,
@@ -117,9 +106,8 @@ pub struct Metrics {
     full_recv_proxy: Gauge,
     full_recv_connect: Gauge,
     dial_failures: Vec<Counter>,
-    /// Indexed by segment, then packet type (0..=6, 7 for unknown types): the
-    /// data path counts every packet, so no registry lookup per packet.
-    packets: Vec<Vec<Counter>>,
+    /// Segment × packet type: the data path counts every packet.
+    packets: CounterGrid,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -197,20 +185,12 @@ impl Metrics {
                 .iter()
                 .map(|f| r.counter(DIAL_FAILURES, &[("reason", f.label())]))
                 .collect(),
-            packets: Segment::ALL
-                .iter()
-                .map(|seg| {
-                    PACKET_TYPES
-                        .iter()
-                        .map(|t| {
-                            r.counter(
-                                STREAM_PACKETS,
-                                &[("segment", seg.label()), ("packet_type", t)],
-                            )
-                        })
-                        .collect()
-                })
-                .collect(),
+            packets: CounterGrid::new(
+                &r,
+                STREAM_PACKETS,
+                ("segment", &Segment::ALL.map(Segment::label)),
+                ("packet_type", &konnectivity_proto::PACKET_TYPE_LABELS),
+            ),
             registry: r,
         }
     }
@@ -253,11 +233,8 @@ impl Metrics {
 
     /// Counts one packet of raw type `packet_type` on `segment`.
     pub fn packet(&self, segment: Segment, packet_type: i32) {
-        let t = usize::try_from(packet_type)
-            .ok()
-            .filter(|t| *t < 7)
-            .unwrap_or(7);
-        if let Some(c) = self.packets.get(segment as usize).and_then(|s| s.get(t)) {
+        let t = konnectivity_proto::packet_type_index(packet_type);
+        if let Some(c) = self.packets.get(segment as usize, t) {
             c.increment(1);
         }
     }

@@ -102,20 +102,8 @@ fn port(v: &Values, name: &str) -> Result<u16, String> {
     }
 }
 
-fn file(v: &Values, name: &str) -> Result<Option<PathBuf>, String> {
-    let s = v.string(name);
-    if s.is_empty() {
-        return Ok(None);
-    }
-    let p = PathBuf::from(&s);
-    if !p.is_file() {
-        return Err(format!("error checking --{name} {s:?}: no such file"));
-    }
-    Ok(Some(p))
-}
-
 fn pair(v: &Values, cert: &str, key: &str) -> Result<Option<(PathBuf, PathBuf)>, String> {
-    match (file(v, cert)?, file(v, key)?) {
+    match (v.existing_file(cert)?, v.existing_file(key)?) {
         (Some(c), Some(k)) => Ok(Some((c, k))),
         (None, None) => Ok(None),
         _ => Err(format!("--{cert} and --{key} must be set together")),
@@ -140,7 +128,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
 
     let uds = v.string("uds-name");
     let server_pair = pair(v, "server-cert", "server-key")?;
-    let server_ca = file(v, "server-ca-cert")?;
+    let server_ca = v.existing_file("server-ca-cert")?;
     let alpn: &[&[u8]] = match mode {
         Mode::Grpc => &[b"h2"],
         Mode::HttpConnect => &[b"http/1.1"],
@@ -189,7 +177,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
                 .into(),
         );
     };
-    let cluster_ca = file(v, "cluster-ca-cert")?;
+    let cluster_ca = v.existing_file("cluster-ca-cert")?;
 
     let token_flags = [
         v.string("agent-namespace"),
@@ -203,7 +191,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         if cluster_ca.is_some() {
             return Err("--cluster-ca-cert cannot be used with agent token authentication".into());
         }
-        file(v, "kubeconfig")?;
+        v.existing_file("kubeconfig")?;
         return Err("agent token authentication (TokenReview) is not available in this build yet; authenticate agents with mTLS (--cluster-ca-cert)".into());
     }
     if v.bool("enable-lease-controller") {

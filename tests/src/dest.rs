@@ -7,7 +7,13 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A TCP echo server on `127.0.0.1:0`; runs until the test's runtime ends.
 pub async fn echo() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    echo_on("127.0.0.1").await
+}
+
+/// A TCP echo server on a given loopback address (all of 127.0.0.0/8 is local,
+/// so tests can give agents distinct destination IPs).
+pub async fn echo_on(ip: &str) -> SocketAddr {
+    let l = TcpListener::bind((ip, 0)).await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {

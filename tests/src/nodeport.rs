@@ -150,21 +150,7 @@ impl Proxy {
     }
 }
 
-/// A minimal HTTP/1.1 GET with `Connection: close`.
-pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out).await;
-    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
+pub use crate::http_get;
 
 async fn answer_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     mut s: S,

@@ -11,21 +11,6 @@ use integration_tests::konnectivity::{
     AgentOpts, ServerOpts, agent_dials, init_logging, round_robin, start_agent, start_server,
 };
 use proxy_server::Strategy;
-use tokio::net::TcpListener;
-
-async fn echo_on(ip: &str) -> std::net::SocketAddr {
-    let l = TcpListener::bind((ip, 0)).await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
 
 #[tokio::test]
 async fn killed_agent_closes_exactly_its_frontends() {
@@ -58,7 +43,10 @@ async fn killed_agent_closes_exactly_its_frontends() {
     )
     .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
-    let (ea, eb) = (echo_on("127.0.0.2").await, echo_on("127.0.0.3").await);
+    let (ea, eb) = (
+        dest::echo_on("127.0.0.2").await,
+        dest::echo_on("127.0.0.3").await,
+    );
     let mut on_a = Vec::new();
     for _ in 0..3 {
         on_a.push(grpc_dial(&server.frontend, &ea.to_string()).await.unwrap());

@@ -5,26 +5,11 @@ use std::net::SocketAddr;
 
 use integration_tests::certs::Pki;
 use integration_tests::client::grpc_dial;
+use integration_tests::dest;
 use integration_tests::konnectivity::{
     AgentOpts, ServerOpts, agent_dials, init_logging, start_agent, start_server,
 };
 use proxy_server::Strategy;
-use tokio::net::TcpListener;
-
-/// An echo server on a specific loopback address (127.0.0.0/8 is all local).
-async fn echo_on(ip: &str) -> SocketAddr {
-    let l = TcpListener::bind((ip, 0)).await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
 
 async fn dial_echo(fe: &integration_tests::client::Frontend, addr: SocketAddr) {
     let mut t = grpc_dial(fe, &addr.to_string()).await.unwrap();
@@ -65,9 +50,9 @@ async fn dest_host_routes_by_identifier_then_falls_back_to_default() {
     .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
     let (ea, eb, e1) = (
-        echo_on("127.0.0.2").await,
-        echo_on("127.0.0.3").await,
-        echo_on("127.0.0.1").await,
+        dest::echo_on("127.0.0.2").await,
+        dest::echo_on("127.0.0.3").await,
+        dest::echo_on("127.0.0.1").await,
     );
     for _ in 0..5 {
         dial_echo(&server.frontend, ea).await;
@@ -115,7 +100,10 @@ async fn default_route_takes_what_dest_host_does_not_match() {
     )
     .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
-    let (ea, e1) = (echo_on("127.0.0.2").await, echo_on("127.0.0.1").await);
+    let (ea, e1) = (
+        dest::echo_on("127.0.0.2").await,
+        dest::echo_on("127.0.0.1").await,
+    );
     dial_echo(&server.frontend, ea).await;
     for _ in 0..5 {
         dial_echo(&server.frontend, e1).await;
@@ -148,7 +136,7 @@ async fn dest_host_alone_refuses_unknown_hosts() {
     )
     .await;
     server.handle.wait_for_agents(1).await;
-    let e1 = echo_on("127.0.0.1").await;
+    let e1 = dest::echo_on("127.0.0.1").await;
     let err = grpc_dial(&server.frontend, &e1.to_string())
         .await
         .err()
@@ -164,7 +152,7 @@ async fn drain_steers_new_dials_to_the_other_agent() {
     let mut a = start_agent(&pki, server.agent_addr, AgentOpts::default()).await;
     let b = start_agent(&pki, server.agent_addr, AgentOpts::default()).await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
-    let echo = echo_on("127.0.0.1").await;
+    let echo = dest::echo_on("127.0.0.1").await;
     // A connection through `a` that must survive the drain.
     let mut kept = loop {
         let before = agent_dials(&a.handle);
