@@ -1,0 +1,385 @@
+package interop
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// frontend is how the Go client reaches the proxy server.
+type frontend string
+
+const (
+	grpcUDS    frontend = "grpc-uds"    // kube-apiserver's GRPC + uds egress
+	connectUDS frontend = "connect-uds" // HTTPConnect + uds
+	connectTLS frontend = "connect-tls" // HTTPConnect + tcp with mTLS
+)
+
+func (f frontend) mode() string {
+	if f == grpcUDS {
+		return "grpc"
+	}
+	return "http-connect"
+}
+
+// pair is who runs the server and who runs the agents; the client is
+// always the Go konnectivity-client / kube-apiserver's dialer.
+type pair struct{ server, agent impl }
+
+func (p pair) String() string { return fmt.Sprintf("server=%s,agent=%s", p.server, p.agent) }
+
+// describe is the prefix of every failure message.
+func describe(scenario string, p pair, f frontend) string {
+	return fmt.Sprintf("[scenario %q | Go client -> %s proxy-server -> %s proxy-agent | frontend %s]", scenario, p.server, p.agent, f)
+}
+
+const startPatience = 60 * time.Second
+
+// server is one running proxy-server.
+type server struct {
+	impl  impl
+	front frontend
+	p     *proc
+	id    string
+
+	uds        string // frontend socket (uds frontends)
+	frontAddr  string // frontend host:port (connect-tls)
+	agentPort  int
+	healthAddr string
+	adminAddr  string
+
+	// what a restart reuses
+	dir string
+}
+
+type serverConfig struct {
+	impl      impl
+	front     frontend
+	dir       string // holds the socket; a restart passes the old one
+	agentPort int    // 0: ours binds port 0, upstream gets a picked port
+}
+
+func startServer(t testing.TB, cfg serverConfig) *server {
+	t.Helper()
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		s, err := tryStartServer(t, cfg)
+		if err == nil {
+			return s
+		}
+		lastErr = err
+		if cfg.impl == ours || cfg.agentPort != 0 {
+			break // no port race to retry
+		}
+	}
+	t.Fatalf("start %s proxy-server (%s): %v", cfg.impl, cfg.front, lastErr)
+	return nil
+}
+
+func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
+	s := &server{impl: cfg.impl, front: cfg.front, dir: cfg.dir, id: "server-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	if s.dir == "" {
+		// Short path: sun_path holds 108 bytes.
+		d, err := os.MkdirTemp("", "kio")
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		s.dir = d
+	}
+	ports := map[string]int{"agent": cfg.agentPort, "health": 0, "admin": 0, "frontend": 0}
+	if cfg.impl == upstream {
+		for k, v := range ports {
+			if v == 0 {
+				p, err := pickPort()
+				if err != nil {
+					return nil, err
+				}
+				ports[k] = p
+			}
+		}
+	}
+	args := []string{
+		"--mode=" + cfg.front.mode(),
+		"--cluster-cert=" + pki.ServerCert,
+		"--cluster-key=" + pki.ServerKey,
+		"--cluster-ca-cert=" + pki.CA,
+		"--agent-bind-address=127.0.0.1",
+		"--agent-port=" + strconv.Itoa(ports["agent"]),
+		"--health-bind-address=127.0.0.1",
+		"--health-port=" + strconv.Itoa(ports["health"]),
+		"--admin-bind-address=127.0.0.1",
+		"--admin-port=" + strconv.Itoa(ports["admin"]),
+		"--server-count=1",
+		"--server-id=" + s.id,
+	}
+	if cfg.front == connectTLS {
+		args = append(args,
+			"--server-bind-address=127.0.0.1",
+			"--server-port="+strconv.Itoa(ports["frontend"]),
+			"--server-cert="+pki.ServerCert,
+			"--server-key="+pki.ServerKey,
+			"--server-ca-cert="+pki.CA,
+		)
+	} else {
+		s.uds = filepath.Join(s.dir, "konnectivity-server.socket")
+		args = append(args, "--uds-name="+s.uds, "--server-port=0")
+	}
+	s.p = startProc(t, string(cfg.impl)+" proxy-server", bin[cfg.impl]["server"], args)
+
+	if cfg.impl == ours {
+		// One `listening listener=<name> addr=<addr>` line per socket.
+		from := 0
+		for len(ports) > 0 {
+			l, next, err := s.p.waitLine(from, startPatience, "listening", "listener=")
+			if err != nil {
+				return nil, err
+			}
+			from = next
+			name, addr := field(l, "listener"), field(l, "addr")
+			if _, ok := ports[name]; !ok {
+				continue
+			}
+			delete(ports, name)
+			switch name {
+			case "frontend":
+				if cfg.front == connectTLS {
+					port, err := portOf(addr)
+					if err != nil {
+						return nil, err
+					}
+					s.frontAddr = loopback(port)
+				}
+			default:
+				port, err := portOf(addr)
+				if err != nil {
+					return nil, err
+				}
+				switch name {
+				case "agent":
+					s.agentPort = port
+				case "health":
+					s.healthAddr = loopback(port)
+				case "admin":
+					s.adminAddr = loopback(port)
+				}
+			}
+		}
+	} else {
+		s.agentPort = ports["agent"]
+		s.healthAddr = loopback(ports["health"])
+		s.adminAddr = loopback(ports["admin"])
+		if cfg.front == connectTLS {
+			s.frontAddr = loopback(ports["frontend"])
+		}
+	}
+	// Readiness of every socket: /healthz answers, the agent port and the
+	// frontend accept connections.
+	err := eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
+		if s.p.hasExited() {
+			return fmt.Errorf("exited")
+		}
+		if bad := s.p.grep("could not listen"); len(bad) > 0 {
+			return fmt.Errorf("bind failed: %s", bad[0])
+		}
+		if code, _, err := httpGet(s.healthAddr, "/healthz"); err != nil || code != 200 {
+			return fmt.Errorf("/healthz: %d %v", code, err)
+		}
+		if code, _, err := httpGet(s.adminAddr, "/metrics"); err != nil || code != 200 {
+			return fmt.Errorf("admin /metrics: %d %v", code, err)
+		}
+		network, addr := "tcp", loopback(s.agentPort)
+		if err := probe(network, addr); err != nil {
+			return err
+		}
+		if s.uds != "" {
+			network, addr = "unix", s.uds
+		} else {
+			addr = s.frontAddr
+		}
+		return probe(network, addr)
+	})
+	if err != nil {
+		s.p.kill()
+		return nil, fmt.Errorf("%v\n%s", err, s.p.tail(40))
+	}
+	return s, nil
+}
+
+func probe(network, addr string) error {
+	c, err := net.DialTimeout(network, addr, time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// field is the value of key=value in a log line (quotes trimmed).
+func field(line, key string) string {
+	for _, w := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(w, key+"="); ok {
+			return strings.Trim(v, `"`)
+		}
+	}
+	return ""
+}
+
+func (s *server) metrics() (metrics, error) { return scrape(s.healthAddr) }
+
+// readyBackends is ready_backends{proxy_strategy="default"}.
+func (s *server) readyBackends() (float64, error) {
+	m, err := s.metrics()
+	if err != nil {
+		return 0, err
+	}
+	v, _ := m.get(mServerReady, map[string]string{"proxy_strategy": "default"})
+	return v, nil
+}
+
+// waitBackends waits until the server counts n agents.
+func (s *server) waitBackends(n int) error {
+	return eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
+		v, err := s.readyBackends()
+		if err != nil {
+			return err
+		}
+		if int(v) != n {
+			return fmt.Errorf("%s proxy-server ready_backends{proxy_strategy=\"default\"} = %g, want %d", s.impl, v, n)
+		}
+		code, body, err := httpGet(s.healthAddr, "/readyz")
+		if err != nil {
+			return err
+		}
+		if (n > 0) != (code == 200) {
+			return fmt.Errorf("%s proxy-server /readyz = %d %q with %d agents", s.impl, code, body, n)
+		}
+		return nil
+	})
+}
+
+// agent is one running proxy-agent.
+type agent struct {
+	impl       impl
+	id         string
+	p          *proc
+	healthAddr string
+	adminAddr  string
+}
+
+func startAgent(t testing.TB, im impl, serverAgentPort int, id string) *agent {
+	t.Helper()
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		a, err := tryStartAgent(t, im, serverAgentPort, id)
+		if err == nil {
+			return a
+		}
+		lastErr = err
+		if im == ours {
+			break
+		}
+	}
+	t.Fatalf("start %s proxy-agent: %v", im, lastErr)
+	return nil
+}
+
+func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string) (*agent, error) {
+	a := &agent{impl: im, id: id}
+	health, admin := 0, 0
+	if im == upstream {
+		var err error
+		if health, err = pickPort(); err != nil {
+			return nil, err
+		}
+		if admin, err = pickPort(); err != nil {
+			return nil, err
+		}
+	}
+	args := []string{
+		"--ca-cert=" + pki.CA,
+		"--agent-cert=" + pki.AgentCert,
+		"--agent-key=" + pki.AgentKey,
+		"--proxy-server-host=127.0.0.1",
+		"--proxy-server-port=" + strconv.Itoa(serverAgentPort),
+		"--health-server-host=127.0.0.1",
+		"--health-server-port=" + strconv.Itoa(health),
+		"--admin-bind-address=127.0.0.1",
+		"--admin-server-port=" + strconv.Itoa(admin),
+		"--agent-id=" + id,
+		// upstream's test framework values: quick reconnects.
+		"--sync-interval=100ms",
+		"--probe-interval=100ms",
+		"--sync-interval-cap=1s",
+	}
+	a.p = startProc(t, string(im)+" proxy-agent "+id, bin[im]["agent"], args)
+	if im == ours {
+		from := 0
+		for a.healthAddr == "" || a.adminAddr == "" {
+			l, next, err := a.p.waitLine(from, startPatience, "listening", "listener=")
+			if err != nil {
+				return nil, err
+			}
+			from = next
+			port, err := portOf(field(l, "addr"))
+			if err != nil {
+				return nil, err
+			}
+			switch field(l, "listener") {
+			case "health":
+				a.healthAddr = loopback(port)
+			case "admin":
+				a.adminAddr = loopback(port)
+			}
+		}
+		if _, _, err := a.p.waitLine(0, startPatience, "connected to proxy server"); err != nil {
+			return nil, err
+		}
+	} else {
+		a.healthAddr, a.adminAddr = loopback(health), loopback(admin)
+	}
+	if err := a.waitConnected(1); err != nil {
+		a.p.kill()
+		return nil, err
+	}
+	return a, nil
+}
+
+// waitConnected waits until /readyz is 200 (n>0) or not (n==0) and the
+// open_server_connections gauge is n.
+func (a *agent) waitConnected(n int) error {
+	err := eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
+		if a.p.hasExited() {
+			return fmt.Errorf("exited")
+		}
+		if bad := a.p.grep("could not listen"); len(bad) > 0 {
+			return fmt.Errorf("bind failed: %s", bad[0])
+		}
+		code, body, err := httpGet(a.healthAddr, "/readyz")
+		if err != nil {
+			return err
+		}
+		if (n > 0) != (code == 200) {
+			return fmt.Errorf("/readyz = %d %q, want ready=%v", code, body, n > 0)
+		}
+		m, err := scrape(a.healthAddr)
+		if err != nil {
+			return err
+		}
+		if v, _ := m.get(mAgentOpenServers, nil); int(v) != n {
+			return fmt.Errorf("%s = %g, want %d", mAgentOpenServers, v, n)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s proxy-agent %s: %v\n%s", a.impl, a.id, err, a.p.tail(40))
+	}
+	return nil
+}
+
+func (a *agent) metrics() (metrics, error) { return scrape(a.healthAddr) }
