@@ -28,6 +28,26 @@ fn open_fds() -> Vec<String> {
     v
 }
 
+/// For failure messages: what a `socket:[inode]` is, from /proc/net.
+fn describe(fd: &str) -> String {
+    let Some(inode) = fd
+        .strip_prefix("socket:[")
+        .and_then(|s| s.strip_suffix(']'))
+    else {
+        return fd.to_string();
+    };
+    for table in ["tcp", "tcp6", "unix"] {
+        let text = std::fs::read_to_string(format!("/proc/net/{table}")).unwrap_or_default();
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.split_whitespace().any(|w| w == inode))
+        {
+            return format!("{fd} {table}: {}", line.trim());
+        }
+    }
+    fd.to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_connections_leave_nothing_behind() {
     init_logging();
