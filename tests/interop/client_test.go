@@ -56,12 +56,15 @@ func dialGRPC(ctx context.Context, uds, addr string) (*grpcConn, error) {
 
 // connectError is a non-200 answer to CONNECT.
 type connectError struct {
-	Status int
-	Body   string
+	Status      int
+	StatusLine  string
+	ContentType string
+	Close       bool // Connection: close
+	Body        string
 }
 
 func (e *connectError) Error() string {
-	return fmt.Sprintf("CONNECT answered %d: %q", e.Status, e.Body)
+	return fmt.Sprintf("CONNECT answered %q (Content-Type %q, Connection: close %v): %q", e.StatusLine, e.ContentType, e.Close, e.Body)
 }
 
 // connectHandshake writes CONNECT byte for byte as kube-apiserver's
@@ -84,8 +87,14 @@ func connectHandshake(c net.Conn, addr string, exact bool) error {
 		return fmt.Errorf("reading HTTP response from CONNECT to %s: %w", addr, err)
 	}
 	if res.StatusCode != 200 {
-		body, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-		return &connectError{Status: res.StatusCode, Body: string(body)}
+		// The server closes the socket after an error answer; the body
+		// ends there.
+		body, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+		if err != nil {
+			return fmt.Errorf("reading the body of CONNECT's %q: %w", res.Status, err)
+		}
+		return &connectError{Status: res.StatusCode, StatusLine: res.Proto + " " + res.Status,
+			ContentType: res.Header.Get("Content-Type"), Close: res.Close, Body: string(body)}
 	}
 	if br.Buffered() > 0 {
 		return fmt.Errorf("unexpected %d bytes of buffered data after the CONNECT response", br.Buffered())
@@ -121,7 +130,16 @@ func dialConnect(ctx context.Context, uds, tcpAddr, addr string, exact bool) (ne
 	if err != nil {
 		return nil, fmt.Errorf("dialing the proxy: %w", err)
 	}
+	// Bound the handshake (the dial behind it can take the agent's 5 s).
+	if err := c.SetDeadline(time.Now().Add(40 * time.Second)); err != nil {
+		c.Close()
+		return nil, err
+	}
 	if err := connectHandshake(c, addr, exact); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if err := c.SetDeadline(time.Time{}); err != nil {
 		c.Close()
 		return nil, err
 	}

@@ -221,6 +221,8 @@ var serverExact = map[string]func(map[string]string) bool{
 		return l["packet_type"] == "DIAL_REQ" || l["packet_type"] == "DIAL_RSP"
 	},
 	mServerReady: nil,
+	// Every gRPC tunnel kube-apiserver closes ends with a Canceled read.
+	"konnectivity_network_proxy_server_stream_errors_total": nil,
 }
 
 var agentExact = map[string]func(map[string]string) bool{
@@ -283,7 +285,11 @@ func compareMetrics(t *testing.T, where, prefix string, got, ref metrics, exact 
 	for _, name := range names {
 		rf, gf := ref[name], got[name]
 		if gf == nil {
-			t.Errorf("%s: %s missing from ours; upstream has it (%s)", where, name, rf.GetType())
+			var series []string
+			for _, rm := range rf.Metric {
+				series = append(series, fmt.Sprintf("{%s} %g", labelKey(rm), sampleValue(rm)))
+			}
+			t.Errorf("%s: %s missing from ours; upstream has it (%s, HELP %q): %s", where, name, rf.GetType(), rf.GetHelp(), strings.Join(series, ", "))
 			continue
 		}
 		if rf.GetType() != gf.GetType() && !(gf.GetType() == dto.MetricType_UNTYPED || rf.GetType() == dto.MetricType_UNTYPED) {

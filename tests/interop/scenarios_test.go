@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -343,24 +344,33 @@ func runConcurrent(x *sc) {
 	}
 }
 
-// wantDialError checks a failed dial: the gRPC client's error carries the
-// agent's text with reason "endpoint"; HTTP-CONNECT answers status with
-// the agent's text in the body.
-func (x *sc) wantDialError(err error, status int, text string) {
+// wantDialError checks a failed dial against what upstream's agent sends:
+// Go's net error text (want matches all of it). The gRPC client's error
+// carries that text with reason "endpoint"; HTTP-CONNECT answers status
+// (upstream maps the text to it) as Go's http.Response writes it:
+// text/plain; charset=utf-8, Connection: close, the text as the body.
+func (x *sc) wantDialError(err error, status int, want *regexp.Regexp) {
 	x.t.Helper()
 	if err == nil {
-		x.fatalf("dial succeeded; want it to fail with %q", text)
+		x.fatalf("dial succeeded; want it to fail with %q", want)
 	}
 	if x.front == grpcUDS {
 		isDF, reason := client.GetDialFailureReason(err)
-		if !isDF || reason != clientmetrics.DialFailureEndpoint || !strings.Contains(err.Error(), text) {
-			x.fatalf("dial error %q (dial failure %v, reason %q); want reason %q with %q in the text", err, isDF, reason, clientmetrics.DialFailureEndpoint, text)
+		if !isDF || reason != clientmetrics.DialFailureEndpoint || !want.MatchString(err.Error()) {
+			x.fatalf("dial error %q (dial failure %v, reason %q); want reason %q with the agent's Go error text matching %q", err, isDF, reason, clientmetrics.DialFailureEndpoint, want)
 		}
 		return
 	}
 	var ce *connectError
-	if !errors.As(err, &ce) || ce.Status != status || !strings.Contains(ce.Body, text) {
-		x.fatalf("CONNECT failed with %v; want status %d with %q in the body", err, status, text)
+	if !errors.As(err, &ce) {
+		x.fatalf("CONNECT failed with %v; want an HTTP %d answer", err, status)
+	}
+	wantLine := fmt.Sprintf("HTTP/1.1 %d %s", status, http.StatusText(status))
+	if ce.StatusLine != wantLine || !want.MatchString(ce.Body) {
+		x.fatalf("CONNECT answered %q with body %q; want %q with the agent's Go error text matching %q as the body", ce.StatusLine, ce.Body, wantLine, want)
+	}
+	if ce.ContentType != "text/plain; charset=utf-8" || !ce.Close {
+		x.errorf("CONNECT's %d answer has Content-Type %q, Connection: close %v; want \"text/plain; charset=utf-8\" and close, as upstream writes it", status, ce.ContentType, ce.Close)
 	}
 }
 
@@ -372,18 +382,21 @@ func runRefused(x *sc) {
 	if c != nil {
 		c.Close()
 	}
-	x.wantDialError(err, 502, "connection refused")
+	x.wantDialError(err, 502, regexp.MustCompile(`^dial tcp `+regexp.QuoteMeta(addr)+`: connect: connection refused$`))
 }
 
 func runDNSFailure(x *sc) {
-	addr := "konnectivity-interop-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ".invalid:80"
+	host := "konnectivity-interop-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ".invalid"
+	addr := host + ":80"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := x.srv.dial(ctx, addr, false)
 	if c != nil {
 		c.Close()
 	}
-	x.wantDialError(err, 502, "no such host")
+	// Go: "dial tcp: lookup <host> on <nameserver>: no such host" (the
+	// " on <nameserver>" part depends on the resolver).
+	x.wantDialError(err, 502, regexp.MustCompile(`^dial tcp: lookup `+regexp.QuoteMeta(host)+`( on [^ ]+)?: no such host$`))
 }
 
 func runNeverAnswers(x *sc) {
@@ -397,7 +410,7 @@ func runNeverAnswers(x *sc) {
 		c.Close()
 	}
 	// Go's net error text; upstream's HTTP-CONNECT maps "timeout" to 504.
-	x.wantDialError(err, 504, "i/o timeout")
+	x.wantDialError(err, 504, regexp.MustCompile(`^dial tcp `+regexp.QuoteMeta(addr)+`: i/o timeout$`))
 	if took < 4*time.Second || took > 9*time.Second {
 		x.fatalf("the dial failed after %s; want about 5 s (the agent's dial timeout)", took.Round(time.Millisecond))
 	}
