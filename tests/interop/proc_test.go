@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,8 +123,16 @@ func (p *proc) kill() {
 	case <-time.After(10 * time.Second):
 	}
 	procsMu.Lock()
+	_, first := procs[p]
 	delete(procs, p)
 	procsMu.Unlock()
+	if dir := os.Getenv("INTEROP_LOG_DIR"); dir != "" && first {
+		p.mu.Lock()
+		text := strings.Join(p.lines, "\n") + "\n"
+		p.mu.Unlock()
+		name := strings.NewReplacer(" ", "_", "/", "_").Replace(p.name)
+		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.log", name, p.pid())), []byte(text), 0o644)
+	}
 }
 
 func (p *proc) pid() int { return p.cmd.Process.Pid }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Interop suite: our proxy-server / proxy-agent against upstream
+# apiserver-network-proxy v0.36.0 (built here from the Go module proxy) and
+# the Go konnectivity-client, every pairing. See README.md.
+#
+# Environment (all optional):
+#   INTEROP_RUST_BIN_DIR      prebuilt proxy-server and proxy-agent (skips cargo build)
+#   INTEROP_UPSTREAM_BIN_DIR  prebuilt upstream-proxy-server and upstream-proxy-agent
+#   INTEROP_CACHE_DIR         where upstream binaries are built (default tests/interop/bin)
+#   INTEROP_LOG_DIR           write each child process's full log there when it stops
+#   INTEROP_GO_TEST_FLAGS     extra `go test` flags, e.g. "-run TestInterop/pairs/server=ours"
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+
+min_go="1.26.2"
+if ! command -v go >/dev/null 2>&1; then
+  cat >&2 <<MSG
+error: the interop suite needs Go $min_go or newer, and 'go' is not on PATH.
+Install Go (https://go.dev/doc/install: unpack the release tarball into /usr/local
+and add /usr/local/go/bin to PATH), then run this script again. It fetches
+sigs.k8s.io/apiserver-network-proxy v0.36.0 through the Go module proxy.
+MSG
+  exit 1
+fi
+have_go="$(go env GOVERSION)"   # e.g. go1.26.8
+have_go="${have_go#go}"
+if [ "$(printf '%s\n%s\n' "$min_go" "${have_go%%[-+ ]*}" | sort -V | head -n1)" != "$min_go" ]; then
+  echo "error: the interop suite needs Go $min_go or newer (upstream v0.36.0's go.mod); found go$have_go. Install a newer Go: https://go.dev/doc/install" >&2
+  exit 1
+fi
+
+if [ -z "${INTEROP_RUST_BIN_DIR:-}" ]; then
+  echo "==> cargo build --bins -p proxy-server -p proxy-agent" >&2
+  (cd "$root" && cargo build --bins -p proxy-server -p proxy-agent)
+  export INTEROP_RUST_BIN_DIR="$root/target/debug"
+fi
+
+cd "$here"
+echo "==> go test (interop, $(go env GOVERSION))" >&2
+# -parallel: the environments (one server and its agents each) mostly wait
+# on sockets and timers, so they run together even on 2 cores.
+# shellcheck disable=SC2086
+exec go test -count=1 -timeout 14m -parallel 16 -v ${INTEROP_GO_TEST_FLAGS:-} .
