@@ -22,6 +22,7 @@ import (
 // tests can wait for log lines and show the tail of the log on failure.
 type proc struct {
 	name string // e.g. "ours proxy-server"
+	test string // the test that started it
 	cmd  *exec.Cmd
 
 	mu      sync.Mutex
@@ -68,10 +69,13 @@ func startProc(t testing.TB, name, path string, args []string) *proc {
 		}
 	}
 	cmd.Env = append(cmd.Env, "NO_COLOR=1")
+	if lvl := os.Getenv("INTEROP_RUST_LOG"); lvl != "" {
+		cmd.Env = append(cmd.Env, "RUST_LOG="+lvl) // debugging our binaries
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	p := &proc{name: name, cmd: cmd, changed: make(chan struct{}), done: make(chan struct{})}
+	p := &proc{name: name, test: t.Name(), cmd: cmd, changed: make(chan struct{}), done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s (%s): %v", name, path, err)
 	}
@@ -130,7 +134,7 @@ func (p *proc) kill() {
 		p.mu.Lock()
 		text := strings.Join(p.lines, "\n") + "\n"
 		p.mu.Unlock()
-		name := strings.NewReplacer(" ", "_", "/", "_").Replace(p.name)
+		name := strings.NewReplacer(" ", "_", "/", "_", ",", "_", "=", "-").Replace(p.test + "_" + p.name)
 		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.log", name, p.pid())), []byte(text), 0o644)
 	}
 }
