@@ -2,6 +2,7 @@ package interop
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -78,8 +79,10 @@ func connectHandshake(c net.Conn, addr string, exact bool) error {
 		return fmt.Errorf("writing CONNECT: %w", err)
 	}
 	var r io.Reader = c
+	var head *bytes.Buffer
 	if exact {
-		r = oneByteReader{c}
+		head = &bytes.Buffer{}
+		r = io.TeeReader(oneByteReader{c}, head)
 	}
 	br := bufio.NewReader(r)
 	res, err := http.ReadResponse(br, nil)
@@ -99,8 +102,15 @@ func connectHandshake(c net.Conn, addr string, exact bool) error {
 	if br.Buffered() > 0 {
 		return fmt.Errorf("unexpected %d bytes of buffered data after the CONNECT response", br.Buffered())
 	}
+	// Read one byte at a time, the head is exactly what the server wrote
+	// before the tunnel's bytes: upstream writes this and nothing else.
+	if head != nil && head.String() != connectEstablished {
+		return fmt.Errorf("CONNECT answered %q; want exactly %q", head.String(), connectEstablished)
+	}
 	return nil
 }
+
+const connectEstablished = "HTTP/1.1 200 Connection Established\r\n\r\n"
 
 type oneByteReader struct{ r io.Reader }
 

@@ -1,11 +1,15 @@
 package interop
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 )
@@ -168,6 +172,86 @@ func runLifecycle(t *testing.T, p pair) {
 	}
 
 	outer := t // processes started in a step outlive it
+
+	t.Run("agent drains on its first SIGTERM and still serves", func(t *testing.T) {
+		x := &sc{t: t, name: "agent drain", pair: p, front: grpcUDS, srv: srv, agents: []*agent{a}, web: web}
+		defer func() {
+			if t.Failed() {
+				logTails(t, srv, []*agent{a})
+			}
+		}()
+		from, afrom := srv.p.mark(), a.p.mark()
+		if err := a.p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			x.fatalf("SIGTERM: %v", err)
+		}
+		// The agent has taken the signal: ours says so; upstream's sync
+		// loop says it skips connecting because it is draining.
+		drained := map[impl]string{ours: "draining: no new servers", upstream: "Skipping connectOnce - agent is draining"}[p.agent]
+		if _, _, err := a.p.waitLine(afrom, 20*time.Second, drained); err != nil {
+			x.fatalf("want the agent to start draining on SIGTERM: %v", err)
+		}
+		// Upstream's agent sends DRAIN only after its next packet from the
+		// server (Client.Serve checks drainCh between reads), so a request
+		// goes first; it must be served either way.
+		basic(x, "after SIGTERM")
+		// Both servers log this when the DRAIN packet arrives.
+		if _, _, err := srv.p.waitLine(from, 20*time.Second, "agent is draining"); err != nil {
+			x.fatalf("want the server to receive the agent's DRAIN packet: %v", err)
+		}
+		m, err := srv.metrics()
+		if err != nil {
+			x.fatalf("server metrics: %v", err)
+		}
+		if v, _ := m.get("konnectivity_network_proxy_server_stream_packets_total", map[string]string{"segment": "from_agent", "packet_type": "DRAIN"}); v != 1 {
+			x.errorf("server stream_packets_total{segment=\"from_agent\",packet_type=\"DRAIN\"} = %g; want 1", v)
+		}
+		// A draining agent is still used when it is the only one.
+		basic(x, "after the agent drained")
+	})
+
+	t.Run("agent killed with an established connection", func(t *testing.T) {
+		x := &sc{t: t, name: "agent killed with an established connection", pair: p, front: grpcUDS, srv: srv, agents: []*agent{a}, web: web}
+		defer func() {
+			if t.Failed() {
+				logTails(t, srv, []*agent{a})
+			}
+		}()
+		d := newTCPDest(t, echoHandler)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := srv.dial(ctx, d.addr, false)
+		if err != nil {
+			x.fatalf("dial: %v", err)
+		}
+		defer c.Close()
+		if err := roundtrip(c, []byte("before the agent dies")); err != nil {
+			x.fatalf("echo: %v", err)
+		}
+		a.p.kill()
+		// The server sends CLOSE_RSP to every frontend of the dead
+		// agent's stream: the client reads EOF and the tunnel ends.
+		var n int
+		err = within(15*time.Second, c, func() error {
+			buf := make([]byte, 64)
+			var err error
+			n, err = c.Read(buf)
+			return err
+		})
+		if err != io.EOF {
+			x.fatalf("client read (%d bytes, %v) after the agent was killed; want EOF within 15 s", n, err)
+		}
+		if !waitClosed(c.(*grpcConn).tunnel.Done(), 10*time.Second) {
+			x.errorf("tunnel not done within 10 s of the agent dying")
+		}
+		if err := srv.waitBackends(0); err != nil {
+			x.fatalf("want the server to drop the killed agent: %v", err)
+		}
+		a = startAgent(outer, p.agent, srv.agentPort, "agent-life")
+		if err := srv.waitBackends(1); err != nil {
+			x.fatalf("after restarting the agent, want the server to count it: %v", err)
+		}
+	})
+
 	t.Run("agent restart while idle", func(t *testing.T) {
 		x := &sc{t: t, name: "agent restart while idle", pair: p, front: grpcUDS, srv: srv, agents: []*agent{a}, web: web}
 		defer func() {
@@ -221,6 +305,11 @@ var serverExact = map[string]func(map[string]string) bool{
 		return l["packet_type"] == "DIAL_REQ" || l["packet_type"] == "DIAL_RSP"
 	},
 	mServerReady: nil,
+	// Gauges at rest: 2 agents, no frontend left, nothing queued.
+	mServerGRPCConns: nil,
+	"konnectivity_network_proxy_server_http_connections":          nil,
+	"konnectivity_network_proxy_server_ready_backend_connections": nil,
+	"konnectivity_network_proxy_server_full_receive_channels":     nil,
 	// Every gRPC tunnel kube-apiserver closes ends with a Canceled read.
 	"konnectivity_network_proxy_server_stream_errors_total": nil,
 }
@@ -230,6 +319,7 @@ var agentExact = map[string]func(map[string]string) bool{
 	mAgentOpenEndpoints: nil,
 	mAgentOpenServers:   nil,
 	mAgentDialDuration:  nil,
+	"konnectivity_network_proxy_agent_known_server_count": nil,
 	"konnectivity_network_proxy_agent_stream_packets_total": func(l map[string]string) bool {
 		return l["packet_type"] == "DIAL_REQ" || l["packet_type"] == "DIAL_RSP"
 	},
