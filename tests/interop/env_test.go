@@ -78,7 +78,7 @@ func startServer(t testing.TB, cfg serverConfig) *server {
 			break // no port race to retry
 		}
 	}
-	t.Fatalf("start %s proxy-server (%s): %v", cfg.impl, cfg.front, lastErr)
+	t.Fatalf("[setup of %s] start %s proxy-server (frontend %s): want it listening and healthy: %v", t.Name(), cfg.impl, cfg.front, lastErr)
 	return nil
 }
 
@@ -285,7 +285,7 @@ func startAgent(t testing.TB, im impl, serverAgentPort int, id string) *agent {
 			break
 		}
 	}
-	t.Fatalf("start %s proxy-agent: %v", im, lastErr)
+	t.Fatalf("[setup of %s] start %s proxy-agent %s: want it connected to the proxy-server (/readyz 200, open_server_connections 1): %v", t.Name(), im, id, lastErr)
 	return nil
 }
 
