@@ -134,23 +134,23 @@ impl ClientSet {
     }
 
     fn start(self: &Arc<Self>, conn: crate::connect::Connection) {
-        let session = Session::new(
-            conn.server_id.clone(),
-            conn.outbound,
+        let (server_id, server_count, flow_window) =
+            (conn.server_id.clone(), conn.server_count, conn.flow_window);
+        let (session, inbound) = Session::new(
+            conn,
             self.metrics.clone(),
             self.session_cfg.clone(),
             self.drain.clone(),
         );
         let n = {
             let mut s = self.sessions.lock();
-            s.insert(conn.server_id.clone(), session.clone());
+            s.insert(server_id.clone(), session.clone());
             s.len()
         };
         self.publish(n);
-        tracing::info!(server_id = %conn.server_id, server_count = conn.server_count, "connected to proxy server");
+        tracing::info!(server_id = %server_id, server_count, flow_window, "connected to proxy server");
         let me = self.clone();
-        let span = tracing::info_span!("server", server_id = %conn.server_id);
-        let inbound = conn.inbound;
+        let span = tracing::info_span!("server", server_id = %server_id);
         self.drain.spawn(
             async move {
                 if me.draining.is_cancelled() {

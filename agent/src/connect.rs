@@ -14,7 +14,7 @@ use konnectivity_proto::ids::{AgentId, ServerId};
 use rustls::pki_types::ServerName;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::Streaming;
 use tonic::metadata::MetadataValue;
 
@@ -52,6 +52,9 @@ pub struct Connector {
     pub identifiers: String,
     pub token_path: Option<PathBuf>,
     pub keepalive: Duration,
+    /// Per-connection flow-control window to offer the server (`None`: do not
+    /// offer it, behave exactly as upstream's agent).
+    pub flow_window: Option<i64>,
 }
 
 /// An open `Connect` stream.
@@ -59,7 +62,12 @@ pub struct Connection {
     pub server_id: ServerId,
     pub server_count: u32,
     pub inbound: Streaming<Packet>,
+    /// DATA and everything whose order matters.
     pub outbound: mpsc::Sender<Packet>,
+    /// WINDOW_UPDATEs, sent ahead of DATA.
+    pub control: mpsc::UnboundedSender<Packet>,
+    /// The window the server agreed to; `None` when it is not one of ours.
+    pub flow_window: Option<i64>,
 }
 
 impl Connector {
@@ -102,7 +110,14 @@ impl Connector {
             .map_err(|e| ConnectError::Transport(source_chain(&e)))?;
 
         let (tx, rx) = mpsc::channel(queue);
-        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let outbound = futures::stream::select_with_strategy(
+            UnboundedReceiverStream::new(control_rx),
+            ReceiverStream::new(rx),
+            // Credit first: the server must not wait for it behind our data.
+            |_: &mut ()| futures::stream::PollNext::Left,
+        );
+        let mut request = tonic::Request::new(outbound);
         let md = request.metadata_mut();
         let id = MetadataValue::try_from(self.agent_id.0.as_str())
             .map_err(|_| ConnectError::Address("agent id is not valid header text".into()))?;
@@ -111,6 +126,9 @@ impl Connector {
             ConnectError::Address("agent identifiers are not valid header text".into())
         })?;
         md.insert(header::AGENT_IDENTIFIERS, idents);
+        if let Some(w) = self.flow_window {
+            md.insert(header::FLOW_WINDOW, MetadataValue::from(w));
+        }
         if let Some(path) = &self.token_path {
             // Re-read on every connection so a rotated token is picked up.
             let token = std::fs::read_to_string(path).map_err(|source| ConnectError::Token {
@@ -150,11 +168,20 @@ impl Connector {
                 .map_err(|_| ConnectError::ServerCount(counts.clone()))?,
             _ => return Err(ConnectError::ServerCount(counts)),
         };
+        // Only a server of ours answers the offer; take no more than we offered.
+        let flow_window = self.flow_window.and_then(|ours| {
+            konnectivity_proto::flow::parse_window(
+                md.get(header::FLOW_WINDOW).and_then(|v| v.to_str().ok()),
+            )
+            .map(|theirs| theirs.min(ours))
+        });
         Ok(Connection {
             server_id,
             server_count,
             inbound: response.into_inner(),
             outbound: tx,
+            control: control_tx,
+            flow_window,
         })
     }
 }

@@ -2,9 +2,11 @@
 //! become DATA packets, DATA for it is written to it, and whichever side ends
 //! first ends both (the protocol has no half-close).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use konnectivity_proto::flow::{RecvGate, SendGate};
 use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
 use parking_lot::Mutex;
@@ -19,8 +21,13 @@ const MIN_READ: usize = 4 * 1024;
 
 /// The stream-facing handle of a connection.
 pub struct ConnHandle {
-    /// Bytes for the destination, bounded by `--xfr-channel-size` packets.
-    pub to_remote: mpsc::Sender<Bytes>,
+    /// Bytes for the destination, admitted by `gate` before they are queued.
+    pub to_remote: mpsc::UnboundedSender<Bytes>,
+    /// Legacy server: `--xfr-channel-size` packets and a stall limit. Ours:
+    /// the flow-control window.
+    pub gate: Arc<RecvGate>,
+    /// Credit for our DATA to the server; `None` for upstream servers.
+    pub send: Option<Arc<SendGate>>,
     pub close: CloseSignal,
 }
 
@@ -28,7 +35,7 @@ pub struct ConnHandle {
 #[derive(Clone, Default)]
 pub struct CloseSignal {
     token: CancellationToken,
-    reason: std::sync::Arc<Mutex<Option<String>>>,
+    reason: Arc<Mutex<Option<String>>>,
 }
 
 impl CloseSignal {
@@ -48,16 +55,25 @@ impl CloseSignal {
     }
 }
 
+/// The server side of a pump: where packets go, and the connection's gates.
+pub struct Link<'a> {
+    pub id: ConnectId,
+    pub to_server: &'a mpsc::Sender<Packet>,
+    pub control: &'a mpsc::UnboundedSender<Packet>,
+    pub gate: &'a RecvGate,
+    pub send: Option<&'a SendGate>,
+}
+
 /// Pumps bytes both ways until either side ends or `close` fires. Returns when
 /// the connection is over; the caller sends CLOSE_RSP.
 pub async fn pump(
     mut stream: TcpStream,
-    id: ConnectId,
-    to_server: &mpsc::Sender<Packet>,
-    mut to_remote: mpsc::Receiver<Bytes>,
+    link: Link<'_>,
+    mut to_remote: mpsc::UnboundedReceiver<Bytes>,
     close: &CloseSignal,
     on_sent: impl Fn(i32),
 ) {
+    let id = link.id;
     let (mut rd, mut wr) = stream.split();
     let upload = async {
         // Grow the read buffer while reads fill it, shrink when they stop, so
@@ -74,8 +90,11 @@ pub async fn pump(
                 Ok(n) if n < want / 4 => want = (want / 2).max(MIN_READ),
                 Ok(_) => {}
             }
-            let pkt = Packet::data(id.0, buf.split().freeze());
-            if to_server.send(pkt).await.is_err() {
+            let data = buf.split().freeze();
+            if let Some(send) = link.send {
+                send.acquire(data.len()).await;
+            }
+            if link.to_server.send(Packet::data(id.0, data)).await.is_err() {
                 return;
             }
             on_sent(konnectivity_proto::PacketType::Data as i32);
@@ -85,6 +104,10 @@ pub async fn pump(
         while let Some(data) = to_remote.recv().await {
             if wr.write_all(&data).await.is_err() {
                 return;
+            }
+            if let Some(credit) = link.gate.consumed(data.len()) {
+                let _ = link.control.send(Packet::window_update(id.0, credit));
+                on_sent(konnectivity_proto::PacketType::WindowUpdate as i32);
             }
         }
     };

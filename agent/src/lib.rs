@@ -84,6 +84,16 @@ impl AgentHandle {
             .sum()
     }
 
+    /// The flow-control window negotiated with each connected server
+    /// (`None`: an upstream server, no flow control).
+    pub fn flow_windows(&self) -> Vec<Option<i64>> {
+        self.clients
+            .sessions()
+            .iter()
+            .map(|s| s.flow_window())
+            .collect()
+    }
+
     /// Dials in progress across all streams.
     pub fn pending_dials(&self) -> usize {
         self.clients

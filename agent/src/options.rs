@@ -37,6 +37,7 @@ pub fn flags() -> FlagSet {
         .bool("sync-forever", false, "If true, the agent continues syncing, in order to support server count changes.")
         .int("xfr-channel-size", 150, "Packets queued per destination connection.")
         .duration("destination-stall-timeout", Duration::from_secs(10), "How long a destination may leave its queue full before only its connection is closed (protects the shared stream).")
+        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_WINDOW, "Per-connection flow-control window (bytes) offered to servers of this project; 0 turns it off. Upstream servers ignore the offer.")
         .bool("count-server-leases", false, "Enables lease counting system to determine the number of proxy servers to connect to.")
         .string("lease-namespace", "kube-system", "Namespace where lease objects are managed.")
         .string("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")
@@ -125,6 +126,22 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             identifiers,
             token_path,
             keepalive: v.duration("keepalive-time"),
+            flow_window: match v.int("flow-control-window") {
+                0 => None,
+                w if (konnectivity_proto::flow::MIN_WINDOW
+                    ..=konnectivity_proto::flow::MAX_WINDOW)
+                    .contains(&w) =>
+                {
+                    Some(w)
+                }
+                w => {
+                    return Err(format!(
+                        "--flow-control-window must be 0 or between {} and {} bytes, got {w}",
+                        konnectivity_proto::flow::MIN_WINDOW,
+                        konnectivity_proto::flow::MAX_WINDOW
+                    ));
+                }
+            },
         },
         sync: SyncConfig {
             interval,

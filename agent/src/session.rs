@@ -9,19 +9,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::drain::Drain;
+use konnectivity_proto::flow::{RecvGate, SendGate};
 use konnectivity_proto::ids::{ConnectId, DialId, ServerId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::{SendTimeoutError, TrySendError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tracing::Instrument;
 
 use crate::dial;
-use crate::endpoint::{self, CloseSignal, ConnHandle};
+use crate::endpoint::{self, CloseSignal, ConnHandle, Link};
 use crate::metrics::{Metrics, Segment};
 
 /// Settings every session shares.
@@ -38,6 +38,9 @@ pub struct SessionConfig {
 pub struct Session {
     pub server_id: ServerId,
     out: mpsc::Sender<Packet>,
+    control: mpsc::UnboundedSender<Packet>,
+    /// The negotiated flow-control window; `None` with upstream servers.
+    flow_window: Option<i64>,
     conns: Mutex<HashMap<ConnectId, ConnHandle>>,
     dials: Mutex<HashMap<DialId, CancellationToken>>,
     next_id: AtomicI64,
@@ -48,16 +51,19 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session over an open `Connect` stream; returns it with the stream's
+    /// inbound half for [`Session::serve`].
     pub fn new(
-        server_id: ServerId,
-        out: mpsc::Sender<Packet>,
+        conn: crate::connect::Connection,
         metrics: Arc<Metrics>,
         cfg: SessionConfig,
         drain: Drain,
-    ) -> Arc<Session> {
-        Arc::new(Session {
-            server_id,
-            out,
+    ) -> (Arc<Session>, Streaming<Packet>) {
+        let session = Arc::new(Session {
+            server_id: conn.server_id,
+            out: conn.outbound,
+            control: conn.control,
+            flow_window: conn.flow_window,
             conns: Mutex::new(HashMap::new()),
             dials: Mutex::new(HashMap::new()),
             next_id: AtomicI64::new(0),
@@ -65,7 +71,12 @@ impl Session {
             metrics,
             cfg,
             drain,
-        })
+        });
+        (session, conn.inbound)
+    }
+
+    pub fn flow_window(&self) -> Option<i64> {
+        self.flow_window
     }
 
     /// Sends a packet to the server, waiting while the stream is backed up.
@@ -161,6 +172,16 @@ impl Session {
                     }
                 }
             }
+            (Ok(PacketType::WindowUpdate), Some(Payload::WindowUpdate(w))) => {
+                let send = self
+                    .conns
+                    .lock()
+                    .get(&ConnectId(w.connect_id))
+                    .and_then(|h| h.send.clone());
+                if let Some(send) = send {
+                    send.grant(w.bytes);
+                }
+            }
             (Ok(PacketType::DialCls), Some(Payload::CloseDial(c))) => {
                 if let Some(cancel) = self.dials.lock().remove(&DialId(c.random)) {
                     tracing::debug!(dial_id = c.random, "dial cancelled by server");
@@ -179,8 +200,8 @@ impl Session {
             .conns
             .lock()
             .get(&id)
-            .map(|h| (h.to_remote.clone(), h.close.clone()));
-        let Some((tx, close)) = found else {
+            .map(|h| (h.to_remote.clone(), h.gate.clone(), h.close.clone()));
+        let Some((tx, gate, close)) = found else {
             tracing::debug!(connection_id = id.0, "DATA for unknown connection");
             self.send(Packet::close_response(
                 id.0,
@@ -189,23 +210,19 @@ impl Session {
             .await;
             return;
         };
-        match tx.try_send(data) {
-            Ok(()) => {}
-            Err(TrySendError::Closed(_)) => {}
-            Err(TrySendError::Full(data)) => {
-                match tx.send_timeout(data, self.cfg.stall_timeout).await {
-                    Ok(()) | Err(SendTimeoutError::Closed(_)) => {}
-                    Err(SendTimeoutError::Timeout(_)) => {
-                        tracing::warn!(
-                            connection_id = id.0,
-                            "destination stalled; closing its connection"
-                        );
-                        close.close(Some(format!(
-                        "destination did not read for {:?}; connection closed to protect the stream",
-                        self.cfg.stall_timeout
-                    )));
-                    }
-                }
+        let admitted = tokio::select! {
+            r = gate.admit(data.len()) => r,
+            _ = close.closed() => return,
+        };
+        match admitted {
+            Ok(()) => {
+                let _ = tx.send(data);
+            }
+            Err(e) => {
+                tracing::warn!(connection_id = id.0, error = %e, "closing the connection to protect the stream");
+                close.close(Some(format!(
+                    "{e}; connection closed to protect the stream"
+                )));
             }
         }
     }
@@ -252,12 +269,19 @@ impl Session {
         self.metrics
             .dial_duration
             .record(started.elapsed().as_secs_f64());
-        let (tx, rx) = mpsc::channel(self.cfg.conn_queue);
+        let (tx, rx) = mpsc::unbounded_channel();
         let close = CloseSignal::default();
+        let gate = Arc::new(match self.flow_window {
+            Some(w) => RecvGate::window(w),
+            None => RecvGate::legacy(self.cfg.conn_queue, self.cfg.stall_timeout),
+        });
+        let send = self.flow_window.map(|w| Arc::new(SendGate::new(w)));
         self.conns.lock().insert(
             connect,
             ConnHandle {
                 to_remote: tx,
+                gate: gate.clone(),
+                send: send.clone(),
                 close: close.clone(),
             },
         );
@@ -268,11 +292,21 @@ impl Session {
         {
             tracing::debug!("connection established");
             let metrics = self.metrics.clone();
+            let link = Link {
+                id: connect,
+                to_server: &self.out,
+                control: &self.control,
+                gate: &gate,
+                send: send.as_deref(),
+            };
             tokio::select! {
-                _ = endpoint::pump(stream, connect, &self.out, rx, &close, |t| metrics.packet(Segment::FromAgent, t)) => {}
+                _ = endpoint::pump(stream, link, rx, &close, |t| metrics.packet(Segment::FromAgent, t)) => {}
                 _ = self.closed.cancelled() => {}
                 _ = self.drain.stopping() => {}
             }
+        }
+        if let Some(s) = &send {
+            s.close();
         }
         self.conns.lock().remove(&connect);
         self.metrics.open_endpoint_connections.decrement(1.0);

@@ -151,6 +151,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 10,
             agent_queue: 64,
+            flow_window: Some(konnectivity_proto::flow::DEFAULT_WINDOW),
         },
         keepalive_time: Duration::from_secs(3600),
         frontend_keepalive_time: Duration::from_secs(3600),
@@ -185,6 +186,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             identifiers: String::new(),
             token_path: None,
             keepalive: Duration::from_secs(3600),
+            flow_window: Some(konnectivity_proto::flow::DEFAULT_WINDOW),
         },
         sync: proxy_agent::SyncConfig {
             interval: Duration::from_secs(1),

@@ -12,6 +12,9 @@ pub const AUTHORIZATION: &str = "authorization";
 pub const SERVER_ID: &str = "serverid";
 /// Server → agent response header: how many servers the agent should hold.
 pub const SERVER_COUNT: &str = "servercount";
+/// Not upstream: both directions announce per-connection flow control and the
+/// window (bytes) they grant; see [`crate::flow`]. Upstream ignores it.
+pub const FLOW_WINDOW: &str = "konnectivity-flow-window";
 
 /// The kinds of identifier an agent can advertise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -16,6 +16,7 @@ pub(crate) mod generated {
 
 pub use generated::*;
 
+pub mod flow;
 pub mod header;
 pub mod ids;
 mod packets;
@@ -49,7 +50,7 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 
 /// Upstream's metric label for each packet type, by wire value, then
 /// `Unknown` for values this build does not know.
-pub const PACKET_TYPE_LABELS: [&str; 8] = [
+pub const PACKET_TYPE_LABELS: [&str; 9] = [
     "DIAL_REQ",
     "DIAL_RSP",
     "CLOSE_REQ",
@@ -58,12 +59,14 @@ pub const PACKET_TYPE_LABELS: [&str; 8] = [
     "DIAL_CLS",
     "DRAIN",
     "Unknown",
+    "WINDOW_UPDATE",
 ];
 
 /// Index into [`PACKET_TYPE_LABELS`] for a raw `type` value.
 pub fn packet_type_index(packet_type: i32) -> usize {
-    usize::try_from(packet_type)
-        .ok()
-        .filter(|t| *t < 7)
-        .unwrap_or(7)
+    match packet_type {
+        0..=6 => packet_type as usize,
+        100 => 8,
+        _ => 7,
+    }
 }

@@ -3,7 +3,7 @@
 
 use crate::generated::{
     CloseDial, CloseRequest, CloseResponse, Data, DialRequest, DialResponse, Drain, Packet,
-    PacketType, packet::Payload,
+    PacketType, WindowUpdate, packet::Payload,
 };
 use bytes::Bytes;
 
@@ -15,6 +15,7 @@ pub trait PacketExt {
     fn close_dial(random: i64) -> Packet;
     fn data(connect_id: i64, data: Bytes) -> Packet;
     fn drain() -> Packet;
+    fn window_update(connect_id: i64, bytes: i64) -> Packet;
     /// The `type` as the enum, or `None` for a value this build does not know.
     fn kind(&self) -> Option<PacketType>;
     /// Upstream's label for a packet type in metrics (`DIAL_REQ`, …).
@@ -80,6 +81,13 @@ impl PacketExt for Packet {
         Packet {
             r#type: PacketType::Drain as i32,
             payload: Some(Payload::Drain(Drain {})),
+        }
+    }
+
+    fn window_update(connect_id: i64, bytes: i64) -> Packet {
+        Packet {
+            r#type: PacketType::WindowUpdate as i32,
+            payload: Some(Payload::WindowUpdate(WindowUpdate { connect_id, bytes })),
         }
     }
 

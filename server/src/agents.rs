@@ -10,12 +10,12 @@ use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_server::AgentService;
 use konnectivity_proto::header::{self, AgentIdentifiers};
 use konnectivity_proto::ids::{AgentId, ServerId};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::backend::Backend;
+use crate::backend::{AgentLinks, Backend};
 use crate::core::Core;
 use crate::metrics::{Segment, Service};
 
@@ -75,16 +75,33 @@ impl AgentService for AgentSvc {
         let (agent_id, identifiers) = agent_identity(request.metadata()).inspect_err(|e| {
             tracing::warn!(error = %e.message(), "rejecting agent stream");
         })?;
+        // Flow control when the agent announces it and we have it on: the
+        // smaller of the two windows. Upstream agents never announce it.
+        let asked = konnectivity_proto::flow::parse_window(
+            request
+                .metadata()
+                .get(header::FLOW_WINDOW)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let flow_window = match (asked, self.core.cfg.flow_window) {
+            (Some(a), Some(ours)) => Some(a.min(ours)),
+            _ => None,
+        };
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(self.core.cfg.agent_queue);
+        let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
         let backend = Backend::new(
             agent_id.clone(),
             identifiers,
-            tx,
+            AgentLinks {
+                data: tx,
+                control: control_tx,
+                flow_window,
+            },
             self.core.metrics.clone(),
             self.core.backends.changes(),
         );
-        tracing::info!(agent_id = %agent_id, stream = backend.id, "agent connected");
+        tracing::info!(agent_id = %agent_id, stream = backend.id, flow_window, "agent connected");
         self.core.backends.add(backend.clone());
 
         let span = tracing::info_span!("agent", agent_id = %agent_id, stream = backend.id);
@@ -106,15 +123,23 @@ impl AgentService for AgentSvc {
         // The stream to the agent ends as soon as the backend is retired, even
         // while tunnels still hold a sender.
         let retired = backend.clone();
-        let outbound = ReceiverStream::new(rx)
-            .take_until(async move { retired.retired().await })
-            .map(Ok);
+        let outbound = futures::stream::select_with_strategy(
+            UnboundedReceiverStream::new(control_rx),
+            ReceiverStream::new(rx),
+            // Credit first: an agent waiting for credit must not wait behind data.
+            |_: &mut ()| futures::stream::PollNext::Left,
+        )
+        .take_until(async move { retired.retired().await })
+        .map(Ok);
         let mut response = Response::new(Box::pin(outbound) as AgentStream);
         let md = response.metadata_mut();
         if let Ok(v) = MetadataValue::try_from(self.server_id.0.as_str()) {
             md.insert(header::SERVER_ID, v);
         }
         md.insert(header::SERVER_COUNT, MetadataValue::from(self.server_count));
+        if let Some(w) = flow_window {
+            md.insert(header::FLOW_WINDOW, MetadataValue::from(w));
+        }
         Ok(response)
     }
 }

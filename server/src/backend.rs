@@ -20,6 +20,25 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::{Metrics, Segment};
 use crate::tunnel::Tunnel;
 
+/// The channels to one agent stream, and whether it does flow control.
+pub struct AgentLinks {
+    pub data: mpsc::Sender<Packet>,
+    pub control: mpsc::UnboundedSender<Packet>,
+    pub flow_window: Option<i64>,
+}
+
+impl AgentLinks {
+    /// Links whose receiving ends are dropped (unit tests).
+    #[cfg(test)]
+    pub fn detached() -> Self {
+        AgentLinks {
+            data: mpsc::channel(1).0,
+            control: mpsc::unbounded_channel().0,
+            flow_window: None,
+        }
+    }
+}
+
 /// The agent stream is gone or was retired.
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
 #[error("agent stream closed")]
@@ -32,6 +51,12 @@ pub struct Backend {
     pub agent_id: AgentId,
     pub identifiers: AgentIdentifiers,
     to_agent: mpsc::Sender<Packet>,
+    /// WINDOW_UPDATEs: they never wait behind DATA (their order relative to
+    /// data does not matter), and there are at most a few per window.
+    control: mpsc::UnboundedSender<Packet>,
+    /// The negotiated per-connection flow-control window, if the agent is one
+    /// of ours; `None` for upstream agents.
+    flow_window: Option<i64>,
     draining: AtomicBool,
     retired: CancellationToken,
     conns: Mutex<HashMap<ConnectId, Arc<Tunnel>>>,
@@ -53,7 +78,7 @@ impl Backend {
     pub fn new(
         agent_id: AgentId,
         identifiers: AgentIdentifiers,
-        to_agent: mpsc::Sender<Packet>,
+        links: AgentLinks,
         metrics: Arc<Metrics>,
         changes: watch::Sender<u64>,
     ) -> Arc<Backend> {
@@ -62,7 +87,9 @@ impl Backend {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             agent_id,
             identifiers,
-            to_agent,
+            to_agent: links.data,
+            control: links.control,
+            flow_window: links.flow_window,
             draining: AtomicBool::new(false),
             retired: CancellationToken::new(),
             conns: Mutex::new(HashMap::new()),
@@ -84,6 +111,18 @@ impl Backend {
         self.to_agent.send(pkt).await.map_err(|_| BackendGone)?;
         self.metrics.packet(Segment::ToAgent, t);
         Ok(())
+    }
+
+    /// Queues a control packet ahead of DATA, without waiting.
+    pub fn control(&self, pkt: Packet) {
+        let t = pkt.r#type;
+        if self.control.send(pkt).is_ok() {
+            self.metrics.packet(Segment::ToAgent, t);
+        }
+    }
+
+    pub fn flow_window(&self) -> Option<i64> {
+        self.flow_window
     }
 
     /// Like [`Backend::send`] but gives up after `limit`.
@@ -354,11 +393,10 @@ mod tests {
     use super::*;
 
     fn backend(agent: &str, ids: &str) -> Arc<Backend> {
-        let (tx, _rx) = mpsc::channel(1);
         Backend::new(
             AgentId(agent.into()),
             AgentIdentifiers::parse_lenient(ids).unwrap_or_default(),
-            tx,
+            AgentLinks::detached(),
             Arc::new(Metrics::new()),
             watch::channel(0).0,
         )
@@ -412,7 +450,7 @@ mod tests {
         let new = Backend::new(
             old.agent_id.clone(),
             AgentIdentifiers::default(),
-            mpsc::channel(1).0,
+            AgentLinks::detached(),
             Arc::new(Metrics::new()),
             watch::channel(0).0,
         );

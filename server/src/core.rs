@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use konnectivity_proto::flow::RecvGate;
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
@@ -13,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, Backends, SendError};
 use crate::metrics::{DialFailure, Metrics, Segment, Service};
-use crate::tunnel::{Abort, Tunnel, TunnelState};
+use crate::tunnel::{Tunnel, TunnelState};
 
 /// Timing and sizing of the data path.
 #[derive(Debug, Clone)]
@@ -26,6 +27,9 @@ pub struct CoreConfig {
     pub frontend_queue: usize,
     /// Packets queued per agent stream.
     pub agent_queue: usize,
+    /// Per-connection flow-control window offered to agents that ask for it;
+    /// `None` turns flow control off (every agent is treated as upstream's).
+    pub flow_window: Option<i64>,
 }
 
 struct Pending {
@@ -104,11 +108,12 @@ impl Core {
         p
     }
 
+    /// Queues the agent's DATA for a frontend, counting waits on full queues.
     async fn deliver(&self, t: &Tunnel, pkt: Packet) -> crate::tunnel::Delivery {
         let started = Instant::now();
         let gauge = self.metrics.full_receive_channels(Service::Connect);
         let d = t
-            .deliver(pkt, self.cfg.stall_timeout, |full| {
+            .deliver(pkt, |full| {
                 if full {
                     gauge.increment(1.0)
                 } else {
@@ -224,24 +229,18 @@ impl Core {
         }
         match tunnel.state() {
             TunnelState::Idle => {
-                tunnel
-                    .deliver_last(
-                        close_rsp(id, "backend not initialized"),
-                        self.cfg.stall_timeout,
-                    )
-                    .await;
+                tunnel.deliver_last(close_rsp(id, "backend not initialized"));
                 Flow::End
             }
             TunnelState::Dialing { .. } => {
-                tunnel
-                    .deliver_last(
-                        close_rsp(id, "connection not established"),
-                        self.cfg.stall_timeout,
-                    )
-                    .await;
+                tunnel.deliver_last(close_rsp(id, "connection not established"));
                 Flow::End
             }
             TunnelState::Established { backend, connect } if connect.0 == id => {
+                let len = data.data.len();
+                if !Self::take_credit(tunnel, len).await {
+                    return Flow::Continue;
+                }
                 if backend.send(pkt).await.is_err() {
                     tracing::debug!(connection_id = id, "DATA to agent failed: stream closed");
                 }
@@ -255,15 +254,8 @@ impl Core {
                 if backend.remove_conn_of(connect, tunnel) {
                     let _ = backend.send(Packet::close_request(connect.0)).await;
                 }
-                let _ = self
-                    .deliver(tunnel, close_rsp(id, "mismatched connection IDs"))
-                    .await;
-                tunnel
-                    .deliver_last(
-                        close_rsp(connect.0, "mismatched connection IDs"),
-                        self.cfg.stall_timeout,
-                    )
-                    .await;
+                let _ = tunnel.enqueue(close_rsp(id, "mismatched connection IDs"));
+                tunnel.deliver_last(close_rsp(connect.0, "mismatched connection IDs"));
                 Flow::End
             }
             TunnelState::Closing { .. } | TunnelState::Closed => Flow::Continue,
@@ -274,30 +266,21 @@ impl Core {
     pub async fn frontend_close(&self, tunnel: &Tunnel, id: i64) -> Flow {
         match tunnel.state() {
             TunnelState::Idle => {
-                let _ = self
-                    .deliver(tunnel, close_rsp(id, "backend uninitialized"))
-                    .await;
+                let _ = tunnel.enqueue(close_rsp(id, "backend uninitialized"));
                 Flow::Continue
             }
             TunnelState::Established { backend, connect } if connect.0 == id => {
                 if backend.send(Packet::close_request(id)).await.is_err() {
                     tunnel.with_state(|s| *s = TunnelState::Closed);
                     backend.remove_conn_of(connect, tunnel);
-                    tunnel
-                        .deliver_last(
-                            close_rsp(id, "CLOSE_REQ to backend failed"),
-                            self.cfg.stall_timeout,
-                        )
-                        .await;
+                    tunnel.deliver_last(close_rsp(id, "CLOSE_REQ to backend failed"));
                     return Flow::End;
                 }
                 tunnel.with_state(|s| *s = TunnelState::Closing { backend, connect });
                 Flow::Continue
             }
             TunnelState::Dialing { .. } | TunnelState::Established { .. } => {
-                let _ = self
-                    .deliver(tunnel, close_rsp(id, "unrecognized connectID"))
-                    .await;
+                let _ = tunnel.enqueue(close_rsp(id, "unrecognized connectID"));
                 Flow::Continue
             }
             TunnelState::Closing { .. } | TunnelState::Closed => Flow::Continue,
@@ -324,13 +307,26 @@ impl Core {
         Flow::End
     }
 
+    /// With a flow-controlled agent, waits for credit to send `len` bytes of
+    /// DATA; false if the tunnel finished meanwhile.
+    async fn take_credit(tunnel: &Tunnel, len: usize) -> bool {
+        if let Some(send) = tunnel.flow().and_then(|f| f.send.as_ref()) {
+            send.acquire(len).await;
+        }
+        !tunnel.is_finished()
+    }
+
     /// HTTP CONNECT: the client's bytes for the established connection.
     pub async fn frontend_bytes(
         &self,
+        tunnel: &Tunnel,
         backend: &Backend,
         connect: ConnectId,
         data: bytes::Bytes,
     ) -> bool {
+        if !Self::take_credit(tunnel, data.len()).await {
+            return false;
+        }
         backend.send(Packet::data(connect.0, data)).await.is_ok()
     }
 
@@ -386,7 +382,7 @@ impl Core {
                 };
                 match self.deliver(&t, pkt).await {
                     crate::tunnel::Delivery::Queued => {}
-                    crate::tunnel::Delivery::Gone | crate::tunnel::Delivery::Stalled => {
+                    crate::tunnel::Delivery::Gone | crate::tunnel::Delivery::Aborted => {
                         if t.aborted().is_some() {
                             tracing::warn!(agent_id = %backend.agent_id, connection_id = id, "frontend stalled; closing its connection");
                         }
@@ -402,7 +398,7 @@ impl Core {
                 match backend.remove_conn(ConnectId(id)) {
                     Some(t) => {
                         t.with_state(|s| *s = TunnelState::Closed);
-                        t.deliver_last(pkt, self.cfg.stall_timeout).await;
+                        t.deliver_last(pkt);
                     }
                     None => {
                         tracing::debug!(agent_id = %backend.agent_id, connection_id = id, "CLOSE_RSP for unknown connection; dropped")
@@ -415,10 +411,20 @@ impl Core {
                     Some(p) if p.backend.id == backend.id => {
                         self.metrics.dial_failure(DialFailure::BackendClose);
                         p.tunnel.with_state(|s| *s = TunnelState::Closed);
-                        p.tunnel.deliver_last(pkt, self.cfg.stall_timeout).await;
+                        p.tunnel.deliver_last(pkt);
                     }
                     Some(p) => self.add_pending(dial, p),
                     None => tracing::debug!(dial_id = %dial, "DIAL_CLS for unknown dial; dropped"),
+                }
+            }
+            (Ok(PacketType::WindowUpdate), Some(Payload::WindowUpdate(w))) => {
+                if let Some(send) = backend
+                    .conn(ConnectId(w.connect_id))
+                    .as_deref()
+                    .and_then(|t| t.flow())
+                    .and_then(|f| f.send.as_ref())
+                {
+                    send.grant(w.bytes);
                 }
             }
             (Ok(PacketType::Drain), _) => {
@@ -461,7 +467,7 @@ impl Core {
         if failed {
             self.metrics.dial_failure(DialFailure::ErrorResponse);
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
-            p.tunnel.deliver_last(pkt, self.cfg.stall_timeout).await;
+            p.tunnel.deliver_last(pkt);
             return;
         }
         let connect_id = ConnectId(connect);
@@ -471,11 +477,16 @@ impl Core {
                 connect: connect_id,
             }
         });
+        let gate = match backend.flow_window() {
+            Some(w) => RecvGate::window(w),
+            None => RecvGate::legacy(self.cfg.frontend_queue, self.cfg.stall_timeout),
+        };
+        p.tunnel.establish_flow(backend.clone(), connect_id, gate);
         backend.add_conn(connect_id, p.tunnel.clone());
         self.metrics
             .dial_duration
             .record(p.started.elapsed().as_secs_f64());
-        if self.deliver(&p.tunnel, pkt).await != crate::tunnel::Delivery::Queued {
+        if p.tunnel.enqueue(pkt) != crate::tunnel::Delivery::Queued {
             self.metrics.dial_failure(DialFailure::SendResponse);
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
             if backend.remove_conn_of(connect_id, &p.tunnel) {
@@ -495,7 +506,7 @@ impl Core {
         }
         for (id, t) in conns {
             t.with_state(|s| *s = TunnelState::Closed);
-            t.close_now(close_rsp(id.0, ""), Abort::AgentGone);
+            t.deliver_last(close_rsp(id.0, ""));
         }
         let dials: Vec<(DialId, Pending)> = {
             let mut pending = self.pending.lock();
@@ -519,7 +530,7 @@ impl Core {
                 0,
                 "agent stream closed before the dial completed".into(),
             );
-            p.tunnel.close_now(rsp, Abort::AgentGone);
+            p.tunnel.deliver_last(rsp);
         }
     }
 }

@@ -169,6 +169,16 @@ impl ServerHandle {
         let _ = rx.wait_for(|c| *c >= n).await;
     }
 
+    /// Agent streams that negotiated per-connection flow control.
+    pub fn flow_controlled_agents(&self) -> usize {
+        self.core
+            .backends
+            .snapshot()
+            .iter()
+            .filter(|b| b.flow_window().is_some())
+            .count()
+    }
+
     /// Agent streams that sent DRAIN.
     pub fn draining_agents(&self) -> usize {
         self.core

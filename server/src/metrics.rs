@@ -22,6 +22,7 @@ const FULL_RECV_CHANNELS: &str = "konnectivity_network_proxy_server_full_receive
 const DIAL_FAILURES: &str = "konnectivity_network_proxy_server_dial_failure_count";
 const STREAM_PACKETS: &str = "konnectivity_network_proxy_server_stream_packets_total";
 const STREAM_ERRORS: &str = "konnectivity_network_proxy_server_stream_errors_total";
+const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_count";
 
 /// Why a dial failed, as upstream labels it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +106,8 @@ pub struct Metrics {
     pub established: Gauge,
     full_recv_proxy: Gauge,
     full_recv_connect: Gauge,
+    /// Registered like upstream's (always present); moves once leases exist.
+    pub culled_leases: Counter,
     dial_failures: Vec<Counter>,
     /// Segment × packet type: the data path counts every packet.
     packets: CounterGrid,
@@ -163,6 +166,10 @@ impl Metrics {
             "Number of dial failures observed. Multiple failures can occur for a single dial request.",
         );
         r.describe_counter(
+            CULLED_LEASES,
+            "Count of expired leases that the lease garbage collection controller has culled.",
+        );
+        r.describe_counter(
             STREAM_PACKETS,
             "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
         );
@@ -181,6 +188,7 @@ impl Metrics {
             established: r.gauge(ESTABLISHED, &[]),
             full_recv_proxy: r.gauge(FULL_RECV_CHANNELS, &[("service_method", "Proxy")]),
             full_recv_connect: r.gauge(FULL_RECV_CHANNELS, &[("service_method", "Connect")]),
+            culled_leases: r.counter(CULLED_LEASES, &[]),
             dial_failures: DialFailure::ALL
                 .iter()
                 .map(|f| r.counter(DIAL_FAILURES, &[("reason", f.label())]))

@@ -63,6 +63,7 @@ pub fn flags() -> FlagSet {
         .duration("graceful-shutdown-timeout", Duration::ZERO, "How long live tunnels may continue after SIGTERM before they are cut. 0 stops at once.")
         .duration("backend-dial-timeout", DEFAULT_BACKEND_DIAL_TIMEOUT, "Deadline for sending DIAL_REQ to an agent and receiving its DIAL_RSP. 0 means the 60s maximum.")
         .duration("frontend-stall-timeout", Duration::from_secs(10), "How long a frontend may leave its queue full before only its connection is closed (protects the shared agent stream).")
+        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_WINDOW, "Per-connection flow-control window (bytes) offered to agents of this project that ask for it; 0 turns it off. Upstream agents never ask.")
         .bool("warn-on-channel-limit", true, "Deprecated no-op.")
         .deprecated("This behavior is now thread safe and always on. This flag will be removed in a future release.")
         .with_klog(0)
@@ -107,6 +108,18 @@ fn pair(v: &Values, cert: &str, key: &str) -> Result<Option<(PathBuf, PathBuf)>,
         (Some(c), Some(k)) => Ok(Some((c, k))),
         (None, None) => Ok(None),
         _ => Err(format!("--{cert} and --{key} must be set together")),
+    }
+}
+
+/// `--flow-control-window`: 0 is off, otherwise within the protocol's bounds.
+pub fn flow_window(v: &Values) -> Result<Option<i64>, String> {
+    use konnectivity_proto::flow::{MAX_WINDOW, MIN_WINDOW};
+    match v.int("flow-control-window") {
+        0 => Ok(None),
+        w if (MIN_WINDOW..=MAX_WINDOW).contains(&w) => Ok(Some(w)),
+        w => Err(format!(
+            "--flow-control-window must be 0 or between {MIN_WINDOW} and {MAX_WINDOW} bytes, got {w}"
+        )),
     }
 }
 
@@ -262,6 +275,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
                 .max(Duration::from_millis(100)),
             frontend_queue: xfr,
             agent_queue: xfr.max(16),
+            flow_window: flow_window(v)?,
         },
         keepalive_time: v.duration("keepalive-time"),
         frontend_keepalive_time: v.duration("frontend-keepalive-time"),

@@ -1,20 +1,24 @@
 //! One frontend connection (a gRPC `Proxy` stream or an HTTP CONNECT socket)
 //! and its place in the dial state machine.
 //!
-//! Packets for the frontend go through a bounded per-tunnel queue, so one
-//! frontend that stops reading cannot stall the agent stream it shares with
-//! other tunnels for longer than the stall limit: after that only this tunnel
-//! is closed.
+//! DATA for the frontend is admitted by the tunnel's [`RecvGate`]: with one of
+//! our agents, per-connection flow control (the agent never sends more than
+//! the frontend has room for, so nothing waits); with an upstream agent, a
+//! bounded queue and a stall limit, after which only this tunnel is closed.
+//! Either way one frontend that stops reading cannot stall the agent stream
+//! it shares with other tunnels.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use konnectivity_proto::Packet;
+use konnectivity_proto::PacketExt;
+use konnectivity_proto::flow::{GateError, RecvGate, SendGate};
 use konnectivity_proto::ids::{ConnectId, DialId};
+use konnectivity_proto::packet::Payload;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::{SendTimeoutError, TrySendError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -51,8 +55,8 @@ pub enum TunnelState {
 pub enum Abort {
     /// The frontend did not read for the whole stall limit.
     Stalled(Duration),
-    /// The agent stream went away and the final packet did not fit the queue.
-    AgentGone,
+    /// The agent sent past its flow-control window.
+    AgentExceeded(i64),
     /// The server is shutting down.
     Shutdown,
     /// The frontend's own stream failed (e.g. an oversize message); it is
@@ -67,18 +71,31 @@ impl std::fmt::Display for Abort {
                 f,
                 "frontend did not read for {d:?}; connection closed to protect the agent stream"
             ),
-            Abort::AgentGone => f.write_str("agent stream closed"),
+            Abort::AgentExceeded(w) => {
+                write!(f, "agent exceeded the flow-control window of {w} bytes")
+            }
             Abort::Shutdown => f.write_str("proxy server is shutting down"),
             Abort::Frontend(_, why) => f.write_str(why),
         }
     }
 }
 
+/// Flow bookkeeping of an established tunnel.
+pub struct Flow {
+    /// Admits the agent's DATA for the frontend.
+    pub recv: RecvGate,
+    /// Credit for the frontend's DATA to the agent; `None` for upstream agents.
+    pub send: Option<SendGate>,
+    backend: Arc<Backend>,
+    connect: ConnectId,
+}
+
 pub struct Tunnel {
     /// Process-unique, for logs only.
     pub id: u64,
-    to_frontend: mpsc::Sender<Packet>,
+    to_frontend: mpsc::UnboundedSender<Packet>,
     state: Mutex<TunnelState>,
+    flow: OnceLock<Flow>,
     /// Cancelled when nothing more will be queued for the frontend.
     finished: CancellationToken,
     /// Cancelled only on abort, so writers stuck on a dead frontend give up.
@@ -94,7 +111,7 @@ impl std::fmt::Debug for Tunnel {
 
 /// The frontend's end of a tunnel's queue.
 pub struct FrontendQueue {
-    pub rx: mpsc::Receiver<Packet>,
+    pub rx: mpsc::UnboundedReceiver<Packet>,
     pub finished: CancellationToken,
 }
 
@@ -104,19 +121,22 @@ pub enum Delivery {
     Queued,
     /// The tunnel is already finished; the packet was dropped.
     Gone,
-    /// The frontend stalled past the limit; the tunnel was aborted.
-    Stalled,
+    /// The tunnel was aborted instead (stalled frontend, or a window breach).
+    Aborted,
 }
 
 impl Tunnel {
-    pub fn new(queue_len: usize) -> (Arc<Tunnel>, FrontendQueue) {
+    pub fn new() -> (Arc<Tunnel>, FrontendQueue) {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let (tx, rx) = mpsc::channel(queue_len.max(1));
+        // Unbounded on purpose: DATA is bounded by the gate before it is
+        // queued; the few control packets per tunnel need no bound.
+        let (tx, rx) = mpsc::unbounded_channel();
         let finished = CancellationToken::new();
         let t = Arc::new(Tunnel {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             to_frontend: tx,
             state: Mutex::new(TunnelState::Idle),
+            flow: OnceLock::new(),
             finished: finished.clone(),
             aborted: CancellationToken::new(),
             abort: Mutex::new(None),
@@ -133,53 +153,95 @@ impl Tunnel {
         f(&mut self.state.lock())
     }
 
-    /// Queues a packet for the frontend. If the queue is full, waits at most
-    /// `stall` for room (the caller's agent stream waits with it), then aborts
-    /// this tunnel only.
-    pub async fn deliver(&self, pkt: Packet, stall: Duration, on_full: impl Fn(bool)) -> Delivery {
+    /// Sets up flow bookkeeping once the agent answered the dial.
+    pub fn establish_flow(&self, backend: Arc<Backend>, connect: ConnectId, recv: RecvGate) {
+        let send = backend.flow_window().map(SendGate::new);
+        let _ = self.flow.set(Flow {
+            recv,
+            send,
+            backend,
+            connect,
+        });
+    }
+
+    pub fn flow(&self) -> Option<&Flow> {
+        self.flow.get()
+    }
+
+    /// Queues a control packet (DIAL_RSP, CLOSE_RSP, DIAL_CLS) for the frontend.
+    pub fn enqueue(&self, pkt: Packet) -> Delivery {
+        if self.finished.is_cancelled() || self.to_frontend.send(pkt).is_err() {
+            return Delivery::Gone;
+        }
+        Delivery::Queued
+    }
+
+    /// Queues the agent's DATA for the frontend once its gate admits it.
+    /// `waiting` is told when a legacy agent's DATA has to wait for room.
+    pub async fn deliver(&self, pkt: Packet, waiting: impl Fn(bool)) -> Delivery {
         if self.finished.is_cancelled() {
             return Delivery::Gone;
         }
-        match self.to_frontend.try_send(pkt) {
-            Ok(()) => Delivery::Queued,
-            Err(TrySendError::Closed(_)) => Delivery::Gone,
-            Err(TrySendError::Full(pkt)) => {
-                on_full(true);
-                let r = tokio::select! {
-                    r = self.to_frontend.send_timeout(pkt, stall) => Some(r),
-                    _ = self.finished.cancelled() => None,
-                };
-                on_full(false);
-                match r {
-                    Some(Ok(())) => Delivery::Queued,
-                    Some(Err(SendTimeoutError::Timeout(_))) => {
-                        self.abort(Abort::Stalled(stall));
-                        Delivery::Stalled
-                    }
-                    Some(Err(SendTimeoutError::Closed(_))) | None => Delivery::Gone,
-                }
+        let Some(flow) = self.flow.get() else {
+            return Delivery::Gone;
+        };
+        let len = match &pkt.payload {
+            Some(Payload::Data(d)) => d.data.len(),
+            _ => 0,
+        };
+        let full = flow.recv.is_full();
+        if full {
+            waiting(true);
+        }
+        let admitted = tokio::select! {
+            r = flow.recv.admit(len) => Some(r),
+            _ = self.finished.cancelled() => None,
+        };
+        if full {
+            waiting(false);
+        }
+        match admitted {
+            None => Delivery::Gone,
+            Some(Ok(())) => self.enqueue(pkt),
+            Some(Err(GateError::Stalled(d))) => {
+                self.abort(Abort::Stalled(d));
+                Delivery::Aborted
+            }
+            Some(Err(GateError::Exceeded(w))) => {
+                self.abort(Abort::AgentExceeded(w));
+                Delivery::Aborted
             }
         }
     }
 
-    /// Queues `pkt` as the last packet, then finishes the tunnel.
-    pub async fn deliver_last(&self, pkt: Packet, stall: Duration) {
-        let _ = self.deliver(pkt, stall, |_| {}).await;
-        self.finish();
-    }
-
-    /// Queues `pkt` as the last packet without waiting; if there is no room,
-    /// aborts with `otherwise` instead.
-    pub fn close_now(&self, pkt: Packet, otherwise: Abort) {
-        if self.to_frontend.try_send(pkt).is_err() {
-            self.abort(otherwise);
+    /// The frontend took DATA of `len` bytes: free its room, and return
+    /// credit to the agent when enough has built up.
+    pub fn consumed(&self, len: usize) {
+        if let Some(f) = self.flow.get()
+            && let Some(credit) = f.recv.consumed(len)
+        {
+            f.backend
+                .control(Packet::window_update(f.connect.0, credit));
         }
+    }
+
+    /// Queues `pkt` as the last packet, then finishes the tunnel.
+    pub fn deliver_last(&self, pkt: Packet) {
+        let _ = self.enqueue(pkt);
         self.finish();
     }
 
-    /// No more packets will be queued; the frontend ends after the queued ones.
+    /// No more packets will be queued; the frontend ends after the queued
+    /// ones, and anyone waiting for send credit gives up.
     pub fn finish(&self) {
         self.finished.cancel();
+        if let Some(send) = self.flow.get().and_then(|f| f.send.as_ref()) {
+            send.close();
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished.is_cancelled()
     }
 
     pub async fn finished(&self) {
@@ -190,7 +252,7 @@ impl Tunnel {
     pub fn abort(&self, why: Abort) {
         self.abort.lock().get_or_insert(why);
         self.aborted.cancel();
-        self.finished.cancel();
+        self.finish();
     }
 
     pub async fn aborted_wait(&self) {

@@ -52,7 +52,12 @@ type scenario struct {
 	// the agents' endpoint_dial_failure_total, by reason.
 	serverFailures map[string]float64
 	agentFailures  map[string]float64
-	run            func(x *sc)
+	// When both server and agent are ours, if different: our server passes
+	// the client's DIAL_CLS on and our agent stops dialing, so there is no
+	// late DIAL_RSP (no unrecognized_response) and no dial timeout.
+	oursServerFailures map[string]float64
+	oursAgentFailures  map[string]float64
+	run                func(x *sc)
 }
 
 var allFronts = []frontend{grpcUDS, connectUDS, connectTLS}
@@ -79,17 +84,22 @@ var scenarios = []scenario{
 		agentFailures:  map[string]float64{"timeout": 1},
 	},
 	{
-		// The client sends DIAL_CLS (server: frontend_close); the agent
-		// ignores it, times out after 5 s and its DIAL_RSP is then unknown
-		// to the server (unrecognized_response).
+		// The client sends DIAL_CLS (server: frontend_close); an upstream
+		// agent ignores it, times out after 5 s and its DIAL_RSP is then
+		// unknown to the server (unrecognized_response). Between our server
+		// and our agent the dial is cancelled instead.
 		name: "request context cancelled while dialing", fronts: []frontend{grpcUDS}, run: runCancelWhileDialing,
-		serverFailures: map[string]float64{"frontend_close": 1, "unrecognized_response": 1},
-		agentFailures:  map[string]float64{"timeout": 1},
+		serverFailures:     map[string]float64{"frontend_close": 1, "unrecognized_response": 1},
+		agentFailures:      map[string]float64{"timeout": 1},
+		oursServerFailures: map[string]float64{"frontend_close": 1},
+		oursAgentFailures:  map[string]float64{},
 	},
 	{
 		name: "request deadline exceeded while dialing", fronts: []frontend{grpcUDS}, run: runDeadlineWhileDialing,
-		serverFailures: map[string]float64{"frontend_close": 1, "unrecognized_response": 1},
-		agentFailures:  map[string]float64{"timeout": 1},
+		serverFailures:     map[string]float64{"frontend_close": 1, "unrecognized_response": 1},
+		agentFailures:      map[string]float64{"timeout": 1},
+		oursServerFailures: map[string]float64{"frontend_close": 1},
+		oursAgentFailures:  map[string]float64{},
 	},
 	{name: "tunnel context cancelled mid-stream", fronts: []frontend{grpcUDS}, run: runTunnelCancelled},
 	{name: "client closes first", fronts: allFronts, run: runClientClosesFirst},
@@ -113,6 +123,9 @@ func runScenario(x *sc, s scenario) {
 		return
 	}
 	wantS, wantA := s.serverFailures, s.agentFailures
+	if x.pair.server == ours && x.pair.agent == ours && s.oursServerFailures != nil {
+		wantS, wantA = s.oursServerFailures, s.oursAgentFailures
+	}
 	if wantS == nil {
 		wantS = map[string]float64{}
 	}

@@ -43,6 +43,8 @@ pub struct ServerOpts {
     pub grace: Duration,
     /// Reuse this agent port (server restarts).
     pub agent_port: u16,
+    /// Offer per-connection flow control to agents that ask.
+    pub flow_control: bool,
 }
 
 impl Default for ServerOpts {
@@ -59,12 +61,14 @@ impl Default for ServerOpts {
             agent_mtls: true,
             grace: Duration::ZERO,
             agent_port: 0,
+            flow_control: true,
         }
     }
 }
 
 pub struct RunningServer {
     pub handle: ServerHandle,
+    _watchdog: crate::Watchdog,
     pub frontend: Frontend,
     pub agent_addr: SocketAddr,
     pub health_addr: SocketAddr,
@@ -176,6 +180,9 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
             stall_timeout: opts.stall_timeout,
             frontend_queue: opts.frontend_queue,
             agent_queue: 64,
+            flow_window: opts
+                .flow_control
+                .then_some(konnectivity_proto::flow::DEFAULT_WINDOW),
         },
         keepalive_time: Duration::from_secs(3600),
         frontend_keepalive_time: Duration::from_secs(3600),
@@ -199,6 +206,7 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
     });
     RunningServer {
         handle,
+        _watchdog: crate::watchdog(Duration::from_secs(180)),
         frontend,
         agent_addr,
         health_addr,
@@ -220,6 +228,8 @@ pub struct AgentOpts {
     pub sync_interval: Duration,
     pub conn_queue: usize,
     pub stall_timeout: Duration,
+    /// Offer per-connection flow control to the server.
+    pub flow_control: bool,
 }
 
 impl Default for AgentOpts {
@@ -231,6 +241,7 @@ impl Default for AgentOpts {
             sync_interval: Duration::from_millis(100),
             conn_queue: 150,
             stall_timeout: Duration::from_secs(10),
+            flow_control: true,
         }
     }
 }
@@ -297,6 +308,9 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             identifiers: opts.identifiers.clone(),
             token_path: None,
             keepalive: Duration::from_secs(3600),
+            flow_window: opts
+                .flow_control
+                .then_some(konnectivity_proto::flow::DEFAULT_WINDOW),
         },
         sync: SyncConfig {
             interval: opts.sync_interval,
@@ -391,6 +405,7 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
         identifiers: identifiers.to_string(),
         token_path: None,
         keepalive: Duration::from_secs(3600),
+        flow_window: None,
     };
     let c = connector.connect(64).await.unwrap();
     RawAgent {

@@ -201,20 +201,15 @@ async fn misbehaving_agent_gets_close_requests_and_others_are_served() {
     assert_eq!(t.read_exact(2).await, b"ok");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn frontend_that_never_reads_is_closed_alone() {
-    let opts = ServerOpts {
-        stall_timeout: Duration::from_millis(300),
-        frontend_queue: 4,
-        ..Default::default()
-    };
-    let stack = Stack::start(opts).await;
+/// A frontend that stops reading while its destination keeps sending, and
+/// another connection of the same agent moving 10 MiB meanwhile.
+async fn stuck_reader_beside_a_bulk_transfer(
+    stack: &Stack,
+) -> (integration_tests::client::GrpcTunnel, usize) {
     let src = dest::source(64 << 20).await;
-    // Dial a source that sends 64 MiB, and never read.
-    let mut stuck = grpc_dial(&stack.server.frontend, &src.to_string())
+    let stuck = grpc_dial(&stack.server.frontend, &src.to_string())
         .await
         .unwrap();
-    // Meanwhile another connection of the same agent moves 10 MiB.
     let src2 = dest::source(10 << 20).await;
     let mut t = grpc_dial(&stack.server.frontend, &src2.to_string())
         .await
@@ -223,13 +218,64 @@ async fn frontend_that_never_reads_is_closed_alone() {
     while let Some(d) = t.read().await {
         total += d.len();
     }
+    (stuck, total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_flow_control_a_reader_that_stops_costs_nobody_anything() {
+    // A stall limit so short that, without flow control, the reader that
+    // stops would be cut off at once (see the next test).
+    let opts = ServerOpts {
+        stall_timeout: Duration::from_millis(1),
+        ..Default::default()
+    };
+    let stack = Stack::start(opts).await;
+    assert_eq!(stack.server.handle.flow_controlled_agents(), 1);
+    let (mut stuck, other) = stuck_reader_beside_a_bulk_transfer(&stack).await;
+    assert_eq!(other, 10 << 20, "the other connection moved all its bytes");
+    // The stalled connection is still open (our agent simply held its data
+    // back): it reads everything, nothing lost.
+    assert_eq!(stack.server.handle.established(), 1);
+    let mut got = 0;
+    while let Some(d) = stuck.read().await {
+        got += d.len();
+    }
+    assert_eq!(got, 64 << 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_upstream_style_agent_a_stalled_frontend_is_closed_alone() {
+    init_logging();
+    let pki = Pki::new();
+    let opts = ServerOpts {
+        stall_timeout: Duration::from_millis(300),
+        frontend_queue: 4,
+        ..Default::default()
+    };
+    let server = start_server(&pki, opts).await;
+    // Our agent with flow control off speaks exactly upstream's protocol.
+    let agent_opts = integration_tests::konnectivity::AgentOpts {
+        flow_control: false,
+        ..Default::default()
+    };
+    let agent =
+        integration_tests::konnectivity::start_agent(&pki, server.agent_addr, agent_opts).await;
+    agent.handle.wait_connected(1).await;
+    server.handle.wait_for_agents(1).await;
+    assert_eq!(server.handle.flow_controlled_agents(), 0);
+    let src = dest::source(64 << 20).await;
+    let mut stuck = grpc_dial(&server.frontend, &src.to_string()).await.unwrap();
+    let src2 = dest::source(10 << 20).await;
+    let mut t = grpc_dial(&server.frontend, &src2.to_string())
+        .await
+        .unwrap();
+    let mut total = 0;
+    while let Some(d) = t.read().await {
+        total += d.len();
+    }
     assert_eq!(total, 10 << 20);
     // Both are gone: the finished one by CLOSE_RSP, the stuck one by the stall limit.
-    stack
-        .server
-        .handle
-        .wait_until(|h| h.established() == 0)
-        .await;
+    server.handle.wait_until(|h| h.established() == 0).await;
     // The stuck frontend, when it finally reads, finds its stream ended with
     // an error naming the cause.
     let status = loop {

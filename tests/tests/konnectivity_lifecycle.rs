@@ -143,6 +143,7 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
         identifiers: String::new(),
         token_path: None,
         keepalive: Duration::from_secs(3600),
+        flow_window: None,
     };
     let err = connector
         .connect(8)

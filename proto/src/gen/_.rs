@@ -5,7 +5,7 @@
 pub struct Packet {
     #[prost(enumeration = "PacketType", tag = "1")]
     pub r#type: i32,
-    #[prost(oneof = "packet::Payload", tags = "2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "packet::Payload", tags = "2, 3, 4, 5, 6, 7, 8, 100")]
     pub payload: ::core::option::Option<packet::Payload>,
 }
 /// Nested message and enum types in `Packet`.
@@ -26,6 +26,9 @@ pub mod packet {
         CloseDial(super::CloseDial),
         #[prost(message, tag = "8")]
         Drain(super::Drain),
+        /// Not upstream; see WINDOW_UPDATE.
+        #[prost(message, tag = "100")]
+        WindowUpdate(super::WindowUpdate),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -69,6 +72,17 @@ pub struct CloseDial {
     #[prost(int64, tag = "1")]
     pub random: i64,
 }
+/// Grants the sender of DATA on connection `connectID` `bytes` more credit:
+/// the receiver has passed that much on (to the frontend, or to the
+/// destination). Used only when both ends announced flow control in the
+/// stream's metadata (`konnectivity-flow-window`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WindowUpdate {
+    #[prost(int64, tag = "1")]
+    pub connect_id: i64,
+    #[prost(int64, tag = "2")]
+    pub bytes: i64,
+}
 /// Sent by an agent that is shutting down: no new dials, please.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Drain {}
@@ -92,6 +106,9 @@ pub enum PacketType {
     Data = 4,
     DialCls = 5,
     Drain = 6,
+    /// Not upstream: per-connection flow control between peers of this project
+    /// that negotiated it (see WindowUpdate). Upstream peers never receive it.
+    WindowUpdate = 100,
 }
 impl PacketType {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -107,6 +124,7 @@ impl PacketType {
             Self::Data => "DATA",
             Self::DialCls => "DIAL_CLS",
             Self::Drain => "DRAIN",
+            Self::WindowUpdate => "WINDOW_UPDATE",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -119,6 +137,7 @@ impl PacketType {
             "DATA" => Some(Self::Data),
             "DIAL_CLS" => Some(Self::DialCls),
             "DRAIN" => Some(Self::Drain),
+            "WINDOW_UPDATE" => Some(Self::WindowUpdate),
             _ => None,
         }
     }

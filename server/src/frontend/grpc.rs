@@ -35,7 +35,7 @@ impl ProxyService for ProxySvc {
             .unwrap_or_default()
             .to_string();
         let inbound = request.into_inner();
-        let (tunnel, queue) = Tunnel::new(self.core.cfg.frontend_queue);
+        let (tunnel, queue) = Tunnel::new();
         let span = tracing::debug_span!("proxy", tunnel = tunnel.id, user_agent = %user_agent);
         let core = self.core.clone();
         let drain = self.drain.clone();
@@ -44,8 +44,11 @@ impl ProxyService for ProxySvc {
             async move {
                 let gauge = core.metrics.grpc_connections(Service::Proxy);
                 gauge.increment(1.0);
-                serve(&core, &t, inbound, &drain).await;
+                let open = serve(&core, &t, inbound, &drain).await;
                 core.frontend_gone(&t).await;
+                if let Some(inbound) = open {
+                    linger(&core, inbound, &drain).await;
+                }
                 gauge.decrement(1.0);
             }
             .instrument(span),
@@ -59,22 +62,28 @@ impl ProxyService for ProxySvc {
 }
 
 /// Reads the frontend's packets until it ends, the tunnel finishes, the dial
-/// deadline passes or the server stops.
-async fn serve(core: &Core, tunnel: &Arc<Tunnel>, mut inbound: Streaming<Packet>, drain: &Drain) {
+/// deadline passes or the server stops. Returns the stream if the frontend
+/// has not closed it yet.
+async fn serve(
+    core: &Core,
+    tunnel: &Arc<Tunnel>,
+    mut inbound: Streaming<Packet>,
+    drain: &Drain,
+) -> Option<Streaming<Packet>> {
     loop {
         let deadline = Core::dial_deadline(tunnel);
         let msg = tokio::select! {
             m = inbound.message() => m,
-            _ = tunnel.finished() => return,
+            _ = tunnel.finished() => return Some(inbound),
             _ = drain.stopping() => {
                 tunnel.abort(crate::tunnel::Abort::Shutdown);
-                return;
+                return None;
             }
             _ = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } else { std::future::pending().await } } => {
                 if let Some(dial) = core.expire_dial(tunnel).await {
                     let rsp = Packet::dial_response(dial.0, 0, crate::core::DialRefused::TimedOut.to_string());
-                    tunnel.deliver_last(rsp, core.cfg.stall_timeout).await;
-                    return;
+                    tunnel.deliver_last(rsp);
+                    return Some(inbound);
                 }
                 continue;
             }
@@ -82,27 +91,69 @@ async fn serve(core: &Core, tunnel: &Arc<Tunnel>, mut inbound: Streaming<Packet>
         let pkt = match msg {
             Ok(Some(pkt)) => pkt,
             Ok(None) => {
+                // See `linger`: grpc-go reports a client going away as Canceled.
+                core.metrics
+                    .stream_error(Segment::FromClient, tonic::Code::Cancelled, "Unknown");
                 tracing::debug!("frontend closed its stream");
-                return;
+                return None;
             }
             Err(status) => {
                 core.metrics
-                    .stream_error(Segment::FromClient, status.code(), "Unknown");
+                    .stream_error(Segment::FromClient, client_code(&status), "Unknown");
                 tracing::debug!(%status, "frontend stream failed");
                 // Tell the frontend why, if it is still listening.
                 tunnel.abort(crate::tunnel::Abort::Frontend(
                     status.code(),
                     status.message().to_string(),
                 ));
-                return;
+                return None;
             }
         };
         core.metrics.packet(Segment::FromClient, pkt.r#type);
         if handle(core, tunnel, pkt).await == Flow::End {
-            return;
+            return Some(inbound);
         }
     }
 }
+
+/// After the tunnel is over, reads (and drops) what the frontend still sends
+/// until it goes away, as upstream does, and counts its going away in
+/// `stream_errors_total` as upstream's grpc-go sees it: `Canceled` (the
+/// konnectivity-client never half-closes; it closes its connection, and
+/// hyper may already have ended the request stream itself once the response
+/// was complete). Bounded by the client's own close timeout.
+async fn linger(core: &Core, mut inbound: Streaming<Packet>, drain: &Drain) {
+    let until = tokio::time::sleep(LINGER);
+    tokio::pin!(until);
+    loop {
+        let msg = tokio::select! {
+            m = inbound.message() => m,
+            _ = &mut until => return,
+            _ = drain.draining() => return,
+        };
+        match msg {
+            Ok(Some(pkt)) => core.metrics.packet(Segment::FromClient, pkt.r#type),
+            Ok(None) | Err(_) => {
+                core.metrics
+                    .stream_error(Segment::FromClient, tonic::Code::Cancelled, "Unknown");
+                return;
+            }
+        }
+    }
+}
+
+/// The code grpc-go would report for a failed read of the client's stream:
+/// a client that reset its stream or dropped its connection surfaces in
+/// tonic as `Unknown`, in grpc-go as `Canceled`; decode errors keep theirs.
+fn client_code(status: &tonic::Status) -> tonic::Code {
+    match status.code() {
+        tonic::Code::Unknown => tonic::Code::Cancelled,
+        other => other,
+    }
+}
+
+/// konnectivity-client waits this long for CLOSE_RSP before it gives up.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Flow {
     match (PacketType::try_from(pkt.r#type), &pkt.payload) {
@@ -113,7 +164,7 @@ async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Flow {
                 Err(why) => {
                     tracing::debug!(dial_id = random, error = %why, "dial refused");
                     let rsp = Packet::dial_response(random, 0, why.to_string());
-                    tunnel.deliver_last(rsp, core.cfg.stall_timeout).await;
+                    tunnel.deliver_last(rsp);
                     Flow::End
                 }
             }

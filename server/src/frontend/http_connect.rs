@@ -5,6 +5,7 @@
 //! `HTTP/1.1 200 Connection Established` with no headers, and nothing after it
 //! that is not tunnel data. One task owns the socket; the 200 line and the
 //! agent's data go through the same queue, so the 200 always comes first.
+//! Like upstream, `stream_packets_total` counts only gRPC frontends' packets.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,6 @@ use tokio::sync::watch;
 
 use crate::backend::Backend;
 use crate::core::{Core, DialRefused};
-use crate::metrics::Segment;
 use crate::tunnel::{FrontendQueue, Tunnel, TunnelState};
 
 /// Longest request head accepted; a CONNECT head is a few dozen bytes.
@@ -228,11 +228,9 @@ where
     let early = buf.split_off(len);
     tracing::debug!(host = %authority.0, user_agent = %user_agent, "CONNECT");
 
-    let (tunnel, queue) = Tunnel::new(core.cfg.frontend_queue);
+    let (tunnel, queue) = Tunnel::new();
     let dial = DialId::random();
     let req = Packet::dial_request("tcp", &authority.0, dial.0);
-    core.metrics
-        .packet(Segment::FromClient, PacketType::DialReq as i32);
     if let Err(why) = core.dial(&tunnel, req).await {
         tracing::debug!(host = %authority.0, error = %why, "dial refused");
         let _ = io.write_all(&refused_response(&why)).await;
@@ -257,7 +255,7 @@ async fn run_tunnel<IO>(
     let (est_tx, est_rx) = watch::channel(None);
     tokio::select! {
         _ = write_loop(core, tunnel, queue, wr, est_tx) => {}
-        _ = read_loop(core, rd, early, est_rx) => {}
+        _ = read_loop(core, tunnel, rd, early, est_rx) => {}
         _ = drain.stopping() => {}
     }
 }
@@ -301,7 +299,6 @@ async fn write_loop<W>(
         if tunnel.aborted().is_some() {
             return;
         }
-        core.metrics.packet(Segment::ToClient, pkt.r#type);
         let written = match (PacketType::try_from(pkt.r#type), pkt.payload) {
             (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) if rsp.error.is_empty() => {
                 let r = write_or_abort(tunnel, &mut wr, ESTABLISHED).await;
@@ -319,7 +316,9 @@ async fn write_loop<W>(
                 return;
             }
             (Ok(PacketType::Data), Some(Payload::Data(d))) => {
-                write_or_abort(tunnel, &mut wr, &d.data).await
+                let written = write_or_abort(tunnel, &mut wr, &d.data).await;
+                tunnel.consumed(d.data.len());
+                written
             }
             (Ok(PacketType::CloseRsp | PacketType::DialCls), _) => return,
             _ => true,
@@ -343,6 +342,7 @@ async fn write_or_abort<W: AsyncWrite + Unpin>(tunnel: &Tunnel, wr: &mut W, data
 /// before the 200 are kept (up to one chunk) and sent once the dial succeeds.
 async fn read_loop<R>(
     core: &Core,
+    tunnel: &Tunnel,
     mut rd: R,
     early: BytesMut,
     mut est_rx: watch::Receiver<Option<(Arc<Backend>, ConnectId)>>,
@@ -369,7 +369,7 @@ async fn read_loop<R>(
             },
         }
     };
-    if !buf.is_empty() && !send(core, &backend, connect, buf.split().freeze()).await {
+    if !buf.is_empty() && !send(core, tunnel, &backend, connect, buf.split().freeze()).await {
         return;
     }
     // Start small so idle connections hold little memory; grow while reads fill
@@ -385,16 +385,20 @@ async fn read_loop<R>(
             Ok(n) if n < want / 4 => want = (want / 2).max(4096),
             Ok(_) => {}
         }
-        if !send(core, &backend, connect, buf.split().freeze()).await {
+        if !send(core, tunnel, &backend, connect, buf.split().freeze()).await {
             return;
         }
     }
 }
 
-async fn send(core: &Core, backend: &Backend, connect: ConnectId, data: Bytes) -> bool {
-    core.metrics
-        .packet(Segment::FromClient, PacketType::Data as i32);
-    core.frontend_bytes(backend, connect, data).await
+async fn send(
+    core: &Core,
+    tunnel: &Tunnel,
+    backend: &Backend,
+    connect: ConnectId,
+    data: Bytes,
+) -> bool {
+    core.frontend_bytes(tunnel, backend, connect, data).await
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use futures::Stream;
 use konnectivity_proto::Packet;
+use konnectivity_proto::packet::Payload;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::Status;
 
@@ -36,6 +37,11 @@ impl FrontendStream {
 
     fn item(&mut self, pkt: Packet) -> Poll<Option<Result<Packet, Status>>> {
         self.metrics.packet(Segment::ToClient, pkt.r#type);
+        if let Some(Payload::Data(d)) = &pkt.payload {
+            // Handed to HTTP/2, whose own flow control bounds what is buffered
+            // from here on: the agent may send more.
+            self.tunnel.consumed(d.data.len());
+        }
         Poll::Ready(Some(Ok(pkt)))
     }
 
