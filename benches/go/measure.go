@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+const mib = 1 << 20
+
+// usage accumulates a subject's CPU seconds (its processes only, from
+// /proc/<pid>/stat utime+stime) and bytes moved over the timed runs.
+type usage struct {
+	cpu   float64
+	bytes int64
+	runs  int
+}
+
+func (u *usage) cpuPerGiB() float64 {
+	if u.bytes <= 0 {
+		return -1
+	}
+	return u.cpu / (float64(u.bytes) / (1 << 30))
+}
+
+// timed runs f and adds the subject's CPU time during it to u.
+func timed(s *subject, u *usage, f func() (int64, error)) error {
+	before := s.cpu()
+	n, err := f()
+	u.cpu += s.cpu() - before
+	u.bytes += n
+	u.runs++
+	return err
+}
+
+// dialAll opens n connections through s in parallel (at most 64 dials in
+// flight), bounded by timeout.
+func dialAll(s *subject, dest string, n int, timeout time.Duration) ([]net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	conns := make([]net.Conn, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			conns[i], errs[i] = s.dial(ctx, dest)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		closeAll(conns)
+		return nil, fmt.Errorf("%s: dialing %d connections: %w", s.name, n, firstErr(errs))
+	}
+	return conns, nil
+}
+
+func firstErr(errs []error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// closeAll closes connections in parallel and waits at most 15 s (a
+// konnectivity-client Close waits for CLOSE_RSP up to 10 s).
+func closeAll(conns []net.Conn) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 256)
+	for _, c := range conns {
+		if c == nil {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			_ = c.Close()
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+	}
+}
+
+// bulk moves total bytes over conns connections in direction dir
+// (opDownload or opUpload), each connection size total/conns, and returns
+// MiB/s from the first header written to the last byte (dials excluded).
+// It fails if the transfer does not finish within limit.
+func bulk(s *subject, dest string, conns int, total int64, dir byte, limit time.Duration) (float64, int64, error) {
+	cs, err := dialAll(s, dest, conns, 60*time.Second)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer closeAll(cs)
+	per := total / int64(conns)
+	var moved atomic.Int64
+	errs := make([]error, conns)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if dir == opDownload {
+				errs[i] = clientDownload(c, per, &moved)
+			} else {
+				errs[i] = clientUpload(c, per, &moved)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		closeAll(cs)
+		return 0, moved.Load(), fmt.Errorf("%s: only %d of %d bytes moved within %s", s.name, moved.Load(), total, limit)
+	}
+	el := time.Since(start)
+	if err := firstErr(errs); err != nil {
+		return 0, moved.Load(), fmt.Errorf("%s: %w", s.name, err)
+	}
+	return float64(per*int64(conns)) / mib / el.Seconds(), per * int64(conns), nil
+}
+
+// dialLatency dials n times one after another (new Unix-socket connection
+// per dial for the Konnectivity clients), closing each connection after
+// the dial, and returns p50 and p99 in milliseconds.
+func dialLatency(s *subject, dest string, n int) (p50, p99 float64, err error) {
+	lat := make([]float64, 0, n)
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t0 := time.Now()
+		c, err := s.dial(ctx, dest)
+		d := time.Since(t0)
+		cancel()
+		if err != nil {
+			return 0, 0, fmt.Errorf("%s: dial: %w", s.name, err)
+		}
+		lat = append(lat, float64(d)/float64(time.Millisecond))
+		_ = c.Close()
+	}
+	sort.Float64s(lat)
+	return quantile(lat, 0.50), quantile(lat, 0.99), nil
+}
+
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	i = max(0, min(i, len(sorted)-1))
+	return sorted[i]
+}
+
+// dialRate runs workers loops of {dial, one echo of size bytes, close} for
+// dur (and at most maxOps operations in all) and returns completed
+// operations per second. Any failed operation fails the run.
+func dialRate(s *subject, dest string, workers int, dur time.Duration, maxOps int64, size int) (float64, int64, error) {
+	var ops, bytes atomic.Int64
+	var failed atomic.Pointer[error]
+	deadline := time.Now().Add(dur)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ops.Load() < maxOps && failed.Load() == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				c, err := s.dial(ctx, dest)
+				cancel()
+				if err == nil {
+					err = clientEcho(c, size)
+					c.Close()
+				}
+				if err != nil {
+					e := fmt.Errorf("%s: %w", s.name, err)
+					failed.CompareAndSwap(nil, &e)
+					return
+				}
+				ops.Add(1)
+				bytes.Add(int64(2*size + headerLen))
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	if p := failed.Load(); p != nil {
+		return 0, bytes.Load(), *p
+	}
+	return float64(ops.Load()) / el.Seconds(), bytes.Load(), nil
+}
+
+// idleMemory opens n connections through s that each complete one
+// exchange and then stay idle, and returns the growth of the subject's
+// resident memory per connection in KiB.
+func idleMemory(s *subject, dest string, n int) (float64, []net.Conn, error) {
+	// Warm up: the first connections allocate pools that are not per
+	// connection.
+	warm, err := dialAll(s, dest, 64, 60*time.Second)
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, c := range warm {
+		if err := clientHold(c); err != nil {
+			closeAll(warm)
+			return 0, nil, err
+		}
+	}
+	closeAll(warm)
+	base, _ := s.mem()
+	conns := make([]net.Conn, 0, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var firstE error
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for range n {
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c, err := s.dial(ctx, dest)
+			if err == nil {
+				if err = clientHold(c); err != nil {
+					c.Close()
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if firstE == nil {
+					firstE = err
+				}
+				return
+			}
+			conns = append(conns, c)
+		}()
+	}
+	wg.Wait()
+	if firstE != nil {
+		return 0, conns, fmt.Errorf("%s: %d of %d idle connections opened: %w", s.name, len(conns), n, firstE)
+	}
+	if err := s.alive(); err != nil {
+		return 0, conns, err
+	}
+	after, _ := s.mem()
+	return float64(after-base) / float64(n), conns, nil
+}
+
+// holOnce measures how much of its solo throughput one download keeps
+// while another connection through the same agent has a reader that
+// stopped reading: it opens the stuck connection, waits until its
+// destination can write no more (no progress for 300 ms, at most 20 s),
+// then runs the same download as solo, bounded by limit. It returns MiB/s
+// (bytes moved / limit if it did not finish) and whether it finished.
+func holOnce(s *subject, dest string, size int64, limit time.Duration) (float64, bool, int64, error) {
+	id, progress := newStuck()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	stuckConn, err := s.dial(ctx, dest)
+	cancel()
+	if err != nil {
+		return 0, false, 0, fmt.Errorf("%s: dial stuck connection: %w", s.name, err)
+	}
+	defer func() { go stuckConn.Close() }()
+	if _, err := stuckConn.Write(header(opStuck, id)); err != nil {
+		return 0, false, 0, err
+	}
+	// Wait until the stuck reader's path is full: the destination's writes
+	// stopped making progress.
+	last, lastChange := int64(-1), time.Now()
+	waitUntil := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	for time.Now().Before(waitUntil) {
+		<-tick.C
+		if v := progress.Load(); v != last {
+			last, lastChange = v, time.Now()
+		} else if time.Since(lastChange) >= 300*time.Millisecond {
+			break
+		}
+	}
+	tick.Stop()
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	c, err := s.dial(ctx, dest)
+	cancel()
+	if err != nil {
+		// Upstream's agent stream may be stalled for dials too.
+		return 0, false, 0, nil
+	}
+	var moved atomic.Int64
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- clientDownload(c, size, &moved) }()
+	select {
+	case err := <-done:
+		el := time.Since(start)
+		go c.Close()
+		if err != nil {
+			return 0, false, moved.Load(), fmt.Errorf("%s: download beside a stuck reader: %w", s.name, err)
+		}
+		return float64(size) / mib / el.Seconds(), true, size, nil
+	case <-time.After(limit):
+		go c.Close()
+		return float64(moved.Load()) / mib / limit.Seconds(), false, moved.Load(), nil
+	}
+}

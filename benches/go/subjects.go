@@ -1,0 +1,508 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// subject is one implementation under test: its processes (whose CPU and
+// memory are measured) and how a client reaches a destination through it.
+type subject struct {
+	name  string
+	procs []*proc
+	dial  dialFunc
+	// what the Konnectivity subjects expose for readiness and health
+	uds          string
+	serverHealth string
+	agentHealth  string
+}
+
+func (s *subject) pids() []int {
+	var out []int
+	for _, p := range s.procs {
+		if !p.hasExited() {
+			out = append(out, tree(p.pid())...)
+		}
+	}
+	return out
+}
+
+func (s *subject) cpu() float64 { return cpuSeconds(s.pids()) }
+
+func (s *subject) mem() (rss, hwm int64) { return memKiB(s.pids()) }
+
+func (s *subject) stop() {
+	for _, p := range s.procs {
+		p.kill()
+	}
+}
+
+// alive fails when one of the subject's processes died.
+func (s *subject) alive() error {
+	for _, p := range s.procs {
+		if p.hasExited() {
+			return fmt.Errorf("%s: %s exited (log: %s)\n%s", s.name, p.name, p.logPath, p.tail(20))
+		}
+	}
+	return nil
+}
+
+const (
+	ours     = "ours"
+	upstream = "upstream"
+)
+
+// --- Konnectivity: proxy-server + proxy-agent -----------------------------
+
+// Flags both implementations get. They follow upstream's documented
+// deployment (examples/kind/konnectivity-{server,agent-ds}.yaml of v0.36.0):
+// UDS frontend with --server-port=0, --keepalive-time=1h, agents with
+// --sync-interval=5s --sync-interval-cap=30s --probe-interval=5s; agents
+// authenticate with mTLS (--cluster-ca-cert) instead of service-account
+// tokens, which need a kube-apiserver. All ports on 127.0.0.1.
+func serverArgs(impl, mode, uds string, ports map[string]int) []string {
+	args := []string{
+		"--logtostderr=true",
+		"--mode=" + mode,
+		"--uds-name=" + uds,
+		"--delete-existing-uds-file=true",
+		"--server-port=0",
+		"--cluster-cert=" + pki.ServerCert,
+		"--cluster-key=" + pki.ServerKey,
+		"--cluster-ca-cert=" + pki.CA,
+		"--agent-bind-address=127.0.0.1",
+		"--agent-port=" + strconv.Itoa(ports["agent"]),
+		"--health-bind-address=127.0.0.1",
+		"--health-port=" + strconv.Itoa(ports["health"]),
+		"--admin-bind-address=127.0.0.1",
+		"--admin-port=" + strconv.Itoa(ports["admin"]),
+		"--keepalive-time=1h",
+		"--server-count=1",
+		"--server-id=bench-server",
+	}
+	if impl == upstream {
+		args = append(args, fmt.Sprintf("-v=%d", *flagUpstreamV))
+	}
+	return args
+}
+
+func agentArgs(impl string, serverAgentPort int, health, admin int) []string {
+	args := []string{
+		"--logtostderr=true",
+		"--ca-cert=" + pki.CA,
+		"--agent-cert=" + pki.AgentCert,
+		"--agent-key=" + pki.AgentKey,
+		"--proxy-server-host=127.0.0.1",
+		"--proxy-server-port=" + strconv.Itoa(serverAgentPort),
+		"--health-server-host=127.0.0.1",
+		"--health-server-port=" + strconv.Itoa(health),
+		"--admin-bind-address=127.0.0.1",
+		"--admin-server-port=" + strconv.Itoa(admin),
+		"--agent-id=bench-agent",
+		"--sync-interval=5s",
+		"--sync-interval-cap=30s",
+		"--probe-interval=5s",
+	}
+	if impl == upstream {
+		args = append(args, fmt.Sprintf("-v=%d", *flagUpstreamV))
+	}
+	return args
+}
+
+func bin(impl, name string) string {
+	if impl == ours {
+		return filepath.Join(oursBinDir, name)
+	}
+	return filepath.Join(upstreamBinDir, "upstream-"+name)
+}
+
+var udsSeq int
+
+// startServer starts a proxy-server and waits until /healthz answers and
+// its agent port and Unix socket accept connections.
+func startServer(impl, mode string) (*proc, string, map[string]string, error) {
+	udsSeq++
+	uds := filepath.Join(workDir, fmt.Sprintf("k%d.sock", udsSeq))
+	ports := map[string]int{"agent": 0, "health": 0, "admin": 0}
+	if impl == upstream {
+		// Upstream validates ports (no 0) and does not log them.
+		for k := range ports {
+			ports[k] = pickPort()
+		}
+	}
+	p, err := startProc(impl+" proxy-server", bin(impl, "proxy-server"), serverArgs(impl, mode, uds, ports))
+	if err != nil {
+		return nil, "", nil, err
+	}
+	addrs := map[string]string{}
+	if impl == ours {
+		if addrs, err = listeningAddrs(p, "agent", "health", "admin"); err != nil {
+			p.kill()
+			return nil, "", nil, err
+		}
+	} else {
+		for k, v := range ports {
+			addrs[k] = loopback(v)
+		}
+	}
+	err = eventually(startPatience, time.Millisecond, func() error {
+		if p.hasExited() {
+			return fmt.Errorf("exited")
+		}
+		if err := want200(addrs["health"], "/healthz"); err != nil {
+			return err
+		}
+		if err := probe("tcp", addrs["agent"]); err != nil {
+			return err
+		}
+		return probe("unix", uds)
+	})
+	if err != nil {
+		p.kill()
+		return nil, "", nil, fmt.Errorf("%s proxy-server not ready: %v (log: %s)\n%s", impl, err, p.logPath, p.tail(20))
+	}
+	return p, uds, addrs, nil
+}
+
+// startAgent starts a proxy-agent and waits until its /readyz is 200 (it
+// holds a stream to the server) and the server's /readyz is 200 (it has a
+// backend).
+func startAgent(impl string, serverAddrs map[string]string) (*proc, string, error) {
+	health, admin := 0, 0
+	if impl == upstream {
+		health, admin = pickPort(), pickPort()
+	}
+	agentPort, _ := strconv.Atoi(serverAddrs["agent"][strings.LastIndexByte(serverAddrs["agent"], ':')+1:])
+	p, err := startProc(impl+" proxy-agent", bin(impl, "proxy-agent"), agentArgs(impl, agentPort, health, admin))
+	if err != nil {
+		return nil, "", err
+	}
+	healthAddr := loopback(health)
+	if impl == ours {
+		addrs, err := listeningAddrs(p, "health")
+		if err != nil {
+			p.kill()
+			return nil, "", err
+		}
+		healthAddr = addrs["health"]
+	}
+	err = eventually(startPatience, time.Millisecond, func() error {
+		if p.hasExited() {
+			return fmt.Errorf("exited")
+		}
+		if err := want200(healthAddr, "/readyz"); err != nil {
+			return err
+		}
+		return want200(serverAddrs["health"], "/readyz")
+	})
+	if err != nil {
+		p.kill()
+		return nil, "", fmt.Errorf("%s proxy-agent not ready: %v (log: %s)\n%s", impl, err, p.logPath, p.tail(20))
+	}
+	return p, healthAddr, nil
+}
+
+// startKonn starts a server and one agent of impl; mode is grpc or
+// http-connect and decides the client (kube-apiserver's gRPC or
+// HTTP-CONNECT dialer over the Unix socket).
+func startKonn(impl, mode string) (*subject, error) {
+	srv, uds, addrs, err := startServer(impl, mode)
+	if err != nil {
+		return nil, err
+	}
+	ag, agentHealth, err := startAgent(impl, addrs)
+	if err != nil {
+		srv.kill()
+		return nil, err
+	}
+	s := &subject{name: impl, procs: []*proc{srv, ag}, uds: uds, serverHealth: addrs["health"], agentHealth: agentHealth}
+	if mode == "grpc" {
+		s.dial = grpcUDS(uds)
+	} else {
+		s.dial = connectUDS(uds)
+	}
+	return s, nil
+}
+
+// --- HAProxy, nginx, tinyproxy -------------------------------------------
+
+// The anchors run with their Debian packages' defaults except what a
+// private instance on loopback needs (ports, foreground, no logging to
+// syslog). Buffer sizes: HAProxy tune.bufsize and nginx's stream
+// proxy_buffer_size default to 16 KiB, as nodeport-proxy's -buffer-size.
+// Threads: HAProxy nbthread and nginx worker_processes default to one per
+// core, as nodeport-proxy's -worker-threads.
+
+type haproxyFrontend struct {
+	name    string
+	port    int
+	backend string // host:port
+	sni     bool   // route on req.ssl_sni == sniName
+}
+
+func haproxyBin() string { return sbin("haproxy") }
+
+func sbin(name string) string {
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	for _, d := range []string{"/usr/sbin", "/usr/bin", "/usr/local/sbin"} {
+		if _, err := os.Stat(filepath.Join(d, name)); err == nil {
+			return filepath.Join(d, name)
+		}
+	}
+	return name
+}
+
+func startHAProxy(fronts []haproxyFrontend) (*subject, error) {
+	var b strings.Builder
+	b.WriteString("global\n  # nbthread: one per core (default); no log target\n\n")
+	b.WriteString("defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n\n")
+	for _, f := range fronts {
+		fmt.Fprintf(&b, "frontend %s\n  bind 127.0.0.1:%d\n", f.name, f.port)
+		if f.sni {
+			fmt.Fprintf(&b, "  tcp-request inspect-delay 10s\n  tcp-request content accept if { req.ssl_hello_type 1 }\n")
+			fmt.Fprintf(&b, "  use_backend be_%s if { req.ssl_sni -i %s }\n\n", f.name, sniName)
+		} else {
+			fmt.Fprintf(&b, "  default_backend be_%s\n\n", f.name)
+		}
+		fmt.Fprintf(&b, "backend be_%s\n  server s1 %s\n\n", f.name, f.backend)
+	}
+	cfg := filepath.Join(workDir, fmt.Sprintf("haproxy-%d.cfg", time.Now().UnixNano()))
+	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+		return nil, err
+	}
+	p, err := startProc("HAProxy", haproxyBin(), []string{"-db", "-f", cfg})
+	if err != nil {
+		return nil, err
+	}
+	s := &subject{name: "HAProxy", procs: []*proc{p}}
+	return s, waitPorts(s, fronts2ports(fronts)...)
+}
+
+func fronts2ports(fs []haproxyFrontend) []int {
+	var out []int
+	for _, f := range fs {
+		out = append(out, f.port)
+	}
+	return out
+}
+
+// waitPorts waits until every port accepts connections.
+func waitPorts(s *subject, ports ...int) error {
+	err := eventually(startPatience, time.Millisecond, func() error {
+		if err := s.alive(); err != nil {
+			return err
+		}
+		for _, port := range ports {
+			if err := probe("tcp", loopback(port)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.stop()
+		return fmt.Errorf("%s not ready: %w", s.name, err)
+	}
+	return nil
+}
+
+func nginxModule() string {
+	for _, f := range []string{"/usr/lib/nginx/modules/ngx_stream_module.so", "/usr/share/nginx/modules/ngx_stream_module.so"} {
+		if _, err := os.Stat(f); err == nil {
+			return f
+		}
+	}
+	return ""
+}
+
+// startNginx: stream {} with ssl_preread routing on $ssl_preread_server_name
+// for sniPort and a plain relay on plainPort.
+func startNginx(sniPort int, tlsBackend string, plainPort int, plainBackend string) (*subject, error) {
+	dir := filepath.Join(workDir, fmt.Sprintf("nginx-%d", time.Now().UnixNano()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	conf := fmt.Sprintf(`load_module %s;
+daemon off;
+master_process on;
+worker_processes auto;
+pid %s/nginx.pid;
+error_log %s/error.log warn;
+events { worker_connections 20000; }
+stream {
+  map $ssl_preread_server_name $sni_backend {
+    %s %s;
+    default 127.0.0.1:1;
+  }
+  server {
+    listen 127.0.0.1:%d;
+    ssl_preread on;
+    preread_timeout 10s;
+    proxy_pass $sni_backend;
+  }
+  server {
+    listen 127.0.0.1:%d;
+    proxy_pass %s;
+  }
+}
+`, nginxModule(), dir, dir, sniName, tlsBackend, sniPort, plainPort, plainBackend)
+	cfg := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	p, err := startProc("nginx", sbin("nginx"), []string{"-p", dir, "-e", dir + "/error.log", "-c", cfg})
+	if err != nil {
+		return nil, err
+	}
+	s := &subject{name: "nginx", procs: []*proc{p}}
+	return s, waitPorts(s, sniPort, plainPort)
+}
+
+func startTinyproxy(port int) (*subject, error) {
+	dir := filepath.Join(workDir, fmt.Sprintf("tinyproxy-%d", time.Now().UnixNano()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	user := ""
+	if os.Getuid() == 0 {
+		user = "User nobody\nGroup nogroup\n"
+	}
+	conf := fmt.Sprintf(`Port %d
+Listen 127.0.0.1
+Timeout 600
+MaxClients 1000
+LogLevel Warning
+%s`, port, user)
+	cfg := filepath.Join(dir, "tinyproxy.conf")
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	p, err := startProc("tinyproxy", sbin("tinyproxy"), []string{"-d", "-c", cfg})
+	if err != nil {
+		return nil, err
+	}
+	s := &subject{name: "tinyproxy", procs: []*proc{p}}
+	return s, waitPorts(s, port)
+}
+
+// --- nodeport-proxy and tunnel-agent ---------------------------------------
+
+type npPorts struct{ sni, tunnel, stats, nodePort int }
+
+const (
+	tlsAuthority   = "tls.bench.svc.cluster.local:443"
+	plainAuthority = "plain.bench.svc.cluster.local:7000"
+)
+
+// startNodeportProxy serves a table with a TLS Service (SNI + tunneling)
+// and a plain one (NodePort + tunneling), with default flags otherwise.
+func startNodeportProxy(tlsBackend, plainBackend string) (*subject, npPorts, error) {
+	pp := npPorts{sni: pickPort(), tunnel: pickPort(), stats: pickPort(), nodePort: pickPort()}
+	tlsHost, tlsPort := splitHostPort(tlsBackend)
+	plainHost, plainPort := splitHostPort(plainBackend)
+	table := fmt.Sprintf(`services:
+  - metadata:
+      namespace: bench
+      name: tls
+      creationTimestamp: "2024-01-01T00:00:00Z"
+      annotations:
+        nodeport-proxy.k8s.io/expose: "SNI, Tunneling"
+        nodeport-proxy.k8s.io/port-mapping: '{"https": "%s"}'
+    spec:
+      type: ClusterIP
+      ports:
+        - {name: https, port: 443, protocol: TCP}
+  - metadata:
+      namespace: bench
+      name: plain
+      creationTimestamp: "2024-01-01T00:00:00Z"
+      annotations:
+        nodeport-proxy.k8s.io/expose: "NodePort, Tunneling"
+    spec:
+      type: NodePort
+      ports:
+        - {name: tcp, port: 7000, nodePort: %d, protocol: TCP}
+endpointSlices:
+  - metadata:
+      namespace: bench
+      name: tls-1
+      labels: {kubernetes.io/service-name: tls}
+    ports: [{name: https, port: %s, protocol: TCP}]
+    endpoints:
+      - addresses: ["%s"]
+        conditions: {ready: true}
+  - metadata:
+      namespace: bench
+      name: plain-1
+      labels: {kubernetes.io/service-name: plain}
+    ports: [{name: tcp, port: %s, protocol: TCP}]
+    endpoints:
+      - addresses: ["%s"]
+        conditions: {ready: true}
+`, sniName, pp.nodePort, tlsPort, tlsHost, plainPort, plainHost)
+	cfg := filepath.Join(workDir, fmt.Sprintf("nodeport-table-%d.yaml", time.Now().UnixNano()))
+	if err := os.WriteFile(cfg, []byte(table), 0o644); err != nil {
+		return nil, pp, err
+	}
+	p, err := startProc("nodeport-proxy", bin(ours, "nodeport-proxy"), []string{
+		"-config", cfg,
+		"-bind-address", "127.0.0.1",
+		"-envoy-sni-port", strconv.Itoa(pp.sni),
+		"-envoy-tunneling-port", strconv.Itoa(pp.tunnel),
+		"-envoy-stats-port", strconv.Itoa(pp.stats),
+	})
+	if err != nil {
+		return nil, pp, err
+	}
+	s := &subject{name: "ours", procs: []*proc{p}}
+	if err := waitPorts(s, pp.sni, pp.tunnel, pp.nodePort); err != nil {
+		return nil, pp, err
+	}
+	if err := eventually(startPatience, time.Millisecond, func() error { return want200(loopback(pp.stats), "/healthz") }); err != nil {
+		s.stop()
+		return nil, pp, err
+	}
+	return s, pp, nil
+}
+
+func splitHostPort(a string) (string, string) {
+	i := strings.LastIndexByte(a, ':')
+	return a[:i], a[i+1:]
+}
+
+// startTunnelAgent: one local listener tunneled to authority over one h2c
+// connection to nodeport-proxy's tunneling port; ready when /ready is 200.
+func startTunnelAgent(tunnelPort int, authority string) (*proc, int, error) {
+	listen, stats := pickPort(), pickPort()
+	p, err := startProc("tunnel-agent", bin(ours, "tunnel-agent"), []string{
+		"-proxy-host", "127.0.0.1",
+		"-proxy-port", strconv.Itoa(tunnelPort),
+		"-listener", fmt.Sprintf("127.0.0.1:%d=%s", listen, authority),
+		"-stats-address", "127.0.0.1",
+		"-stats-port", strconv.Itoa(stats),
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	err = eventually(startPatience, time.Millisecond, func() error {
+		if p.hasExited() {
+			return fmt.Errorf("exited")
+		}
+		if err := want200(loopback(stats), "/ready"); err != nil {
+			return err
+		}
+		return probe("tcp", loopback(listen))
+	})
+	if err != nil {
+		p.kill()
+		return nil, 0, fmt.Errorf("tunnel-agent not ready: %v (log: %s)\n%s", err, p.logPath, p.tail(20))
+	}
+	return p, listen, nil
+}
