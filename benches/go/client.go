@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"flag"
 	"fmt"
+	"io"
+	"k8s.io/klog/v2"
 	"net"
 	"net/http"
 	"time"
@@ -148,4 +151,15 @@ func withTLS(inner dialFunc, cfg *tls.Config) dialFunc {
 		}
 		return tc, nil
 	}
+}
+
+// quietKlog keeps konnectivity-client's klog lines (stream errors when a
+// proxy is stopped between workloads) out of the report.
+func quietKlog() {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("alsologtostderr", "false")
+	_ = fs.Set("stderrthreshold", "FATAL")
+	klog.SetOutput(io.Discard)
 }

@@ -272,24 +272,30 @@ func idleMemory(s *subject, dest string, n int) (float64, []net.Conn, error) {
 
 // holOnce measures how much of its solo throughput one download keeps
 // while another connection through the same agent has a reader that
-// stopped reading: it opens the stuck connection, waits until its
-// destination can write no more (no progress for 300 ms, at most 20 s),
-// then runs the same download as solo, bounded by limit. It returns MiB/s
-// (bytes moved / limit if it did not finish) and whether it finished.
-func holOnce(s *subject, dest string, size int64, limit time.Duration) (float64, bool, int64, error) {
-	id, progress := newStuck()
+// stopped reading. Both connections are dialed first; then the stuck one
+// asks its destination for an endless stream and never reads, the harness
+// waits until that destination can write no more (no progress for 300 ms,
+// at most 20 s), and the measured connection runs the same download as
+// solo, bounded by limit. It returns MiB/s (bytes moved / limit if it did
+// not finish), whether it finished, the bytes moved and the longest time
+// the download made no progress.
+func holOnce(s *subject, dest string, size int64, limit time.Duration) (float64, bool, int64, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	stuckConn, err := s.dial(ctx, dest)
-	cancel()
+	defer cancel()
+	c, err := s.dial(ctx, dest)
 	if err != nil {
-		return 0, false, 0, fmt.Errorf("%s: dial stuck connection: %w", s.name, err)
+		return 0, false, 0, 0, fmt.Errorf("%s: dial measured connection: %w", s.name, err)
+	}
+	defer func() { go c.Close() }()
+	id, progress := newStuck()
+	stuckConn, err := s.dial(ctx, dest)
+	if err != nil {
+		return 0, false, 0, 0, fmt.Errorf("%s: dial stuck connection: %w", s.name, err)
 	}
 	defer func() { go stuckConn.Close() }()
 	if _, err := stuckConn.Write(header(opStuck, id)); err != nil {
-		return 0, false, 0, err
+		return 0, false, 0, 0, err
 	}
-	// Wait until the stuck reader's path is full: the destination's writes
-	// stopped making progress.
 	last, lastChange := int64(-1), time.Now()
 	waitUntil := time.Now().Add(20 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -301,28 +307,32 @@ func holOnce(s *subject, dest string, size int64, limit time.Duration) (float64,
 			break
 		}
 	}
-	tick.Stop()
-	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
-	c, err := s.dial(ctx, dest)
-	cancel()
-	if err != nil {
-		// Upstream's agent stream may be stalled for dials too.
-		return 0, false, 0, nil
-	}
 	var moved atomic.Int64
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- clientDownload(c, size, &moved) }()
-	select {
-	case err := <-done:
-		el := time.Since(start)
-		go c.Close()
-		if err != nil {
-			return 0, false, moved.Load(), fmt.Errorf("%s: download beside a stuck reader: %w", s.name, err)
+	var gap time.Duration
+	prev, prevAt := int64(0), start
+	timeout := time.After(limit)
+	for {
+		select {
+		case err := <-done:
+			tick.Stop()
+			el := time.Since(start)
+			gap = max(gap, time.Since(prevAt))
+			if err != nil {
+				return 0, false, moved.Load(), gap, fmt.Errorf("%s: download beside a stuck reader: %w", s.name, err)
+			}
+			return float64(size) / mib / el.Seconds(), true, size, gap, nil
+		case <-timeout:
+			tick.Stop()
+			gap = max(gap, time.Since(prevAt))
+			return float64(moved.Load()) / mib / limit.Seconds(), false, moved.Load(), gap, nil
+		case now := <-tick.C:
+			if v := moved.Load(); v != prev {
+				gap = max(gap, now.Sub(prevAt))
+				prev, prevAt = v, now
+			}
 		}
-		return float64(size) / mib / el.Seconds(), true, size, nil
-	case <-time.After(limit):
-		go c.Close()
-		return float64(moved.Load()) / mib / limit.Seconds(), false, moved.Load(), nil
 	}
 }

@@ -113,10 +113,15 @@ func (p *proc) hasExited() bool {
 	return p.exited
 }
 
-// kill sends SIGKILL and waits until the process is reaped.
+// kill sends SIGKILL to the process and every descendant (nginx's
+// workers outlive a killed master otherwise) and waits until it is reaped.
 func (p *proc) kill() {
 	if !p.hasExited() {
+		desc := tree(p.pid())[1:]
 		_ = p.cmd.Process.Kill()
+		for _, pid := range desc {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 	select {
 	case <-p.done:

@@ -20,10 +20,12 @@ type row struct {
 	rssOurs, rssAnchor int64
 	// aim on the ratio ours/anchor (ratioMin: at least, ratioMax: at most),
 	// or on ours alone (oursMin).
-	aim                         string
+	aim                                  string
 	ratioMin, ratioMax, oursMin, oursMax float64
-	note                        string
-	err                         string
+	// aimFor: the aim applies to the row against this anchor only.
+	aimFor string
+	note   string
+	err    string
 }
 
 func median(v []float64) float64 {
