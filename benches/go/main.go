@@ -29,6 +29,7 @@ var (
 	flagWorkDir   = flag.String("workdir", "", "configs, sockets, PKI and logs (default: a new temporary directory)")
 	flagUpstreamV = flag.Int("upstream-v", 0, "klog -v for upstream's binaries (their main defaults to 4)")
 	flagIdleConns = flag.Int("idle-conns", 0, "P5 connections (default 10000, quick 200)")
+	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")
 )
 
 var (
@@ -307,7 +308,7 @@ type sampleFn func(s *subject) (float64, int64, error)
 // compare runs warm (untimed) once per subject, then repeats rounds of
 // once over all subjects, rotating the order each round. It returns each
 // subject's samples and usage; peak RSS is reset before the timed rounds.
-func compare(subs []*subject, warm, once sampleFn) ([][]float64, []usage, []int64, error) {
+func compare(tag string, subs []*subject, warm, once sampleFn) ([][]float64, []usage, []int64, error) {
 	samples := make([][]float64, len(subs))
 	use := make([]usage, len(subs))
 	for _, s := range subs {
@@ -323,11 +324,18 @@ func compare(subs []*subject, warm, once sampleFn) ([][]float64, []usage, []int6
 			i := (k + r) % len(subs)
 			s := subs[i]
 			var v float64
+			var stopPerf func()
+			if *flagPerf && r == 0 && i == 0 {
+				stopPerf = startPerf(tag, s)
+			}
 			err := timed(s, &use[i], func() (int64, error) {
 				val, n, err := once(s)
 				v = val
 				return n, err
 			})
+			if stopPerf != nil {
+				stopPerf()
+			}
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -389,7 +397,7 @@ func errRow(tmpl row, err error) *row {
 // error rows).
 func run(tmpl row, subs []*subject, warm, once sampleFn, withCPU bool) []*row {
 	logf("%s %s", tmpl.id, tmpl.workload)
-	samples, use, peaks, err := compare(subs, warm, once)
+	samples, use, peaks, err := compare(tmpl.id+" "+tmpl.workload, subs, warm, once)
 	if err != nil {
 		return []*row{errRow(tmpl, err)}
 	}

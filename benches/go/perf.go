@@ -1,0 +1,78 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+var perfSeq int
+
+// startPerf records a flat perf profile (cpu-clock, 999 Hz) of the
+// subject's processes until the returned function is called, then writes
+// a text report next to the data file.
+func startPerf(tag string, s *subject) func() {
+	perf, err := exec.LookPath("perf")
+	if err != nil {
+		logf("--perf: perf not found; no profile")
+		return nil
+	}
+	dir := filepath.Join(workDir, "perf")
+	_ = os.MkdirAll(dir, 0o755)
+	perfSeq++
+	slug := strings.Trim(regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(tag, "-"), "-")
+	if len(slug) > 80 {
+		slug = slug[:80]
+	}
+	data := filepath.Join(dir, fmt.Sprintf("%02d-%s.data", perfSeq, slug))
+	var pids []string
+	for _, p := range s.pids() {
+		pids = append(pids, strconv.Itoa(p))
+	}
+	cmd := exec.Command(perf, "record", "-e", "cpu-clock", "-F", "999", "-o", data, "-p", strings.Join(pids, ","))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	logFile, _ := os.Create(data + ".log")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logf("--perf: %v", err)
+		return nil
+	}
+	// perf writes its file header once its events are open.
+	if err := eventually(10*time.Second, 5*time.Millisecond, func() error {
+		st, err := os.Stat(data)
+		if err != nil {
+			return err
+		}
+		if st.Size() == 0 {
+			return fmt.Errorf("empty")
+		}
+		return nil
+	}); err != nil {
+		logf("--perf: perf did not start: %v", err)
+	}
+	return func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		logFile.Close()
+		out, err := exec.Command(perf, "report", "-i", data, "--stdio", "--no-children",
+			"--sort", "comm,dso,symbol", "--percent-limit", "1").CombinedOutput()
+		if err != nil {
+			logf("--perf report: %v", err)
+		}
+		_ = os.WriteFile(data+".txt", out, 0o644)
+		logf("   profile: %s.txt", data)
+	}
+}
