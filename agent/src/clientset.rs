@@ -33,6 +33,8 @@ pub struct SyncConfig {
 pub struct ClientSet {
     sessions: Mutex<HashMap<ServerId, Arc<Session>>>,
     server_count: AtomicU32,
+    /// Set with `--count-server-leases`.
+    leases: std::sync::OnceLock<Arc<crate::leases::LeaseCount>>,
     lost: Notify,
     connected_tx: watch::Sender<usize>,
     metrics: Arc<Metrics>,
@@ -55,6 +57,7 @@ impl ClientSet {
         Arc::new(ClientSet {
             sessions: Mutex::new(HashMap::new()),
             server_count: AtomicU32::new(0),
+            leases: std::sync::OnceLock::new(),
             lost: Notify::new(),
             connected_tx,
             metrics,
@@ -64,9 +67,21 @@ impl ClientSet {
         })
     }
 
-    /// Servers the agent wants: the last `servercount` it was told, at least 1.
+    /// Servers the agent wants: the last `servercount` it was told or, with
+    /// lease counting, the number of valid server leases (or the larger of
+    /// the two with `--server-count-source=max`); at least 1.
     pub fn target(&self) -> usize {
-        self.server_count.load(Ordering::Relaxed).max(1) as usize
+        let header = self.server_count.load(Ordering::Relaxed).max(1) as usize;
+        match self.leases.get() {
+            None => header,
+            Some(l) if l.max_with_header => l.get().max(header),
+            Some(l) => l.get(),
+        }
+    }
+
+    /// Counts server leases from now on (`--count-server-leases`).
+    pub fn count_leases(&self, count: Arc<crate::leases::LeaseCount>) {
+        let _ = self.leases.set(count);
     }
 
     pub fn connected(&self) -> usize {

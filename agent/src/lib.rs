@@ -10,6 +10,7 @@ pub mod connect;
 pub mod dial;
 mod endpoint;
 mod health;
+pub mod leases;
 pub mod metrics;
 pub mod options;
 mod session;
@@ -49,6 +50,7 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     clients: Arc<ClientSet>,
     drain: Drain,
+    lease_counting: Option<leases::LeaseCounting>,
 }
 
 /// A view of a running agent, for tests and the demo.
@@ -135,7 +137,14 @@ impl Agent {
             metrics,
             clients,
             drain,
+            lease_counting: None,
         }
+    }
+
+    /// Takes the number of servers from their Leases (`--count-server-leases`).
+    pub fn with_lease_counting(mut self, counting: Option<leases::LeaseCounting>) -> Agent {
+        self.lease_counting = counting;
+        self
     }
 
     pub fn handle(&self) -> AgentHandle {
@@ -160,7 +169,15 @@ impl Agent {
             metrics,
             clients,
             drain: tasks,
+            lease_counting,
         } = self;
+        let stop_counting = tokio_util::sync::CancellationToken::new();
+        if let Some(counting) = lease_counting {
+            tracing::info!(namespace = %counting.namespace, selector = %counting.selector, "counting proxy servers by their leases");
+            let count = leases::LeaseCount::new(counting.max_with_header);
+            clients.count_leases(count.clone());
+            tasks.spawn(leases::run(counting, count, stop_counting.clone()));
+        }
         for (name, l) in [("health", &listeners.health), ("admin", &listeners.admin)] {
             tracing::info!(listener = name, addr = %daemon::listen::Listener::local(l), "listening");
         }
@@ -193,6 +210,7 @@ impl Agent {
             _ = &mut stop => {}
         }
         tracing::info!("stopping");
+        stop_counting.cancel();
         clients.close_all();
         tasks.shutdown(Duration::ZERO).await;
     }

@@ -10,6 +10,8 @@ async fn main() -> anyhow::Result<()> {
         usage_error(&e);
     }
     let (config, addrs) = proxy_agent::options::parse(&values).unwrap_or_else(|e| usage_error(&e));
+    let lease_counting =
+        proxy_agent::options::lease_counting(&values).unwrap_or_else(|e| usage_error(&e));
     let listeners = proxy_agent::bind(&addrs)
         .await
         .context("binding health and admin ports")?;
@@ -27,6 +29,7 @@ async fn main() -> anyhow::Result<()> {
         let _ = stop_rx.await;
     };
     proxy_agent::Agent::new(config)
+        .with_lease_counting(lease_counting)
         .run(listeners, drain, stop)
         .await;
     Ok(())

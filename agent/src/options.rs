@@ -49,6 +49,32 @@ pub fn flags() -> FlagSet {
         .with_klog(0)
 }
 
+/// `--count-server-leases` and its companions (`None` when off).
+pub fn lease_counting(v: &Values) -> Result<Option<crate::leases::LeaseCounting>, String> {
+    let kubeconfig = v.existing_file("kubeconfig")?;
+    if !v.bool("count-server-leases") {
+        return Ok(None);
+    }
+    // v0.36's --lease-label; master's --lease-label-selector wins when given.
+    let selector = if v.is_set("lease-label-selector") {
+        v.string("lease-label-selector")
+    } else {
+        v.string("lease-label")
+    };
+    let selector = selector.trim().to_string();
+    if selector.is_empty() || selector.split(',').any(|kv| kv.trim().is_empty()) {
+        return Err(format!(
+            "--lease-label {selector:?} is not a valid label selector"
+        ));
+    }
+    Ok(Some(crate::leases::LeaseCounting {
+        namespace: v.string("lease-namespace"),
+        selector,
+        kubeconfig,
+        max_with_header: v.string("server-count-source") == "max",
+    }))
+}
+
 /// Listening addresses from the flags.
 #[derive(Debug, Clone)]
 pub struct Addresses {
@@ -106,9 +132,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             ));
         }
     }
-    if v.bool("count-server-leases") {
-        return Err("--count-server-leases is not available in this build yet; the agent uses the servercount header".into());
-    }
+    lease_counting(v)?;
     let agent_id = match v.string("agent-id") {
         s if !s.is_empty() => s,
         _ => std::env::var("PROXY_AGENT_ID")

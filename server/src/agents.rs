@@ -24,6 +24,9 @@ pub struct AgentSvc {
     pub drain: Drain,
     pub server_id: ServerId,
     pub server_count: u32,
+    /// Token authentication (`--agent-namespace` …), checked before the
+    /// response headers are sent.
+    pub auth: Option<Arc<crate::auth::TokenAuthenticator>>,
 }
 
 pub type AgentStream = Pin<Box<dyn Stream<Item = Result<Packet, Status>> + Send>>;
@@ -75,6 +78,13 @@ impl AgentService for AgentSvc {
         let (agent_id, identifiers) = agent_identity(request.metadata()).inspect_err(|e| {
             tracing::warn!(error = %e.message(), "rejecting agent stream");
         })?;
+        if let Some(auth) = &self.auth {
+            auth.authenticate(request.metadata())
+                .await
+                .inspect_err(|e| {
+                    tracing::warn!(agent_id = %agent_id, error = %e.message(), "client authentication failed");
+                })?;
+        }
         // Flow control when the agent announces it and we have it on: the
         // smaller of the two windows. Upstream agents never announce it.
         let asked = konnectivity_proto::flow::parse_window(

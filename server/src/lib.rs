@@ -6,10 +6,12 @@
 //! [`Server::run`]; tests do the same with sockets bound to port 0.
 
 mod agents;
+pub mod auth;
 mod backend;
 mod core;
 mod frontend;
 mod health;
+pub mod leases;
 pub mod metrics;
 pub mod options;
 mod transport;
@@ -86,6 +88,8 @@ pub enum ServerError {
         what: &'static str,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Kubernetes(#[from] auth::AuthError),
 }
 
 /// Binds every listener named by the flags.
@@ -131,6 +135,7 @@ pub struct Server {
     config: Config,
     core: Arc<Core>,
     drain: Drain,
+    kubernetes: options::Kubernetes,
 }
 
 /// A view of a server's state, for tests and the demo.
@@ -225,7 +230,15 @@ impl Server {
             config,
             core,
             drain: Drain::new(),
+            kubernetes: options::Kubernetes::default(),
         }
+    }
+
+    /// Turns on token authentication and/or the lease controller (see
+    /// [`options::kubernetes`]); both start with [`Server::run`].
+    pub fn with_kubernetes(mut self, kubernetes: options::Kubernetes) -> Server {
+        self.kubernetes = kubernetes;
+        self
     }
 
     pub fn handle(&self) -> ServerHandle {
@@ -246,7 +259,35 @@ impl Server {
             config,
             core,
             drain,
+            kubernetes,
         } = self;
+        let auth = match &kubernetes.token_auth {
+            Some(cfg) => {
+                tracing::info!(namespace = %cfg.namespace, service_account = %cfg.service_account, audience = %cfg.audience, "agents authenticate with service account tokens (TokenReview)");
+                Some(Arc::new(auth::TokenAuthenticator::from_config(cfg).await?))
+            }
+            None => None,
+        };
+        let leases = match &kubernetes.leases {
+            Some(cfg) => {
+                let client = auth::kube_client(cfg.kubeconfig.as_deref()).await?;
+                Some(leases::LeaseController::start(
+                    client,
+                    cfg.clone(),
+                    &config.server_id.0,
+                    core.metrics.clone(),
+                ))
+            }
+            None => None,
+        };
+        // The lease goes as soon as shutdown starts, so agents counting
+        // leases stop looking for this server while it drains.
+        let shutdown = async move {
+            shutdown.await;
+            if let Some(l) = leases {
+                l.release().await;
+            }
+        };
         log_bound("agent", &listeners.agent);
         log_bound("health", &listeners.health);
         log_bound("admin", &listeners.admin);
@@ -272,6 +313,7 @@ impl Server {
         drain.spawn(serve_agents(
             listeners.agent,
             &config,
+            auth,
             core.clone(),
             drain.clone(),
         ));
@@ -324,6 +366,7 @@ async fn finish(drain: &Drain, grace: Duration) {
 fn serve_agents(
     listener: TcpListener,
     config: &Config,
+    auth: Option<Arc<auth::TokenAuthenticator>>,
     core: Arc<Core>,
     drain: Drain,
 ) -> impl Future<Output = ()> + Send + use<> {
@@ -332,6 +375,7 @@ fn serve_agents(
         drain: drain.clone(),
         server_id: config.server_id.clone(),
         server_count: config.server_count,
+        auth,
     });
     let settings = H2Settings {
         keepalive: config.keepalive_time,

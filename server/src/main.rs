@@ -10,12 +10,13 @@ async fn main() -> anyhow::Result<()> {
         usage_error(&e);
     }
     let (config, addrs) = proxy_server::options::parse(&values).unwrap_or_else(|e| usage_error(&e));
+    let kubernetes = proxy_server::options::kubernetes(&values).unwrap_or_else(|e| usage_error(&e));
     let listeners = proxy_server::bind(&addrs)
         .await
         .context("binding listeners")?;
     let mut signals =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
-    let server = proxy_server::Server::new(config);
+    let server = proxy_server::Server::new(config).with_kubernetes(kubernetes);
     let shutdown = async move {
         signals.next().await;
         tracing::info!("received termination signal; draining (send it again to exit at once)");

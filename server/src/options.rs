@@ -69,6 +69,61 @@ pub fn flags() -> FlagSet {
         .with_klog(0)
 }
 
+/// The Kubernetes-facing features the flags turn on (token authentication,
+/// the lease controller); both need a kube client.
+#[derive(Debug, Clone, Default)]
+pub struct Kubernetes {
+    pub token_auth: Option<crate::auth::TokenAuthConfig>,
+    pub leases: Option<crate::leases::LeaseConfig>,
+}
+
+impl Kubernetes {
+    pub fn is_empty(&self) -> bool {
+        self.token_auth.is_none() && self.leases.is_none()
+    }
+}
+
+/// Reads the token-authentication and lease flags (validated by [`parse`]).
+pub fn kubernetes(v: &Values) -> Result<Kubernetes, String> {
+    let kubeconfig = v.existing_file("kubeconfig")?;
+    let content_type = v.string("kube-api-content-type");
+    let token_auth = if v.string("agent-namespace").is_empty() {
+        None
+    } else {
+        let qps = v.float("kubeconfig-qps");
+        if qps < 0.0 {
+            return Err(format!("--kubeconfig-qps must not be negative, got {qps}"));
+        }
+        let burst = u32::try_from(v.int("kubeconfig-burst"))
+            .map_err(|_| "--kubeconfig-burst must not be negative".to_string())?;
+        Some(crate::auth::TokenAuthConfig {
+            namespace: v.string("agent-namespace"),
+            service_account: v.string("agent-service-account"),
+            audience: v.string("authentication-audience"),
+            kubeconfig: kubeconfig.clone(),
+            qps,
+            burst,
+        })
+    };
+    let leases = if v.bool("enable-lease-controller") {
+        Some(crate::leases::LeaseConfig {
+            namespace: v.string("lease-namespace"),
+            labels: crate::leases::parse_labels(&v.string("lease-label"))?,
+            kubeconfig: kubeconfig.clone(),
+            duration: crate::leases::LEASE_DURATION,
+            renew_interval: crate::leases::RENEW_INTERVAL,
+            gc_interval: crate::leases::GC_INTERVAL,
+        })
+    } else {
+        None
+    };
+    let k = Kubernetes { token_auth, leases };
+    if !k.is_empty() && content_type != "application/json" {
+        tracing::debug!(%content_type, "--kube-api-content-type: requests are sent as application/json");
+    }
+    Ok(k)
+}
+
 /// Where the frontend listens, from the flags.
 #[derive(Debug, Clone)]
 pub enum FrontendAddr {
@@ -204,24 +259,10 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         if cluster_ca.is_some() {
             return Err("--cluster-ca-cert cannot be used with agent token authentication".into());
         }
-        v.existing_file("kubeconfig")?;
-        return Err("agent token authentication (TokenReview) is not available in this build yet; authenticate agents with mTLS (--cluster-ca-cert)".into());
     }
+    v.existing_file("kubeconfig")?;
     if v.bool("enable-lease-controller") {
-        v.string("lease-label")
-            .split(',')
-            .all(|kv| {
-                kv.split_once('=')
-                    .is_some_and(|(k, _)| !k.trim().is_empty())
-            })
-            .then_some(())
-            .ok_or_else(|| {
-                format!(
-                    "--lease-label {:?} is not a list of key=value",
-                    v.string("lease-label")
-                )
-            })?;
-        return Err("--enable-lease-controller is not available in this build yet".into());
+        crate::leases::parse_labels(&v.string("lease-label"))?;
     }
 
     let agent_tls = tls::server_config(
