@@ -374,6 +374,14 @@ func rowsFor(tmpl row, subs []*subject, samples [][]float64, use []usage, peaks 
 			r.cpuOurs, r.cpuAnchor = use[0].cpuPerGiB(), use[i].cpuPerGiB()
 		}
 		r.rssOurs, r.rssAnchor = peaks[0], peaks[i]
+		if r.perOp > 0 && use[0].bytes > 0 && use[i].bytes > 0 {
+			per := func(u usage) float64 { return u.cpu / float64(u.bytes/r.perOp) * 1e6 }
+			n := fmt.Sprintf("CPU per connection: ours %.0f µs, %s %.0f µs", per(use[0]), subs[i].name, per(use[i]))
+			if r.note != "" {
+				n = r.note + "; " + n
+			}
+			r.note = n
+		}
 		if r.aimFor != "" && subs[i].name != r.aimFor {
 			r.aim, r.ratioMin, r.ratioMax = "", 0, 0
 		}
@@ -407,6 +415,9 @@ func run(tmpl row, subs []*subject, warm, once sampleFn, withCPU bool) []*row {
 	}
 	return rows
 }
+
+// rateOpBytes is what dialRate counts per operation (64-byte echo).
+const rateOpBytes = 2*64 + headerLen
 
 func bulkFn(dst string, conns int, total int64, dir byte) sampleFn {
 	return func(s *subject) (float64, int64, error) { return bulk(s, dst, conns, total, dir, cfg.limit) }
@@ -494,7 +505,7 @@ func konnGroup(mode string) []*row {
 	warmRate := func(s *subject) (float64, int64, error) {
 		return dialRate(s, d, cfg.rateWorkers, cfg.rateDur/4, cfg.rateMax, 64)
 	}
-	rows = append(rows, run(row{id: "P4", workload: fmt.Sprintf("dials/s, %d workers each: dial, 64-byte request and response, close; %s", cfg.rateWorkers, client), unit: "dials/s", aim: "≥ 3×", ratioMin: 3},
+	rows = append(rows, run(row{id: "P4", workload: fmt.Sprintf("dials/s, %d workers each: dial, 64-byte request and response, close; %s", cfg.rateWorkers, client), unit: "dials/s", aim: "≥ 3×", ratioMin: 3, perOp: rateOpBytes},
 		[]*subject{o, u}, warmRate, rate, false)...)
 	return rows
 }
@@ -754,7 +765,7 @@ func nodeportGroup() []*row {
 	warmRate := func(s *subject) (float64, int64, error) {
 		return dialRate(s, td, cfg.rateWorkers, cfg.rateDur/4, cfg.rateMax, 64)
 	}
-	rows = append(rows, run(row{id: "P7", workload: fmt.Sprintf("SNI passthrough, new TLS connections/s (full handshake, 64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s", aim: "≥ 1.2×", ratioMin: 1.2, aimFor: "HAProxy"},
+	rows = append(rows, run(row{id: "P7", workload: fmt.Sprintf("SNI passthrough, new TLS connections/s (full handshake, 64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s", aim: "≥ 1.2×", ratioMin: 1.2, aimFor: "HAProxy", perOp: rateOpBytes},
 		sni, warmRate, rate, false)...)
 
 	pd := dest.plainAddr()
@@ -769,7 +780,7 @@ func nodeportGroup() []*row {
 	pwarm := func(s *subject) (float64, int64, error) {
 		return dialRate(s, pd, cfg.rateWorkers, cfg.rateDur/4, cfg.rateMax, 64)
 	}
-	rows = append(rows, run(row{id: "NP", workload: fmt.Sprintf("NodePort plain TCP relay, new connections/s (64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s"},
+	rows = append(rows, run(row{id: "NP", workload: fmt.Sprintf("NodePort plain TCP relay, new connections/s (64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s", perOp: rateOpBytes},
 		plain, pwarm, prate, false)...)
 
 	// P8: 64 tunnels over one HTTP/2 connection (tunnel-agent ->
@@ -791,7 +802,7 @@ func nodeportGroup() []*row {
 		rows = append(rows, run(row{id: "P8", workload: "HTTP/1.1 CONNECT, 1 stream, " + dirName(dir), unit: "MiB/s"},
 			conn, warmBulk(pd, 1, cfg.bulk, dir), bulkFn(pd, 1, cfg.bulk, dir), true)...)
 	}
-	rows = append(rows, run(row{id: "P8", workload: fmt.Sprintf("HTTP/1.1 CONNECT, new tunnels/s (64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s"},
+	rows = append(rows, run(row{id: "P8", workload: fmt.Sprintf("HTTP/1.1 CONNECT, new tunnels/s (64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s", perOp: rateOpBytes},
 		conn, pwarm, prate, false)...)
 	return rows
 }

@@ -24,7 +24,10 @@ type row struct {
 	ratioMin, ratioMax, oursMin, oursMax float64
 	// aimFor: the aim applies to the row against this anchor only.
 	aimFor string
-	note   string
+	// perOp: bytes one operation of a rate workload moves; the note then
+	// gives CPU time per operation.
+	perOp int64
+	note  string
 	err    string
 }
 
