@@ -10,7 +10,7 @@ use konnectivity_proto::flow::{RecvGate, SendGate};
 use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -74,23 +74,26 @@ pub async fn pump(
     on_sent: impl Fn(i32),
 ) {
     let id = link.id;
-    let (mut rd, mut wr) = stream.split();
+    let (rd, mut wr) = stream.split();
     let upload = async {
-        // Grow the read buffer while reads fill it, shrink when they stop, so
-        // an idle connection holds little memory and a busy one reads big.
+        // No buffer is held while the destination is quiet: one is allocated
+        // once it is readable and leaves with the packet. Its size grows
+        // while reads fill it and shrinks when they stop.
         let mut want = MIN_READ;
-        let mut buf = BytesMut::new();
         loop {
-            if buf.capacity() < want {
-                buf.reserve(want);
+            if rd.as_ref().readable().await.is_err() {
+                return;
             }
-            match rd.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return,
+            let mut buf = BytesMut::with_capacity(want);
+            match rd.as_ref().try_read_buf(&mut buf) {
+                Ok(0) => return,
                 Ok(n) if n >= want => want = (want * 2).min(MAX_READ),
                 Ok(n) if n < want / 4 => want = (want / 2).max(MIN_READ),
                 Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return,
             }
-            let data = buf.split().freeze();
+            let data = buf.freeze();
             if let Some(send) = link.send {
                 send.acquire(data.len()).await;
             }

@@ -128,15 +128,8 @@ impl<S> FixAuthority<S> {
                 self.state = State::Frame;
                 Ok(true)
             }
-            State::Payload(left) => {
-                if self.inbuf.is_empty() {
-                    return Ok(false);
-                }
-                let n = left.min(self.inbuf.len());
-                self.out.put(self.inbuf.split_to(n));
-                self.state = State::Payload(if left == usize::MAX { left } else { left - n });
-                Ok(true)
-            }
+            // Payload bytes are copied straight to the reader (see poll_read).
+            State::Payload(_) => Ok(false),
             State::Frame => {
                 if self.inbuf.len() < 9 {
                     return Ok(false);
@@ -312,30 +305,32 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
             if me.step()? {
                 continue;
             }
-            // Inside a passed-through payload with nothing buffered: read
-            // straight into the caller's buffer.
             if let State::Payload(left) = me.state
-                && me.inbuf.is_empty()
                 && left > 0
             {
                 let before = buf.filled().len();
-                let limit = left.min(buf.remaining());
-                let dst = buf.initialize_unfilled_to(limit);
-                let mut sub = ReadBuf::new(dst);
-                ready!(Pin::new(&mut me.inner).poll_read(cx, &mut sub))?;
-                let n = sub.filled().len();
-                buf.advance(n);
-                debug_assert_eq!(buf.filled().len(), before + n);
+                if me.inbuf.is_empty() {
+                    // Nothing buffered: read straight into the caller's buffer.
+                    let limit = left.min(buf.remaining());
+                    let dst = buf.initialize_unfilled_to(limit);
+                    let mut sub = ReadBuf::new(dst);
+                    ready!(Pin::new(&mut me.inner).poll_read(cx, &mut sub))?;
+                    let n = sub.filled().len();
+                    buf.advance(n);
+                } else {
+                    let n = left.min(me.inbuf.len()).min(buf.remaining());
+                    buf.put_slice(&me.inbuf[..n]);
+                    me.inbuf.advance(n);
+                }
+                let n = buf.filled().len() - before;
                 if left != usize::MAX {
                     me.state = State::Payload(left - n);
                 }
                 return Poll::Ready(Ok(()));
             }
             me.inbuf.reserve(8192);
-            let mut chunk = [0u8; 8192];
-            let mut rb = ReadBuf::new(&mut chunk);
-            ready!(Pin::new(&mut me.inner).poll_read(cx, &mut rb))?;
-            if rb.filled().is_empty() {
+            let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut me.inner), cx, &mut me.inbuf))?;
+            if n == 0 {
                 // EOF: whatever is left is handed on as is.
                 let rest = me.inbuf.split();
                 if rest.is_empty() {
@@ -344,7 +339,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
                 me.out.put(rest);
                 continue;
             }
-            me.inbuf.put_slice(rb.filled());
         }
     }
 }
