@@ -9,6 +9,7 @@ pub mod certs;
 pub mod client;
 pub mod dest;
 pub mod h2raw;
+pub mod k8s;
 pub mod konnectivity;
 pub mod nodeport;
 pub mod procs;
