@@ -325,8 +325,8 @@ func compare(tag string, subs []*subject, warm, once sampleFn) ([][]float64, []u
 			s := subs[i]
 			var v float64
 			var stopPerf func()
-			if *flagPerf && r == 0 && i == 0 {
-				stopPerf = startPerf(tag, s)
+			if *flagPerf && r == 0 && (i == 0 || os.Getenv("BENCH_PERF_STAT") != "") {
+				stopPerf = startPerf(tag+" "+s.name, s)
 			}
 			err := timed(s, &use[i], func() (int64, error) {
 				val, n, err := once(s)
@@ -372,11 +372,17 @@ func rowsFor(tmpl row, subs []*subject, samples [][]float64, use []usage, peaks 
 		r.cpuOurs, r.cpuAnchor = -1, -1
 		if withCPU {
 			r.cpuOurs, r.cpuAnchor = use[0].cpuPerGiB(), use[i].cpuPerGiB()
+			n := fmt.Sprintf("load generator CPU s/GiB: %s beside ours, %s beside %s", num(use[0].genPerGiB()), num(use[i].genPerGiB()), subs[i].name)
+			if r.note != "" {
+				n = r.note + "; " + n
+			}
+			r.note = n
 		}
 		r.rssOurs, r.rssAnchor = peaks[0], peaks[i]
 		if r.perOp > 0 && use[0].bytes > 0 && use[i].bytes > 0 {
 			per := func(u usage) float64 { return u.cpu / float64(u.bytes/r.perOp) * 1e6 }
-			n := fmt.Sprintf("CPU per connection: ours %.0f µs, %s %.0f µs", per(use[0]), subs[i].name, per(use[i]))
+			gen := func(u usage) float64 { return u.genCPU / float64(u.bytes/r.perOp) * 1e6 }
+			n := fmt.Sprintf("CPU per connection: ours %.0f µs, %s %.0f µs; load generator %.0f µs beside ours, %.0f µs beside %s", per(use[0]), subs[i].name, per(use[i]), gen(use[0]), gen(use[i]), subs[i].name)
 			if r.note != "" {
 				n = r.note + "; " + n
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,15 @@ type usage struct {
 	cpu   float64
 	bytes int64
 	runs  int
+	// the load generator's own CPU (client and destinations) meanwhile
+	genCPU float64
+}
+
+func (u *usage) genPerGiB() float64 {
+	if u.bytes <= 0 {
+		return -1
+	}
+	return u.genCPU / (float64(u.bytes) / (1 << 30))
 }
 
 func (u *usage) cpuPerGiB() float64 {
@@ -30,9 +40,11 @@ func (u *usage) cpuPerGiB() float64 {
 
 // timed runs f and adds the subject's CPU time during it to u.
 func timed(s *subject, u *usage, f func() (int64, error)) error {
-	before := s.cpu()
+	self := []int{os.Getpid()}
+	before, genBefore := s.cpu(), cpuSeconds(self)
 	n, err := f()
 	u.cpu += s.cpu() - before
+	u.genCPU += cpuSeconds(self) - genBefore
 	u.bytes += n
 	u.runs++
 	return err

@@ -35,7 +35,13 @@ func startPerf(tag string, s *subject) func() {
 	for _, p := range s.pids() {
 		pids = append(pids, strconv.Itoa(p))
 	}
-	cmd := exec.Command(perf, "record", "-e", "cpu-clock", "-F", "999", "-o", data, "-p", strings.Join(pids, ","))
+	args := []string{"record", "-e", "cpu-clock", "-F", "999", "-o", data, "-p", strings.Join(pids, ",")}
+	stat := os.Getenv("BENCH_PERF_STAT") != ""
+	if stat {
+		// Counts instead of samples: syscalls, context switches, CPU.
+		args = []string{"stat", "-e", "raw_syscalls:sys_enter,context-switches,cpu-clock", "-o", data, "-p", strings.Join(pids, ",")}
+	}
+	cmd := exec.Command(perf, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	logFile, _ := os.Create(data + ".log")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -43,7 +49,11 @@ func startPerf(tag string, s *subject) func() {
 		logf("--perf: %v", err)
 		return nil
 	}
-	// perf writes its file header once its events are open.
+	// perf record writes its file header once its events are open (perf
+	// stat writes only at the end: nothing to wait on).
+	if stat {
+		return stopper(cmd, perf, data, logFile, stat)
+	}
 	if err := eventually(10*time.Second, 5*time.Millisecond, func() error {
 		st, err := os.Stat(data)
 		if err != nil {
@@ -56,6 +66,10 @@ func startPerf(tag string, s *subject) func() {
 	}); err != nil {
 		logf("--perf: perf did not start: %v", err)
 	}
+	return stopper(cmd, perf, data, logFile, stat)
+}
+
+func stopper(cmd *exec.Cmd, perf, data string, logFile *os.File, stat bool) func() {
 	return func() {
 		_ = cmd.Process.Signal(syscall.SIGINT)
 		done := make(chan struct{})
@@ -67,6 +81,10 @@ func startPerf(tag string, s *subject) func() {
 			<-done
 		}
 		logFile.Close()
+		if stat {
+			logf("   perf stat: %s", data)
+			return
+		}
 		out, err := exec.Command(perf, "report", "-i", data, "--stdio", "--no-children",
 			"--sort", "comm,dso,symbol", "--percent-limit", "1").CombinedOutput()
 		if err != nil {

@@ -28,7 +28,7 @@ type row struct {
 	// gives CPU time per operation.
 	perOp int64
 	note  string
-	err    string
+	err   string
 }
 
 func median(v []float64) float64 {
