@@ -901,6 +901,14 @@ impl ProxyAgent {
         }
     }
 
+    /// Stops the agent as an operator would: SIGTERM (drain), then SIGTERM
+    /// again (exit).
+    pub async fn stop(&mut self) -> Option<i32> {
+        self.child.signal("TERM");
+        self.child.wait_line("draining").await;
+        self.child.stop().await
+    }
+
     pub async fn metric(&self, name: &str) -> f64 {
         let text = crate::http_get(self.health_addr, "/metrics").await.1;
         metric_sum(&text, name, &[])

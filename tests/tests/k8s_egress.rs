@@ -184,7 +184,7 @@ async fn egress(mode: &str) {
         )
         .await;
     assert!(before > server_dials);
-    agent.child.stop().await;
+    agent.stop().await;
     eventually(
         "server notices the agent left",
         Duration::from_secs(10),
