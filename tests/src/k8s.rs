@@ -982,3 +982,44 @@ impl Kubelet {
             .await;
     }
 }
+
+// ---------------------------------------------------------------- load balancer
+
+/// A round-robin TCP load balancer on loopback, as in front of HA servers;
+/// its backends can change while it runs.
+pub struct LoadBalancer {
+    pub addr: SocketAddr,
+    backends: Arc<Mutex<Vec<SocketAddr>>>,
+}
+
+impl LoadBalancer {
+    pub async fn start(backends: Vec<SocketAddr>) -> LoadBalancer {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let backends = Arc::new(Mutex::new(backends));
+        let b = backends.clone();
+        tokio::spawn(async move {
+            let mut next = 0usize;
+            while let Ok((mut down, _)) = l.accept().await {
+                let target = {
+                    let list = b.lock().unwrap();
+                    if list.is_empty() {
+                        continue;
+                    }
+                    next = next.wrapping_add(1);
+                    list[next % list.len()]
+                };
+                tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+            }
+        });
+        LoadBalancer { addr, backends }
+    }
+
+    pub fn set(&self, backends: Vec<SocketAddr>) {
+        *self.backends.lock().unwrap() = backends;
+    }
+}
