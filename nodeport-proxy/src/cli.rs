@@ -24,6 +24,9 @@ pub struct Cli {
     pub tunneling_port: u16,
     /// Tokio worker threads; 0 means one per available core.
     pub worker_threads: usize,
+    /// Services and EndpointSlices come from the apiserver (`None`: from
+    /// the table file or the embedded demo).
+    pub kubernetes: Option<crate::kube::KubeSource>,
 }
 
 pub fn flag_set() -> FlagSet {
@@ -54,6 +57,8 @@ pub fn flag_set() -> FlagSet {
     .bool("log-debug", false, "accepted for compatibility; use -v=4 for debug logs")
     .string("log-format", "json", "accepted for compatibility")
     .string("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (empty: the embedded demo table)")
+    .string("source", "", "where Services and EndpointSlices come from: kubernetes (watch the apiserver), file (-config) or demo; empty: file with -config, else kubernetes with -kubeconfig or inside a cluster, else demo")
+    .string("kubeconfig", "", "kubeconfig for the kubernetes source (empty: in-cluster configuration)")
     .string("bind-address", "0.0.0.0", "address every listener binds")
     .duration("node-port-idle-timeout", p.node_port_idle_timeout, "close NodePort connections idle this long")
     .duration("sni-client-hello-timeout", p.client_hello_timeout, "close SNI clients that have not sent a ClientHello within this")
@@ -130,10 +135,26 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         upstream_keepalive: keepalive(v, "upstream")?,
     };
     let config_path = v.string("config");
-    let source = if config_path.is_empty() {
-        TableSource::Inline(source::embedded_default())
-    } else {
-        TableSource::File(PathBuf::from(config_path))
+    let kubeconfig = v.existing_file("kubeconfig")?;
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let source_flag = v.string("source");
+    let kind = match source_flag.as_str() {
+        "" if !config_path.is_empty() => "file",
+        "" if kubeconfig.is_some() || in_cluster => "kubernetes",
+        "" => "demo",
+        k @ ("file" | "kubernetes" | "demo") => k,
+        other => {
+            return Err(format!(
+                "-source must be kubernetes, file or demo, got {other:?}"
+            ));
+        }
+    };
+    let source = match kind {
+        "file" if config_path.is_empty() => return Err("-source=file needs -config".into()),
+        "file" => TableSource::File(PathBuf::from(&config_path)),
+        // The watch feeds the table; it starts empty.
+        "kubernetes" => TableSource::Inline(crate::model::Inventory::default()),
+        _ => TableSource::Inline(source::embedded_default()),
     };
     let bind_address: IpAddr = v
         .string("bind-address")
@@ -169,7 +190,13 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
     if config.expose_annotation_key.is_empty() {
         return Err("-expose-annotation-key must not be empty".into());
     }
+    let kubernetes = (kind == "kubernetes").then(|| crate::kube::KubeSource {
+        kubeconfig,
+        namespace: config.namespace.clone(),
+        expose_annotation_key: config.expose_annotation_key.clone(),
+    });
     Ok(Cli {
+        kubernetes,
         config,
         bind_address,
         stats_port: v.port("envoy-stats-port")?,

@@ -10,6 +10,7 @@ pub mod config;
 pub mod connect_request;
 pub mod expose;
 mod forward;
+pub mod kube;
 pub mod metrics;
 pub mod model;
 pub mod names;

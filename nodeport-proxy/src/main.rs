@@ -43,7 +43,9 @@ async fn bind(cli: &cli::Cli, port: u16, what: &str) -> anyhow::Result<Option<Tc
 }
 
 async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
-    if matches!(cli.config.source, nodeport_proxy::TableSource::Inline(_)) {
+    if cli.kubernetes.is_none()
+        && matches!(cli.config.source, nodeport_proxy::TableSource::Inline(_))
+    {
         tracing::warn!("no -config given: serving the embedded demo routing table");
     }
     let listeners = Listeners {
@@ -54,17 +56,31 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
     };
     let mut terms =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
+    let kube = match &cli.kubernetes {
+        Some(k) => Some((
+            nodeport_proxy::kube::client(k.kubeconfig.as_deref()).await?,
+            k.clone(),
+        )),
+        None => None,
+    };
     let proxy = Arc::new(NodePortProxy::start(cli.config, listeners).await?);
     let reloader = proxy.clone();
-    tokio::spawn(async move {
-        let Some(mut hup) = daemon::signals::hangups().await else {
-            return;
-        };
-        while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading the routing table");
-            reloader.reload();
-        }
-    });
+    if let Some((client, source)) = kube {
+        let p = proxy.clone();
+        tokio::spawn(async move {
+            nodeport_proxy::kube::follow(client, source, |inv| p.apply(inv)).await;
+        });
+    } else {
+        tokio::spawn(async move {
+            let Some(mut hup) = daemon::signals::hangups().await else {
+                return;
+            };
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the routing table");
+                reloader.reload();
+            }
+        });
+    }
     terms.next().await;
     tracing::info!("termination signal: shutting down (a second one exits at once)");
     tokio::select! {
