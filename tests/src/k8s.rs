@@ -1023,3 +1023,81 @@ impl LoadBalancer {
         *self.backends.lock().unwrap() = backends;
     }
 }
+
+// ---------------------------------------------------------------- test network
+
+/// EndpointSlices may not point into 127.0.0.0/8, so endpoints need another
+/// address. This creates a network namespace of the test's own with a veth
+/// pair in a /30 of 198.18.0.0/15 (RFC 2544, for tests); the near end's
+/// address is local to this host, so traffic to it never leaves the machine.
+/// Everything is removed on drop. Needs root (as the test machine has).
+pub struct TestNet {
+    ns: String,
+    pub host_ip: std::net::IpAddr,
+}
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestNet {
+    pub fn create() -> TestNet {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let ns = format!("kh{}x{n}", pid % 1_000_000);
+        let third = (pid % 250) as u8;
+        let fourth = ((n % 64) * 4) as u8;
+        let host = format!("198.18.{third}.{}", fourth + 1);
+        let peer = format!("198.18.{third}.{}", fourth + 2);
+        let (h, p) = (format!("{ns}h"), format!("{ns}n"));
+        ip(&["netns", "add", &ns]);
+        let net = TestNet {
+            ns: ns.clone(),
+            host_ip: host.parse().unwrap(),
+        };
+        ip(&[
+            "link", "add", &h, "type", "veth", "peer", "name", &p, "netns", &ns,
+        ]);
+        ip(&["addr", "add", &format!("{host}/30"), "dev", &h]);
+        ip(&["link", "set", &h, "up"]);
+        ip(&["-n", &ns, "addr", "add", &format!("{peer}/30"), "dev", &p]);
+        ip(&["-n", &ns, "link", "set", &p, "up"]);
+        net
+    }
+
+    /// A TCP forwarder on this network's host address to `to`.
+    pub async fn forward_to(&self, to: SocketAddr) -> SocketAddr {
+        let l = tokio::net::TcpListener::bind((self.host_ip, 0))
+            .await
+            .unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut down, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        // Deleting the namespace removes the veth pair with it.
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .status();
+    }
+}
