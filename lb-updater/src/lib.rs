@@ -11,10 +11,29 @@
 //! (re-allocating it would rotate cloud LB targets, KKP #4210); new ones are
 //! named `<ns>-<svc>-<N>` with node port 0 for Kubernetes to allocate.
 
+use daemon::flags::FlagSet;
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 pub const HEALTHZ_PORT: i32 = 8002;
+
+/// KKP's lb-updater flags (single dash works), plus `-kubeconfig`.
+pub fn flags() -> FlagSet {
+    FlagSet::new(
+        "lb-updater",
+        "Keeps the ports of a LoadBalancer Service in step with the NodePort Services exposed by nodeport-proxy.",
+    )
+    .string("lb-name", "nodeport-lb", "name of the LoadBalancer Service to manage")
+    .string("lb-namespace", "nodeport-proxy", "namespace of the LoadBalancer Service")
+    .bool("namespaced", false, "only watch Services in -lb-namespace")
+    .string("expose-annotation-key", "nodeport-proxy.k8s.io/expose", "annotation that marks exposed Services (value true or NodePort)")
+    .int("envoy-sni-port", 0, "adds the LB port sni-listener (0: none)")
+    .int("envoy-tunneling-port", 0, "adds the LB port tunneling-listener (0: none)")
+    .string("kubeconfig", "", "kubeconfig (empty: in-cluster configuration)")
+    .bool("log-debug", false, "accepted for compatibility; use -v=4 for debug logs")
+    .string("log-format", "json", "accepted for compatibility")
+    .with_klog(0)
+}
 
 #[derive(Debug, Clone)]
 pub struct Options {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use daemon::flags::{FlagSet, usage_error};
+use daemon::flags::usage_error;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
@@ -15,26 +15,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use lb_updater::{Options, desired_ports, differs};
 use tokio::sync::Notify;
 
-fn flags() -> FlagSet {
-    FlagSet::new(
-        "lb-updater",
-        "Keeps the ports of a LoadBalancer Service in step with the NodePort Services exposed by nodeport-proxy.",
-    )
-    .string("lb-name", "nodeport-lb", "name of the LoadBalancer Service to manage")
-    .string("lb-namespace", "nodeport-proxy", "namespace of the LoadBalancer Service")
-    .bool("namespaced", false, "only watch Services in -lb-namespace")
-    .string("expose-annotation-key", "nodeport-proxy.k8s.io/expose", "annotation that marks exposed Services (value true or NodePort)")
-    .int("envoy-sni-port", 0, "adds the LB port sni-listener (0: none)")
-    .int("envoy-tunneling-port", 0, "adds the LB port tunneling-listener (0: none)")
-    .string("kubeconfig", "", "kubeconfig (empty: in-cluster configuration)")
-    .bool("log-debug", false, "accepted for compatibility; use -v=4 for debug logs")
-    .string("log-format", "json", "accepted for compatibility")
-    .with_klog(0)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let v = flags().parse_env_or_exit();
+    let v = lb_updater::flags().parse_env_or_exit();
     if let Err(e) = daemon::logging::init(&v) {
         usage_error(&e);
     }
