@@ -3,6 +3,8 @@
 //! flag set (names and Go value syntax), that every binary is deployed, and
 //! that a real apiserver accepts the objects (server-side dry run).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
@@ -40,6 +42,8 @@ async fn render() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifests_render_and_every_flag_is_accepted() {
+    // Build (or find) the harness before the clock starts.
+    integration_tests::k8s::bins();
     let _w = watchdog(Duration::from_secs(300));
     let text = render().await;
     let mut deployed = BTreeSet::new();

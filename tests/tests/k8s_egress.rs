@@ -6,6 +6,8 @@
 //! server's and agent's dial counters prove it, and with the agent gone the
 //! same request fails.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use integration_tests::k8s::{
@@ -26,6 +28,8 @@ async fn kubectl_through_http_connect_tunnel() {
 }
 
 async fn egress(mode: &str) {
+    // Build (or find) the harness before the clock starts.
+    integration_tests::k8s::bins();
     let _w = watchdog(Duration::from_secs(600));
     let sockets = tempfile::tempdir().unwrap();
     let uds = sockets.path().join("konnectivity-s1.socket");

@@ -6,6 +6,8 @@
 //! no restarts. Each component uses its own identity with only the RBAC it
 //! needs.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use integration_tests::k8s::{
@@ -24,6 +26,8 @@ async fn lease_json(cluster: &Cluster, name: &str) -> Option<serde_json::Value> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_publish_leases_and_agents_count_them() {
+    // Build (or find) the harness before the clock starts.
+    integration_tests::k8s::bins();
     let _w = watchdog(Duration::from_secs(600));
     let cluster = Cluster::start(ClusterOpts::default()).await;
     let server_kc = cluster.kubeconfig_for(

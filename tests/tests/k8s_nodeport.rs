@@ -7,6 +7,8 @@
 //! listener, through tunnel-agent → CONNECT, and through a NodePort, to the
 //! real apiserver.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -120,6 +122,8 @@ async fn start_nodeport_proxy(kubeconfig: &Path, extra: &[String]) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodeport_proxy_follows_services_and_endpointslices() {
+    // Build (or find) the harness before the clock starts.
+    integration_tests::k8s::bins();
     let _w = watchdog(Duration::from_secs(600));
     let cluster = Cluster::start(ClusterOpts::default()).await;
     cluster.apply(RBAC).await;
@@ -304,6 +308,8 @@ async fn lb_ports(cluster: &Cluster) -> Vec<(String, u16, u16)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lb_updater_keeps_the_load_balancer_in_step() {
+    // Build (or find) the harness before the clock starts.
+    integration_tests::k8s::bins();
     let _w = watchdog(Duration::from_secs(600));
     let cluster = Cluster::start(ClusterOpts::default()).await;
     for ns in ["nodeport-proxy", "cluster-a", "cluster-b", "cluster-c"] {
@@ -412,6 +418,8 @@ async fn lb_updater_keeps_the_load_balancer_in_step() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_reaches_the_apiserver_through_sni_tunnel_and_node_port() {
+    // Build (or find) the harness before the clock starts.
+    integration_tests::k8s::bins();
     let _w = watchdog(Duration::from_secs(600));
     let host = "cluster-x.seed.example.test";
     let cluster = Cluster::start(ClusterOpts {

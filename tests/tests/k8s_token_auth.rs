@@ -7,6 +7,8 @@
 //! (kubernetes #102784), and a refused token is not re-reviewed on every
 //! retry either.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,6 +43,8 @@ async fn agent_with_token(name: &str, server: &ProxyServer, ca: &Path, token: &P
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_tokens_are_reviewed_and_cached() {
+    // Build (or find) the harness before the clock starts.
+    integration_tests::k8s::bins();
     let _w = watchdog(Duration::from_secs(600));
     let cluster = Cluster::start(ClusterOpts::default()).await;
     cluster
