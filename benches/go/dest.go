@@ -8,8 +8,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // The destination protocol: the client sends a 16-byte header (op, 7 bytes
@@ -260,4 +262,29 @@ func clientHold(c net.Conn) error {
 		return err
 	}
 	return readAck(c)
+}
+
+// destOnly serves the destinations in this process until it is killed
+// (the parent's death kills it: Pdeathsig).
+func destOnly() {
+	var lim syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil && lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
+	d, err := startDestination(&tls.Config{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Printf("destination plain=%s\n", d.plainAddr())
+	select {}
+}
+
+func selfExe() string {
+	p, err := os.Executable()
+	if err != nil {
+		return os.Args[0]
+	}
+	return p
 }

@@ -29,6 +29,7 @@ var (
 	flagWorkDir   = flag.String("workdir", "", "configs, sockets, PKI and logs (default: a new temporary directory)")
 	flagUpstreamV = flag.Int("upstream-v", 0, "klog -v for upstream's binaries (their main defaults to 4)")
 	flagIdleConns = flag.Int("idle-conns", 0, "P5 connections (default 10000, quick 200)")
+	flagDestOnly  = flag.Bool("dest-only", false, "internal: serve the destinations only (P5 runs them in a child process)")
 	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")
 )
 
@@ -84,6 +85,10 @@ func logf(format string, args ...any) {
 
 func main() {
 	flag.Parse()
+	if *flagDestOnly {
+		destOnly()
+		return
+	}
 	cfg = full
 	if *flagQuick {
 		cfg = quick
@@ -224,8 +229,13 @@ func raiseNofile() {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		fatalf("getrlimit: %v", err)
 	}
-	want := uint64(4*cfg.idle + 4096)
+	// Per process: N Unix sockets in the harness, N in the server, N TCP
+	// connections in the agent and in the destination process.
+	want := uint64(cfg.idle + 4096)
 	if lim.Cur >= want {
+		// Go raised the soft limit for itself at start and would restore
+		// the original one for children unless Setrlimit is called.
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 		return
 	}
 	next := syscall.Rlimit{Cur: want, Max: max(lim.Max, want)}
@@ -233,7 +243,7 @@ func raiseNofile() {
 		// Not root: take the hard limit and size P5 to it.
 		next = syscall.Rlimit{Cur: lim.Max, Max: lim.Max}
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &next)
-		n := int((lim.Max - 4096) / 4)
+		n := int(lim.Max) - 4096
 		if n < 100 {
 			fatalf("open-files limit %d is too low for the idle-connection workload (P5); raise it (ulimit -n) to at least %d", lim.Max, want)
 		}
@@ -523,6 +533,19 @@ func idleGroup() []*row {
 	logf("%s %s", tmpl.id, tmpl.workload)
 	var per [2][]float64
 	var peaks [2]int64
+	var splits [2]string
+	// The destinations run in their own process: one process cannot hold
+	// both ends of N connections within a 20,000 open-files limit.
+	dp, err := startProc("destination", selfExe(), []string{"--dest-only"})
+	if err != nil {
+		return []*row{errRow(tmpl, err)}
+	}
+	defer dp.kill()
+	l, _, err := dp.waitLine(0, startPatience, "destination plain=")
+	if err != nil {
+		return []*row{errRow(tmpl, err)}
+	}
+	idleDest := field(l, "plain")
 	for r := range cfg.idleRepeats {
 		for k := range 2 {
 			i := (k + r) % 2
@@ -531,7 +554,7 @@ func idleGroup() []*row {
 			if err != nil {
 				return []*row{errRow(tmpl, err)}
 			}
-			v, conns, err := idleMemory(s, dest.plainAddr(), cfg.idle)
+			v, split, conns, err := idleMemory(s, idleDest, cfg.idle)
 			_, hwm := s.mem()
 			peaks[i] = max(peaks[i], hwm)
 			// Stop the proxies first: the clients' closes then end at once.
@@ -542,13 +565,17 @@ func idleGroup() []*row {
 				return []*row{errRow(tmpl, err)}
 			}
 			per[i] = append(per[i], v)
-			logf("   %s: %.1f KiB per connection", impl, v)
+			if len(split) == 2 {
+				splits[i] = fmt.Sprintf("%s: server %.1f + agent %.1f KiB", impl, split[0], split[1])
+			}
+			logf("   %s: %.1f KiB per connection (%s)", impl, v, splits[i])
 		}
 	}
 	r := tmpl
 	r.ours, r.anchor = per[0], per[1]
 	r.cpuOurs, r.cpuAnchor = -1, -1
 	r.rssOurs, r.rssAnchor = peaks[0], peaks[1]
+	r.note = "last repeat: " + splits[0] + "; " + splits[1]
 	return []*row{&r}
 }
 

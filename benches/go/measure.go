@@ -222,22 +222,31 @@ func dialRate(s *subject, dest string, workers int, dur time.Duration, maxOps in
 
 // idleMemory opens n connections through s that each complete one
 // exchange and then stay idle, and returns the growth of the subject's
-// resident memory per connection in KiB.
-func idleMemory(s *subject, dest string, n int) (float64, []net.Conn, error) {
+// resident memory per connection in KiB, in all and per process.
+func idleMemory(s *subject, dest string, n int) (float64, []float64, []net.Conn, error) {
+	perProc := func() []int64 {
+		var out []int64
+		for _, p := range s.procs {
+			rss, _ := memKiB(tree(p.pid()))
+			out = append(out, rss)
+		}
+		return out
+	}
 	// Warm up: the first connections allocate pools that are not per
 	// connection.
 	warm, err := dialAll(s, dest, 64, 60*time.Second)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	for _, c := range warm {
 		if err := clientHold(c); err != nil {
 			closeAll(warm)
-			return 0, nil, err
+			return 0, nil, nil, err
 		}
 	}
 	closeAll(warm)
 	base, _ := s.mem()
+	baseProcs := perProc()
 	conns := make([]net.Conn, 0, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel()
@@ -273,13 +282,17 @@ func idleMemory(s *subject, dest string, n int) (float64, []net.Conn, error) {
 	}
 	wg.Wait()
 	if firstE != nil {
-		return 0, conns, fmt.Errorf("%s: %d of %d idle connections opened: %w", s.name, len(conns), n, firstE)
+		return 0, nil, conns, fmt.Errorf("%s: %d of %d idle connections opened: %w", s.name, len(conns), n, firstE)
 	}
 	if err := s.alive(); err != nil {
-		return 0, conns, err
+		return 0, nil, conns, err
 	}
 	after, _ := s.mem()
-	return float64(after-base) / float64(n), conns, nil
+	var split []float64
+	for i, v := range perProc() {
+		split = append(split, float64(v-baseProcs[i])/float64(n))
+	}
+	return float64(after-base) / float64(n), split, conns, nil
 }
 
 // holOnce measures how much of its solo throughput one download keeps
