@@ -438,7 +438,7 @@ mod tests {
                 "system:serviceaccount:default:konnectivity-agent",
                 "namespace",
             ),
-            ("system:node:n1", "not a service account"),
+            ("system:other:kube-system:konnectivity-agent", "not a service account"),
             ("admin", "unexpected username format"),
         ] {
             let f = fake(user, true);
