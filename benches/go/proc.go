@@ -116,6 +116,15 @@ func (p *proc) hasExited() bool {
 // kill sends SIGKILL to the process and every descendant (nginx's
 // workers outlive a killed master otherwise) and waits until it is reaped.
 func (p *proc) kill() {
+	if !p.hasExited() && os.Getenv("BENCH_TERM_FIRST") != "" {
+		// Debugging aid (e.g. valgrind --tool=massif writes its profile
+		// at exit): SIGTERM first, SIGKILL after 20 s.
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(20 * time.Second):
+		}
+	}
 	if !p.hasExited() {
 		desc := tree(p.pid())[1:]
 		_ = p.cmd.Process.Kill()
