@@ -329,7 +329,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
                 return Poll::Ready(Ok(()));
             }
             me.inbuf.reserve(8192);
-            let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut me.inner), cx, &mut me.inbuf))?;
+            let n = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut me.inner),
+                cx,
+                &mut me.inbuf
+            ))?;
             if n == 0 {
                 // EOF: whatever is left is handed on as is.
                 let rest = me.inbuf.split();
