@@ -438,7 +438,10 @@ mod tests {
                 "system:serviceaccount:default:konnectivity-agent",
                 "namespace",
             ),
-            ("system:other:kube-system:konnectivity-agent", "not a service account"),
+            (
+                "system:other:kube-system:konnectivity-agent",
+                "not a service account",
+            ),
             ("admin", "unexpected username format"),
         ] {
             let f = fake(user, true);
