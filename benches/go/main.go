@@ -587,6 +587,7 @@ func holGroup() []*row {
 	var kept [2][]float64
 	var peaks [2]int64
 	var maxGap [2]time.Duration
+	var stuckCPU [2]float64
 	var unfinished [2]int
 	for r := range cfg.holRepeats {
 		for k := range 2 {
@@ -601,12 +602,7 @@ func holGroup() []*row {
 				s.stop()
 				return []*row{errRow(tmpl, err)}
 			}
-			solo, _, err := bulk(s, d, 1, cfg.hol, opDownload, cfg.limit)
-			if err != nil {
-				s.stop()
-				return []*row{errRow(tmpl, err)}
-			}
-			under, finished, moved, gap, err := holOnce(s, d, cfg.hol, cfg.holLimit)
+			h, err := holOnce(s, d, cfg.hol, cfg.holLimit)
 			_, hwm := s.mem()
 			peaks[i] = max(peaks[i], hwm)
 			s.stop()
@@ -614,11 +610,16 @@ func holGroup() []*row {
 			if err != nil {
 				return []*row{errRow(tmpl, err)}
 			}
-			pct := 100 * under / solo
+			finished, gap := h.finished, h.gap
+			pct := 100 * h.beside / h.soloBefore
+			if finished {
+				pct = h.kept()
+			}
 			kept[i] = append(kept[i], pct)
-			msg := fmt.Sprintf("%s: solo %.0f MiB/s, beside the stuck reader %.0f MiB/s (%.0f %%), longest stall %s", impl, solo, under, pct, gap.Round(time.Millisecond))
+			stuckCPU[i] = max(stuckCPU[i], h.stuckCPU)
+			msg := fmt.Sprintf("%s: solo %.0f MiB/s, beside the stuck reader %.0f MiB/s, solo again %.0f MiB/s (%.0f %% kept), longest stall %s, CPU while stuck %.0f ms/s", impl, h.soloBefore, h.beside, h.soloAfter, pct, gap.Round(time.Millisecond), 1000*h.stuckCPU)
 			if !finished {
-				msg = fmt.Sprintf("%s: solo %.0f MiB/s, beside the stuck reader only %.1f of %d MiB within %s, longest stall %s", impl, solo, float64(moved)/mib, cfg.hol/mib, cfg.holLimit, gap.Round(time.Millisecond))
+				msg = fmt.Sprintf("%s: solo %.0f MiB/s, beside the stuck reader only %.1f of %d MiB within %s, longest stall %s", impl, h.soloBefore, float64(h.moved)/mib, cfg.hol/mib, cfg.holLimit, gap.Round(time.Millisecond))
 			}
 			maxGap[i] = max(maxGap[i], gap)
 			if !finished {
@@ -633,7 +634,7 @@ func holGroup() []*row {
 	r.rssOurs, r.rssAnchor = peaks[0], peaks[1]
 	var notes []string
 	for i, impl := range []string{ours, upstream} {
-		n := fmt.Sprintf("%s: longest stall of the measured download %s", impl, maxGap[i].Round(10*time.Millisecond))
+		n := fmt.Sprintf("%s: longest stall of the measured download %s, server + agent CPU while only the stuck connection was open %.0f ms/s", impl, maxGap[i].Round(10*time.Millisecond), 1000*stuckCPU[i])
 		if unfinished[i] > 0 {
 			n += fmt.Sprintf(", %d of %d runs unfinished within %s", unfinished[i], cfg.holRepeats, cfg.holLimit)
 		}

@@ -295,40 +295,65 @@ func idleMemory(s *subject, dest string, n int) (float64, []float64, []net.Conn,
 	return float64(after-base) / float64(n), split, conns, nil
 }
 
+// holResult is one head-of-line run.
+type holResult struct {
+	soloBefore, beside, soloAfter float64 // MiB/s
+	finished                      bool    // the download beside the stuck reader finished within the limit
+	moved                         int64
+	gap                           time.Duration // longest time the download beside the stuck reader made no progress
+	stuckCPU                      float64       // the subject's CPU seconds per second while only the stuck connection was open
+}
+
+// kept is the share of its solo throughput (mean of before and after) the
+// download kept beside the stuck reader, in percent.
+func (h holResult) kept() float64 { return 100 * h.beside / ((h.soloBefore + h.soloAfter) / 2) }
+
 // holOnce measures how much of its solo throughput one download keeps
 // while another connection through the same agent has a reader that
-// stopped reading. Both connections are dialed first; then the stuck one
-// asks its destination for an endless stream and never reads, the harness
-// waits until that destination can write no more (no progress for 300 ms,
-// at most 20 s), and the measured connection runs the same download as
-// solo, bounded by limit. It returns MiB/s (bytes moved / limit if it did
-// not finish), whether it finished, the bytes moved and the longest time
-// the download made no progress.
-func holOnce(s *subject, dest string, size int64, limit time.Duration) (float64, bool, int64, time.Duration, error) {
+// stopped reading. A download runs solo; then a second connection asks its
+// destination for an endless stream and is never read; once that
+// destination can write no more (no progress for 300 ms, at most 20 s) the
+// same download runs again on the first connection, bounded by limit; then
+// the stuck connection is closed and the download runs solo once more on a
+// new connection (so drift in machine load does not count as head-of-line
+// blocking).
+func holOnce(s *subject, dest string, size int64, limit time.Duration) (holResult, error) {
+	var h holResult
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	var err error
+	if h.soloBefore, _, err = bulk(s, dest, 1, size, opDownload, limit); err != nil {
+		return h, err
+	}
 	c, err := s.dial(ctx, dest)
 	if err != nil {
-		return 0, false, 0, 0, fmt.Errorf("%s: dial measured connection: %w", s.name, err)
+		return h, fmt.Errorf("%s: dial measured connection: %w", s.name, err)
 	}
 	defer func() { go c.Close() }()
 	id, progress := newStuck()
 	stuckConn, err := s.dial(ctx, dest)
 	if err != nil {
-		return 0, false, 0, 0, fmt.Errorf("%s: dial stuck connection: %w", s.name, err)
+		return h, fmt.Errorf("%s: dial stuck connection: %w", s.name, err)
 	}
-	defer func() { go stuckConn.Close() }()
+	stuckClosed := false
+	defer func() {
+		if !stuckClosed {
+			go stuckConn.Close()
+		}
+	}()
 	if _, err := stuckConn.Write(header(opStuck, id)); err != nil {
-		return 0, false, 0, 0, err
+		return h, err
 	}
-	last, lastChange := int64(-1), time.Now()
+	last, lastChange, cpuAtChange := int64(-1), time.Now(), s.cpu()
 	waitUntil := time.Now().Add(20 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	for time.Now().Before(waitUntil) {
 		<-tick.C
 		if v := progress.Load(); v != last {
-			last, lastChange = v, time.Now()
+			last, lastChange, cpuAtChange = v, time.Now(), s.cpu()
 		} else if time.Since(lastChange) >= 300*time.Millisecond {
+			h.stuckCPU = (s.cpu() - cpuAtChange) / time.Since(lastChange).Seconds()
 			break
 		}
 	}
@@ -336,28 +361,43 @@ func holOnce(s *subject, dest string, size int64, limit time.Duration) (float64,
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- clientDownload(c, size, &moved) }()
-	var gap time.Duration
 	prev, prevAt := int64(0), start
 	timeout := time.After(limit)
+wait:
 	for {
 		select {
 		case err := <-done:
-			tick.Stop()
-			el := time.Since(start)
-			gap = max(gap, time.Since(prevAt))
+			h.gap = max(h.gap, time.Since(prevAt))
 			if err != nil {
-				return 0, false, moved.Load(), gap, fmt.Errorf("%s: download beside a stuck reader: %w", s.name, err)
+				return h, fmt.Errorf("%s: download beside a stuck reader: %w", s.name, err)
 			}
-			return float64(size) / mib / el.Seconds(), true, size, gap, nil
+			h.beside, h.finished, h.moved = float64(size)/mib/time.Since(start).Seconds(), true, size
+			break wait
 		case <-timeout:
-			tick.Stop()
-			gap = max(gap, time.Since(prevAt))
-			return float64(moved.Load()) / mib / limit.Seconds(), false, moved.Load(), gap, nil
+			h.gap = max(h.gap, time.Since(prevAt))
+			h.moved = moved.Load()
+			h.beside = float64(h.moved) / mib / limit.Seconds()
+			break wait
 		case now := <-tick.C:
 			if v := moved.Load(); v != prev {
-				gap = max(gap, now.Sub(prevAt))
+				h.gap = max(h.gap, now.Sub(prevAt))
 				prev, prevAt = v, now
 			}
 		}
 	}
+	if !h.finished {
+		return h, nil // stalled: the pair is torn down by the caller
+	}
+	// Close the stuck connection (bounded) and measure solo again.
+	closed := make(chan struct{})
+	go func() { stuckConn.Close(); close(closed) }()
+	stuckClosed = true
+	select {
+	case <-closed:
+	case <-time.After(15 * time.Second):
+	}
+	if h.soloAfter, _, err = bulk(s, dest, 1, size, opDownload, limit); err != nil {
+		return h, err
+	}
+	return h, nil
 }
