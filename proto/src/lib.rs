@@ -16,6 +16,7 @@ pub(crate) mod generated {
 
 pub use generated::*;
 
+pub mod codec;
 pub mod flow;
 pub mod header;
 pub mod ids;

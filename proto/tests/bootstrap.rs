@@ -17,6 +17,7 @@ fn generate(out_dir: &Path) {
         .build_server(true)
         // The transport helper `connect()` would clash with the `Connect` rpc.
         .build_transport(false)
+        .codec_path("crate::codec::PacketCodec")
         // DATA payloads are handed between tasks without copying.
         .bytes(".")
         .out_dir(out_dir)

@@ -238,7 +238,7 @@ pub mod proxy_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::PacketCodec::default();
             let path = http::uri::PathAndQuery::from_static("/ProxyService/Proxy");
             let mut req = request.into_streaming_request();
             req.extensions_mut().insert(GrpcMethod::new("ProxyService", "Proxy"));
@@ -376,7 +376,7 @@ pub mod proxy_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ProxySvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::PacketCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -529,7 +529,7 @@ pub mod agent_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::PacketCodec::default();
             let path = http::uri::PathAndQuery::from_static("/AgentService/Connect");
             let mut req = request.into_streaming_request();
             req.extensions_mut().insert(GrpcMethod::new("AgentService", "Connect"));
@@ -669,7 +669,7 @@ pub mod agent_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ConnectSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::PacketCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

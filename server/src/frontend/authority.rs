@@ -73,7 +73,7 @@ impl<S> FixAuthority<S> {
         decoder.set_max_allowed_table_size(TABLE_SIZE);
         FixAuthority {
             inner,
-            inbuf: BytesMut::with_capacity(4096),
+            inbuf: BytesMut::new(),
             out: BytesMut::new(),
             state: State::Preface(PREFACE.len()),
             decoder,
@@ -305,6 +305,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
             if me.step()? {
                 continue;
             }
+            if me.inbuf.is_empty() && me.inbuf.capacity() > 0 {
+                // An idle connection keeps no buffer.
+                me.inbuf = BytesMut::new();
+            }
             if let State::Payload(left) = me.state
                 && left > 0
             {
@@ -328,7 +332,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
                 }
                 return Poll::Ready(Ok(()));
             }
-            me.inbuf.reserve(8192);
+            // Frame heads and header blocks only: payloads bypass this buffer.
+            me.inbuf.reserve(1024);
             let n = ready!(tokio_util::io::poll_read_buf(
                 Pin::new(&mut me.inner),
                 cx,
