@@ -377,10 +377,7 @@ fn serve_agents(
         server_count: config.server_count,
         auth,
     });
-    let settings = H2Settings {
-        keepalive: config.keepalive_time,
-        keepalive_timeout: Duration::from_secs(20),
-    };
+    let settings = H2Settings::agent(config.keepalive_time);
     let tls = acceptor(config.agent_tls.clone());
     let d = drain.clone();
     accept_loop(
@@ -411,10 +408,7 @@ fn serve_frontend<L: Listener>(
         core: core.clone(),
         drain: drain.clone(),
     });
-    let settings = H2Settings {
-        keepalive: config.frontend_keepalive_time,
-        keepalive_timeout: Duration::from_secs(20),
-    };
+    let settings = H2Settings::frontend(config.frontend_keepalive_time);
     let tls = tls.map(acceptor);
     let d = drain.clone();
     accept_loop(

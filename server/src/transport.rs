@@ -23,7 +23,42 @@ pub struct H2Settings {
     pub keepalive: Duration,
     /// How long a PING may stay unanswered.
     pub keepalive_timeout: Duration,
+    /// Per-stream receive window: the most a peer's stream may have
+    /// buffered in this server while it is not being read.
+    pub stream_window: u32,
+    /// Receive window shared by all streams of one connection.
+    pub connection_window: u32,
 }
+
+impl H2Settings {
+    /// kube-apiserver's side: one stream per connection, and a stream whose
+    /// agent-side connection is out of credit buffers here up to its window,
+    /// so the window is what one slow destination can park in this server
+    /// per tunnel (4 MiB × 64 uploads measured 415 MiB peak RSS).
+    pub fn frontend(keepalive: Duration) -> Self {
+        H2Settings {
+            keepalive,
+            keepalive_timeout: KEEPALIVE_TIMEOUT,
+            stream_window: 1 << 20,
+            connection_window: 2 << 20,
+        }
+    }
+
+    /// An agent's side: one stream carries all of its connections, each
+    /// bounded by its own credit window, so the stream window only has to
+    /// keep a fast link full.
+    pub fn agent(keepalive: Duration) -> Self {
+        H2Settings {
+            keepalive,
+            keepalive_timeout: KEEPALIVE_TIMEOUT,
+            stream_window: 4 << 20,
+            connection_window: 16 << 20,
+        }
+    }
+}
+
+/// How long a PING may stay unanswered before the connection is closed.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl H2Settings {
     fn builder(&self) -> hyper::server::conn::http2::Builder<TokioExecutor> {
@@ -31,10 +66,8 @@ impl H2Settings {
         b.timer(TokioTimer::new())
             .keep_alive_interval(Some(self.keepalive))
             .keep_alive_timeout(self.keepalive_timeout)
-            // Generous windows so one tunnel can fill a fast link; memory is
-            // only used while a peer actually has data in flight.
-            .initial_stream_window_size(4 << 20)
-            .initial_connection_window_size(16 << 20)
+            .initial_stream_window_size(self.stream_window)
+            .initial_connection_window_size(self.connection_window)
             .max_frame_size(64 << 10)
             .max_send_buf_size(1 << 20)
             .max_concurrent_streams(Some(1000))
