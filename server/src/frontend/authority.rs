@@ -16,7 +16,6 @@
 //! consistent. DATA and every other frame are passed through without copying
 //! into an intermediate buffer.
 
-use std::borrow::Cow;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -61,7 +60,7 @@ pub struct FixAuthority<S> {
     /// Bytes ready for h2.
     out: BytesMut,
     state: State,
-    decoder: loona_hpack::Decoder<'static>,
+    decoder: super::hpack::Decoder,
     pending: Option<Pending>,
     /// Set once a block was changed: every later block is re-encoded.
     rewriting: bool,
@@ -69,8 +68,7 @@ pub struct FixAuthority<S> {
 
 impl<S> FixAuthority<S> {
     pub fn new(inner: S) -> Self {
-        let mut decoder = loona_hpack::Decoder::new();
-        decoder.set_max_allowed_table_size(TABLE_SIZE);
+        let decoder = super::hpack::Decoder::new(TABLE_SIZE);
         FixAuthority {
             inner,
             inbuf: BytesMut::new(),
@@ -224,13 +222,13 @@ impl<S> FixAuthority<S> {
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut fix = false;
         self.decoder
-            .decode_with_cb(&p.block, |name: Cow<'_, [u8]>, value: Cow<'_, [u8]>| {
-                if &*name == b":authority" && !valid_authority(&value) {
+            .decode(&p.block, |name, value| {
+                if name == b":authority" && !valid_authority(value) {
                     fix = true;
                 }
-                fields.push((name.into_owned(), value.into_owned()));
+                fields.push((name.to_vec(), value.to_vec()));
             })
-            .map_err(|e| bad(format!("HPACK: {e:?}")))?;
+            .map_err(|e| bad(format!("HPACK: {e}")))?;
         self.rewriting |= fix;
         let block = if self.rewriting {
             let mut out = Vec::with_capacity(p.block.len() + 64);

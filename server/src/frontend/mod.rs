@@ -2,6 +2,7 @@
 
 mod authority;
 pub mod grpc;
+mod hpack;
 pub mod http_connect;
 mod stream;
 
