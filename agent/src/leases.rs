@@ -19,6 +19,9 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::lease_calls::ObserveLeaseCalls;
+use crate::metrics::Metrics;
+
 /// How often lease validity is re-evaluated: leases expire without events.
 const RECOUNT_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -86,7 +89,10 @@ pub fn is_valid(lease: &Lease, now: Timestamp) -> bool {
         .is_ok_and(|end| end > now)
 }
 
-async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, String> {
+async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    metrics: &Arc<Metrics>,
+) -> Result<kube::Client, String> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -97,14 +103,24 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, St
         }
         None => kube::Config::incluster().map_err(|e| e.to_string())?,
     };
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| e.to_string())?;
+    Ok(builder
+        .with_layer(&ObserveLeaseCalls {
+            metrics: metrics.clone(),
+        })
+        .build())
 }
 
 /// Keeps `count` in step with the Leases until `stop`.
-pub async fn run(cfg: LeaseCounting, count: Arc<LeaseCount>, stop: CancellationToken) {
+pub async fn run(
+    cfg: LeaseCounting,
+    count: Arc<LeaseCount>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
     let mut backoff = Duration::from_secs(1);
     let client = loop {
-        match client(cfg.kubeconfig.as_deref()).await {
+        match client(cfg.kubeconfig.as_deref(), &metrics).await {
             Ok(c) => break c,
             Err(e) => {
                 tracing::error!(error = %e, retry_in = ?backoff, "lease counting: no kubernetes client");

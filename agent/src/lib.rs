@@ -10,6 +10,7 @@ pub mod connect;
 pub mod dial;
 mod endpoint;
 mod health;
+mod lease_calls;
 pub mod leases;
 pub mod metrics;
 pub mod options;
@@ -176,7 +177,12 @@ impl Agent {
             tracing::info!(namespace = %counting.namespace, selector = %counting.selector, "counting proxy servers by their leases");
             let count = leases::LeaseCount::new(counting.max_with_header);
             clients.count_leases(count.clone());
-            tasks.spawn(leases::run(counting, count, stop_counting.clone()));
+            tasks.spawn(leases::run(
+                counting,
+                count,
+                metrics.clone(),
+                stop_counting.clone(),
+            ));
         }
         for (name, l) in [("health", &listeners.health), ("admin", &listeners.admin)] {
             tracing::info!(listener = name, addr = %daemon::listen::Listener::local(l), "listening");

@@ -16,6 +16,9 @@ const OPEN_SERVER_CONNECTIONS: &str = "konnectivity_network_proxy_agent_open_ser
 const KNOWN_SERVER_COUNT: &str = "konnectivity_network_proxy_agent_known_server_count";
 const OPEN_ENDPOINT_CONNECTIONS: &str =
     "konnectivity_network_proxy_agent_open_endpoint_connections";
+const LEASE_LISTS: &str = "konnectivity_network_proxy_agent_lease_lists_total";
+const LEASE_WATCHES: &str = "konnectivity_network_proxy_agent_lease_watches_total";
+const LEASE_LIST_LATENCY: &str = "konnectivity_network_proxy_agent_lease_list_latency_seconds";
 const STREAM_PACKETS: &str = "konnectivity_network_proxy_agent_stream_packets_total";
 const STREAM_ERRORS: &str = "konnectivity_network_proxy_agent_stream_errors_total";
 
@@ -48,7 +51,10 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let r = Arc::new(Registry::new(&[(DIAL_DURATION, LATENCY_BUCKETS)]));
+        let r = Arc::new(Registry::new(&[
+            (DIAL_DURATION, LATENCY_BUCKETS),
+            (LEASE_LIST_LATENCY, LATENCY_BUCKETS),
+        ]));
         r.describe_histogram(
             DIAL_DURATION,
             "Latency of dial to the remote endpoint in seconds",
@@ -72,6 +78,20 @@ impl Metrics {
         r.describe_gauge(
             OPEN_ENDPOINT_CONNECTIONS,
             "Current number of open endpoint connections.",
+        );
+        r.describe_counter(
+            LEASE_LISTS,
+            "Count of server lease list calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
+        );
+        // Described but, as upstream's, never incremented: watch outcomes go
+        // to LEASE_LISTS (see lease_calls.rs).
+        r.describe_counter(
+            LEASE_WATCHES,
+            "Count of server lease watch calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
+        );
+        r.describe_histogram(
+            LEASE_LIST_LATENCY,
+            "Latency of server lease listing in seconds",
         );
         r.describe_counter(
             STREAM_PACKETS,
@@ -111,6 +131,28 @@ impl Metrics {
         } else {
             self.dial_unknown.increment(1)
         }
+    }
+
+    /// A lease list or watch call answered with `code` (0: no response).
+    pub fn lease_call(&self, code: u16, reason: &str) {
+        self.registry
+            .counter(
+                LEASE_LISTS,
+                &[
+                    ("http_response_code", &code.to_string()),
+                    ("reason", reason),
+                ],
+            )
+            .increment(1);
+    }
+
+    pub fn lease_list_latency(&self, code: u16, latency: std::time::Duration) {
+        self.registry
+            .histogram(
+                LEASE_LIST_LATENCY,
+                &[("http_response_code", &code.to_string())],
+            )
+            .record(latency.as_secs_f64());
     }
 
     pub fn packet(&self, segment: Segment, packet_type: i32) {

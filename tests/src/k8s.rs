@@ -910,8 +910,13 @@ impl ProxyAgent {
     }
 
     pub async fn metric(&self, name: &str) -> f64 {
+        self.metric_with(name, &[]).await
+    }
+
+    /// Sum of a metric's samples whose line contains every one of `labels`.
+    pub async fn metric_with(&self, name: &str, labels: &[&str]) -> f64 {
         let text = crate::http_get(self.health_addr, "/metrics").await.1;
-        metric_sum(&text, name, &[])
+        metric_sum(&text, name, labels)
     }
 
     /// Waits until the agent holds streams to `n` servers.

@@ -160,6 +160,66 @@ async fn servers_publish_leases_and_agents_count_them() {
             .await,
         2.0
     );
+    // Its lease list and watch were counted, as upstream counts them (both
+    // into lease_lists_total), and the list was timed.
+    let ok = ["http_response_code=\"200\"", "reason=\"\""];
+    eventually(
+        "agent counted its lease list and watch",
+        Duration::from_secs(10),
+        || async {
+            agent
+                .metric_with("konnectivity_network_proxy_agent_lease_lists_total", &ok)
+                .await
+                >= 2.0
+        },
+    )
+    .await;
+    assert!(
+        agent
+            .metric_with(
+                "konnectivity_network_proxy_agent_lease_list_latency_seconds_count",
+                &["http_response_code=\"200\""],
+            )
+            .await
+            >= 1.0
+    );
+    // An agent whose identity may not list leases: each refused call is
+    // counted with the apiserver's reason, and it keeps its last count (1).
+    let nobody_kc = cluster.kubeconfig_for("nobody-client", "system:nobody", &[], None, None);
+    let mut refused = ProxyAgent::start(
+        "agent-refused",
+        lb.addr,
+        &ca,
+        &[
+            format!("--agent-cert={}", certs.agent.cert.display()),
+            format!("--agent-key={}", certs.agent.key.display()),
+            "--count-server-leases".into(),
+            format!("--lease-label={LABEL}"),
+            format!("--kubeconfig={}", nobody_kc.display()),
+        ],
+    )
+    .await;
+    eventually(
+        "refused lease list counted",
+        Duration::from_secs(10),
+        || async {
+            refused
+                .metric_with(
+                    "konnectivity_network_proxy_agent_lease_lists_total",
+                    &["http_response_code=\"403\"", "reason=\"Forbidden\""],
+                )
+                .await
+                >= 1.0
+        },
+    )
+    .await;
+    assert_eq!(
+        refused
+            .metric("konnectivity_network_proxy_agent_known_server_count")
+            .await,
+        1.0
+    );
+    refused.stop().await;
 
     // A third server appears behind the load balancer.
     servers.push(ProxyServer::start(dir.path(), "s3", "grpc", &certs.server, &server_flags).await);
