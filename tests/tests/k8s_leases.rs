@@ -140,19 +140,19 @@ async fn servers_publish_leases_and_agents_count_them() {
     assert_eq!(culled, 1.0);
 
     let lb = LoadBalancer::start(servers.iter().map(|s| s.agent_addr).collect()).await;
-    let mut agent = ProxyAgent::start(
-        "agent-1",
-        lb.addr,
-        &ca,
-        &[
+    // An agent counting leases with the identity of `kubeconfig`.
+    let counting_agent = |id: &'static str, kubeconfig: std::path::PathBuf| {
+        let flags = [
             format!("--agent-cert={}", certs.agent.cert.display()),
             format!("--agent-key={}", certs.agent.key.display()),
             "--count-server-leases".into(),
             format!("--lease-label={LABEL}"),
-            format!("--kubeconfig={}", agent_kc.display()),
-        ],
-    )
-    .await;
+            format!("--kubeconfig={}", kubeconfig.display()),
+        ];
+        let (addr, ca) = (lb.addr, ca.clone());
+        async move { ProxyAgent::start(id, addr, &ca, &flags).await }
+    };
+    let mut agent = counting_agent("agent-1", agent_kc.clone()).await;
     agent.wait_servers(2, Duration::from_secs(30)).await;
     assert_eq!(
         agent
@@ -186,19 +186,7 @@ async fn servers_publish_leases_and_agents_count_them() {
     // An agent whose identity may not list leases: each refused call is
     // counted with the apiserver's reason, and it keeps its last count (1).
     let nobody_kc = cluster.kubeconfig_for("nobody-client", "system:nobody", &[], None, None);
-    let mut refused = ProxyAgent::start(
-        "agent-refused",
-        lb.addr,
-        &ca,
-        &[
-            format!("--agent-cert={}", certs.agent.cert.display()),
-            format!("--agent-key={}", certs.agent.key.display()),
-            "--count-server-leases".into(),
-            format!("--lease-label={LABEL}"),
-            format!("--kubeconfig={}", nobody_kc.display()),
-        ],
-    )
-    .await;
+    let mut refused = counting_agent("agent-refused", nobody_kc).await;
     eventually(
         "refused lease list counted",
         Duration::from_secs(10),
