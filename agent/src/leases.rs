@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use daemon::lease::is_valid;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::watch;
@@ -72,21 +73,6 @@ impl LeaseCount {
     pub fn subscribe(&self) -> watch::Receiver<usize> {
         self.changed.subscribe()
     }
-}
-
-/// Whether a Lease is held now: renew (or acquire) time plus its duration is
-/// after `now`.
-pub fn is_valid(lease: &Lease, now: Timestamp) -> bool {
-    let Some(spec) = &lease.spec else {
-        return false;
-    };
-    let Some(last) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
-        return false;
-    };
-    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-    last.0
-        .checked_add(SignedDuration::from_secs(secs))
-        .is_ok_and(|end| end > now)
 }
 
 async fn client(
@@ -163,8 +149,6 @@ pub async fn run(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
     #[test]
     fn count_is_at_least_one_and_notifies_changes() {
@@ -178,26 +162,5 @@ mod tests {
         assert_eq!(c.get(), 3);
         assert!(rx.has_changed().unwrap());
         assert_eq!(*rx.borrow_and_update(), 3);
-    }
-
-    #[test]
-    fn validity() {
-        let now = Timestamp::now();
-        let ago = |s: i64| {
-            Some(MicroTime(
-                now.checked_sub(SignedDuration::from_secs(s)).unwrap(),
-            ))
-        };
-        let lease = |renew| Lease {
-            spec: Some(LeaseSpec {
-                lease_duration_seconds: Some(30),
-                renew_time: renew,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        assert!(is_valid(&lease(ago(29)), now));
-        assert!(!is_valid(&lease(ago(30)), now));
-        assert!(!is_valid(&lease(None), now));
     }
 }

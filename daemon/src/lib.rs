@@ -10,6 +10,8 @@ pub mod endpoints;
 pub mod flags;
 pub mod h2io;
 pub mod keepalive;
+#[cfg(feature = "kubernetes")]
+pub mod lease;
 pub mod listen;
 pub mod logging;
 pub mod metrics;

@@ -74,15 +74,22 @@ impl Pki {
         self.dir.join("ca.crt")
     }
 
+    /// Writes `<file>.crt` and `<file>.key` for subject `cn` with
+    /// organizations `orgs` (Kubernetes reads them as groups).
     fn issue(
         &self,
-        name: &str,
+        file: &str,
+        cn: &str,
+        orgs: &[&str],
         sans: &[&str],
         usage: ExtendedKeyUsagePurpose,
     ) -> Result<Identity, PkiError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(DnType::CommonName, name);
+        params.distinguished_name.push(DnType::CommonName, cn);
+        for o in orgs {
+            params.distinguished_name.push(DnType::OrganizationName, *o);
+        }
         params.subject_alt_names = sans
             .iter()
             .map(|s| match s.parse::<std::net::IpAddr>() {
@@ -93,12 +100,16 @@ impl Pki {
                     .map_err(|_| PkiError::Name((*s).to_string())),
             })
             .collect::<Result<_, _>>()?;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         params.extended_key_usages = vec![usage];
         let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
         let cert = params.signed_by(&key, &issuer)?;
         Ok(Identity {
-            cert: write(self.dir.join(format!("{name}.crt")), cert.pem())?,
-            key: write(self.dir.join(format!("{name}.key")), key.serialize_pem())?,
+            cert: write(self.dir.join(format!("{file}.crt")), cert.pem())?,
+            key: write(self.dir.join(format!("{file}.key")), key.serialize_pem())?,
         })
     }
 
@@ -106,11 +117,16 @@ impl Pki {
     pub fn server(&self, name: &str, extra: &[&str]) -> Result<Identity, PkiError> {
         let mut sans = vec!["localhost", "127.0.0.1", "::1"];
         sans.extend_from_slice(extra);
-        self.issue(name, &sans, ExtendedKeyUsagePurpose::ServerAuth)
+        self.issue(name, name, &[], &sans, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
     /// A client certificate with common name `name`.
     pub fn client(&self, name: &str) -> Result<Identity, PkiError> {
-        self.issue(name, &[], ExtendedKeyUsagePurpose::ClientAuth)
+        self.issue(name, name, &[], &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// A client certificate for user `cn` in groups `orgs`, written as `file`.
+    pub fn user(&self, file: &str, cn: &str, orgs: &[&str]) -> Result<Identity, PkiError> {
+        self.issue(file, cn, orgs, &[], ExtendedKeyUsagePurpose::ClientAuth)
     }
 }

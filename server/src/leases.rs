@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use daemon::lease::is_valid;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -68,21 +69,6 @@ pub fn selector(labels: &BTreeMap<String, String>) -> String {
 
 pub fn lease_name(server_id: &str) -> String {
     format!("konnectivity-proxy-server-{server_id}")
-}
-
-/// Whether a Lease is still held: renew (or acquire) time plus its duration
-/// is after `now`.
-pub fn is_valid(lease: &Lease, now: Timestamp) -> bool {
-    let Some(spec) = &lease.spec else {
-        return false;
-    };
-    let Some(last) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
-        return false;
-    };
-    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-    last.0
-        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
-        .is_ok_and(|end| end > now)
 }
 
 /// The running controller.
@@ -330,27 +316,7 @@ mod tests {
     }
 
     #[test]
-    fn validity_uses_renew_then_acquire_time() {
-        let now = Timestamp::now();
-        let ago = |s: i64| {
-            MicroTime(
-                now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
-                    .unwrap(),
-            )
-        };
-        let lease = |renew: Option<MicroTime>, acquire: Option<MicroTime>| Lease {
-            spec: Some(LeaseSpec {
-                lease_duration_seconds: Some(30),
-                renew_time: renew,
-                acquire_time: acquire,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        assert!(is_valid(&lease(Some(ago(10)), None), now));
-        assert!(!is_valid(&lease(Some(ago(31)), Some(ago(1))), now));
-        assert!(is_valid(&lease(None, Some(ago(1))), now));
-        assert!(!is_valid(&lease(None, None), now));
+    fn lease_names() {
         assert_eq!(lease_name("abc"), "konnectivity-proxy-server-abc");
     }
 }

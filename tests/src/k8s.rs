@@ -15,11 +15,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use rcgen::KeyPair;
 use tokio::process::Command;
 use tokio::sync::mpsc;
 
@@ -92,90 +88,30 @@ pub fn free_port() -> u16 {
 
 // ---------------------------------------------------------------- PKI
 
-/// The cluster's CA and the certificates of everything around it.
-pub struct Pki {
-    dir: PathBuf,
-    ca_key: KeyPair,
-    ca_params: CertificateParams,
-}
+/// The cluster's CA and the certificates of everything around it: the
+/// local stack's PKI, panicking instead of returning errors.
+pub struct Pki(local_stack::pki::Pki);
 
-#[derive(Clone, Debug)]
-pub struct Cert {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
+pub type Cert = local_stack::pki::Identity;
 
 impl Pki {
     pub fn new(dir: &Path) -> Pki {
         std::fs::create_dir_all(dir).unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "harness-ca");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
-        Pki {
-            dir: dir.to_path_buf(),
-            ca_key,
-            ca_params,
-        }
+        Pki(local_stack::pki::Pki::create(dir).unwrap())
     }
 
     pub fn ca(&self) -> PathBuf {
-        self.dir.join("ca.crt")
+        self.0.ca()
     }
 
-    fn issue(&self, file: &str, cn: &str, orgs: &[&str], sans: &[&str], server: bool) -> Cert {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.distinguished_name.push(DnType::CommonName, cn);
-        for o in orgs {
-            p.distinguished_name.push(DnType::OrganizationName, *o);
-        }
-        p.subject_alt_names = sans
-            .iter()
-            .map(|s| match s.parse::<std::net::IpAddr>() {
-                Ok(ip) => SanType::IpAddress(ip),
-                Err(_) => SanType::DnsName((*s).try_into().unwrap()),
-            })
-            .collect();
-        p.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        p.extended_key_usages = vec![if server {
-            ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
-        let cert = p.signed_by(&key, &issuer).unwrap();
-        let c = Cert {
-            cert: self.dir.join(format!("{file}.crt")),
-            key: self.dir.join(format!("{file}.key")),
-        };
-        std::fs::write(&c.cert, cert.pem()).unwrap();
-        std::fs::write(&c.key, key.serialize_pem()).unwrap();
-        c
-    }
-
-    /// A serving certificate for `localhost`, `127.0.0.1` and `extra`.
+    /// A serving certificate for `localhost`, `127.0.0.1`, `::1` and `extra`.
     pub fn server(&self, file: &str, extra: &[&str]) -> Cert {
-        let mut sans = vec!["localhost", "127.0.0.1"];
-        sans.extend_from_slice(extra);
-        self.issue(file, file, &[], &sans, true)
+        self.0.server(file, extra).unwrap()
     }
 
     /// A client certificate: user `cn` in groups `orgs`.
     pub fn client(&self, file: &str, cn: &str, orgs: &[&str]) -> Cert {
-        self.issue(file, cn, orgs, &[], false)
+        self.0.user(file, cn, orgs).unwrap()
     }
 }
 
@@ -217,27 +153,11 @@ impl Child {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
         let pid = child.id().unwrap();
-        let (tx, lines) = mpsc::unbounded_channel();
         let log = Arc::new(Mutex::new(Vec::new()));
-        for out in [
-            child
-                .stdout
-                .take()
-                .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-            child.stderr.take().map(|e| Box::new(e) as _),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let (tx, log) = (tx.clone(), log.clone());
-            tokio::spawn(async move {
-                let mut r = BufReader::new(out).lines();
-                while let Ok(Some(l)) = r.next_line().await {
-                    log.lock().unwrap().push(l.clone());
-                    let _ = tx.send(l);
-                }
-            });
-        }
+        let lines = {
+            let log = log.clone();
+            crate::procs::output_lines(&mut child, move |l| log.lock().unwrap().push(l.to_string()))
+        };
         Child {
             name: name.to_string(),
             child: Some(child),

@@ -47,6 +47,16 @@ pub struct ServerOpts {
     pub flow_control: bool,
 }
 
+impl ServerOpts {
+    /// A server choosing agents by `strategies`, defaults otherwise.
+    pub fn strategies(strategies: Vec<Strategy>) -> Self {
+        ServerOpts {
+            strategies,
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for ServerOpts {
     fn default() -> Self {
         ServerOpts {
@@ -230,6 +240,16 @@ pub struct AgentOpts {
     pub stall_timeout: Duration,
     /// Offer per-connection flow control to the server.
     pub flow_control: bool,
+}
+
+impl AgentOpts {
+    /// An agent announcing `identifiers` (URL-query form), defaults otherwise.
+    pub fn identifiers(identifiers: &str) -> Self {
+        AgentOpts {
+            identifiers: identifiers.into(),
+            ..Default::default()
+        }
+    }
 }
 
 impl Default for AgentOpts {

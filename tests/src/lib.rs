@@ -35,24 +35,19 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 /// test must fail CI with a message, not stall it until its time limit.
 /// Dropping the returned guard disarms it.
 pub fn watchdog(limit: std::time::Duration) -> Watchdog {
-    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let flag = armed.clone();
+    let (disarm, disarmed) = std::sync::mpsc::channel::<()>();
     let name = std::thread::current().name().unwrap_or("test").to_string();
     std::thread::spawn(move || {
-        // A timeout, not a readiness wait: nothing signals "hung".
-        std::thread::sleep(limit);
-        if flag.load(std::sync::atomic::Ordering::Relaxed) {
+        // Dropping the guard disconnects the channel and ends this thread.
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = disarmed.recv_timeout(limit) {
             eprintln!("{name}: still running after {limit:?}; aborting the test process");
             std::process::exit(101);
         }
     });
-    Watchdog(armed)
+    Watchdog { _disarm: disarm }
 }
 
-pub struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(false, std::sync::atomic::Ordering::Relaxed);
-    }
+/// Held for its drop: dropping the sender disarms the watchdog.
+pub struct Watchdog {
+    _disarm: std::sync::mpsc::Sender<()>,
 }

@@ -12,6 +12,35 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
+/// Every line the child writes to stdout or stderr, in arrival order per
+/// stream; `seen` also gets each line (e.g. to keep a log).
+pub fn output_lines(
+    child: &mut Child,
+    seen: impl Fn(&str) + Clone + Send + 'static,
+) -> mpsc::UnboundedReceiver<String> {
+    let (tx, lines) = mpsc::unbounded_channel();
+    let outputs = [
+        child
+            .stdout
+            .take()
+            .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        child.stderr.take().map(|e| Box::new(e) as _),
+    ];
+    for out in outputs.into_iter().flatten() {
+        let (tx, seen) = (tx.clone(), seen.clone());
+        tokio::spawn(async move {
+            let mut r = BufReader::new(out).lines();
+            while let Ok(Some(l)) = r.next_line().await {
+                seen(&l);
+                // Keep draining after the reader is gone so the child never
+                // blocks on a full pipe.
+                let _ = tx.send(l);
+            }
+        });
+    }
+    lines
+}
+
 /// `target/<profile>/<name>`, next to the test executable's directory.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -48,27 +77,7 @@ impl Proc {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let (tx, lines) = mpsc::unbounded_channel();
-        for out in [
-            child
-                .stdout
-                .take()
-                .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-            child.stderr.take().map(|e| Box::new(e) as _),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut r = BufReader::new(out).lines();
-                while let Ok(Some(l)) = r.next_line().await {
-                    if tx.send(l).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
+        let lines = output_lines(&mut child, |_| {});
         Proc {
             child,
             lines,

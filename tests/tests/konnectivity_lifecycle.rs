@@ -16,30 +16,17 @@ use proxy_server::Strategy;
 async fn killed_agent_closes_exactly_its_frontends() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(
-        &pki,
-        ServerOpts {
-            strategies: vec![Strategy::DestHost],
-            ..Default::default()
-        },
-    )
-    .await;
+    let server = start_server(&pki, ServerOpts::strategies(vec![Strategy::DestHost])).await;
     let a = start_agent(
         &pki,
         server.agent_addr,
-        AgentOpts {
-            identifiers: "ipv4=127.0.0.2".into(),
-            ..Default::default()
-        },
+        AgentOpts::identifiers("ipv4=127.0.0.2"),
     )
     .await;
     let b = start_agent(
         &pki,
         server.agent_addr,
-        AgentOpts {
-            identifiers: "ipv4=127.0.0.3".into(),
-            ..Default::default()
-        },
+        AgentOpts::identifiers("ipv4=127.0.0.3"),
     )
     .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;

@@ -24,28 +24,19 @@ async fn dest_host_routes_by_identifier_then_falls_back_to_default() {
     let pki = Pki::new();
     let server = start_server(
         &pki,
-        ServerOpts {
-            strategies: vec![Strategy::DestHost, Strategy::Default],
-            ..Default::default()
-        },
+        ServerOpts::strategies(vec![Strategy::DestHost, Strategy::Default]),
     )
     .await;
     let a = start_agent(
         &pki,
         server.agent_addr,
-        AgentOpts {
-            identifiers: "ipv4=127.0.0.2".into(),
-            ..Default::default()
-        },
+        AgentOpts::identifiers("ipv4=127.0.0.2"),
     )
     .await;
     let b = start_agent(
         &pki,
         server.agent_addr,
-        AgentOpts {
-            identifiers: "ipv4=127.0.0.3&host=node-b".into(),
-            ..Default::default()
-        },
+        AgentOpts::identifiers("ipv4=127.0.0.3&host=node-b"),
     )
     .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
@@ -75,28 +66,19 @@ async fn default_route_takes_what_dest_host_does_not_match() {
     let pki = Pki::new();
     let server = start_server(
         &pki,
-        ServerOpts {
-            strategies: vec![Strategy::DestHost, Strategy::DefaultRoute],
-            ..Default::default()
-        },
+        ServerOpts::strategies(vec![Strategy::DestHost, Strategy::DefaultRoute]),
     )
     .await;
     let a = start_agent(
         &pki,
         server.agent_addr,
-        AgentOpts {
-            identifiers: "ipv4=127.0.0.2".into(),
-            ..Default::default()
-        },
+        AgentOpts::identifiers("ipv4=127.0.0.2"),
     )
     .await;
     let gw = start_agent(
         &pki,
         server.agent_addr,
-        AgentOpts {
-            identifiers: "default-route=true".into(),
-            ..Default::default()
-        },
+        AgentOpts::identifiers("default-route=true"),
     )
     .await;
     server.handle.wait_until(|h| h.agent_streams() == 2).await;
@@ -118,21 +100,11 @@ async fn default_route_takes_what_dest_host_does_not_match() {
 async fn dest_host_alone_refuses_unknown_hosts() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(
-        &pki,
-        ServerOpts {
-            strategies: vec![Strategy::DestHost],
-            ..Default::default()
-        },
-    )
-    .await;
+    let server = start_server(&pki, ServerOpts::strategies(vec![Strategy::DestHost])).await;
     let _a = start_agent(
         &pki,
         server.agent_addr,
-        AgentOpts {
-            identifiers: "ipv4=127.0.0.2".into(),
-            ..Default::default()
-        },
+        AgentOpts::identifiers("ipv4=127.0.0.2"),
     )
     .await;
     server.handle.wait_for_agents(1).await;
