@@ -102,7 +102,7 @@ impl Connector {
                 async move {
                     let tcp = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await?;
                     let _ = tcp.set_nodelay(true);
-                    let stream = tls.connect(name, tcp).await?;
+                    let stream = tls.connect(name, daemon::tls::read_buffered(tcp)).await?;
                     Ok::<_, std::io::Error>(TokioIo::new(stream))
                 }
             }))

@@ -25,3 +25,7 @@ require (
 	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 )
+
+require konnectivity-goharness v0.0.0
+
+replace konnectivity-goharness => ../../tests/goharness

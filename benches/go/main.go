@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"konnectivity-goharness"
 )
 
 var (
@@ -540,8 +542,8 @@ func idleGroup() []*row {
 	if err != nil {
 		return []*row{errRow(tmpl, err)}
 	}
-	defer dp.kill()
-	l, _, err := dp.waitLine(0, startPatience, "destination plain=")
+	defer dp.Kill()
+	l, _, err := dp.WaitLine(0, startPatience, "destination plain=")
 	if err != nil {
 		return []*row{errRow(tmpl, err)}
 	}
@@ -667,17 +669,17 @@ func startGroup() []*row {
 				errs = append(errs, err)
 				continue
 			}
-			add(impl+" proxy-server", time.Since(t0), tree(srv.pid()))
+			add(impl+" proxy-server", time.Since(t0), goharness.Tree(srv.Pid()))
 			t0 = time.Now()
 			ag, _, err := startAgent(impl, addrs)
 			if err != nil {
 				errs = append(errs, err)
-				srv.kill()
+				srv.Kill()
 				continue
 			}
-			add(impl+" proxy-agent", time.Since(t0), tree(ag.pid()))
-			ag.kill()
-			srv.kill()
+			add(impl+" proxy-agent", time.Since(t0), goharness.Tree(ag.Pid()))
+			ag.Kill()
+			srv.Kill()
 		}
 		t0 := time.Now()
 		np, pp, err := startNodeportProxy(dest.tlsAddr(), dest.plainAddr())
@@ -691,8 +693,8 @@ func startGroup() []*row {
 		if err != nil {
 			errs = append(errs, err)
 		} else {
-			add("ours tunnel-agent", time.Since(t0), tree(ta.pid()))
-			ta.kill()
+			add("ours tunnel-agent", time.Since(t0), goharness.Tree(ta.Pid()))
+			ta.Kill()
 		}
 		np.stop()
 		sni, plain := pickPort(), pickPort()
@@ -829,7 +831,7 @@ func nodeportGroup() []*row {
 			rows = append(rows, run(row{id: "P8", workload: fmt.Sprintf("HTTP/2 CONNECT, %d TLS streams on one tunnel-agent connection, aggregate %s", cfg.aggConns, dirName(dir)), unit: "MiB/s", aim: "≥ 0.8×", ratioMin: 0.8, anchorName: fmt.Sprintf("our SNI, %d connections", cfg.aggConns)},
 				[]*subject{tun, sniSelf}, warmBulk(td, cfg.aggConns, cfg.agg, dir), bulkFn(td, cfg.aggConns, cfg.agg, dir), true)...)
 		}
-		ta.kill()
+		ta.Kill()
 	}
 	conn := []*subject{via(np, "ours", httpConnectTCP(loopback(pp.tunnel), plainAuthority)), via(t, "tinyproxy", httpConnectTCP(loopback(tp), ""))}
 	for _, dir := range []byte{opDownload, opUpload} {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"konnectivity-goharness"
 )
 
 const mib = 1 << 20
@@ -227,7 +229,7 @@ func idleMemory(s *subject, dest string, n int) (float64, []float64, []net.Conn,
 	perProc := func() []int64 {
 		var out []int64
 		for _, p := range s.procs {
-			rss, _ := memKiB(tree(p.pid()))
+			rss, _ := memKiB(goharness.Tree(p.Pid()))
 			out = append(out, rss)
 		}
 		return out

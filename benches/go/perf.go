@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"konnectivity-goharness"
 )
 
 var perfSeq int
@@ -38,8 +41,13 @@ func startPerf(tag string, s *subject) func() {
 	args := []string{"record", "-e", "cpu-clock", "-F", "999", "-o", data, "-p", strings.Join(pids, ",")}
 	stat := os.Getenv("BENCH_PERF_STAT") != ""
 	if stat {
-		// Counts instead of samples: syscalls, context switches, CPU.
-		args = []string{"stat", "-e", "raw_syscalls:sys_enter,context-switches,cpu-clock", "-o", data, "-p", strings.Join(pids, ",")}
+		// Counts instead of samples: syscalls, context switches, CPU;
+		// BENCH_PERF_EVENTS replaces the list (e.g. per-syscall tracepoints).
+		events := "raw_syscalls:sys_enter,context-switches,cpu-clock"
+		if e := os.Getenv("BENCH_PERF_EVENTS"); e != "" {
+			events = e
+		}
+		args = []string{"stat", "--per-thread", "-e", events, "-o", data, "-p", strings.Join(pids, ",")}
 	}
 	cmd := exec.Command(perf, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -54,7 +62,7 @@ func startPerf(tag string, s *subject) func() {
 	if stat {
 		return stopper(cmd, perf, data, logFile, stat)
 	}
-	if err := eventually(10*time.Second, 5*time.Millisecond, func() error {
+	if err := goharness.Eventually(context.Background(), 10*time.Second, 5*time.Millisecond, func() error {
 		st, err := os.Stat(data)
 		if err != nil {
 			return err

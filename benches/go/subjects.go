@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"konnectivity-goharness"
 )
 
 // subject is one implementation under test: its processes (whose CPU and
@@ -25,8 +28,8 @@ type subject struct {
 func (s *subject) pids() []int {
 	var out []int
 	for _, p := range s.procs {
-		if !p.hasExited() {
-			out = append(out, tree(p.pid())...)
+		if !p.Exited() {
+			out = append(out, goharness.Tree(p.Pid())...)
 		}
 	}
 	return out
@@ -38,15 +41,15 @@ func (s *subject) mem() (rss, hwm int64) { return memKiB(s.pids()) }
 
 func (s *subject) stop() {
 	for _, p := range s.procs {
-		p.kill()
+		p.Kill()
 	}
 }
 
 // alive fails when one of the subject's processes died.
 func (s *subject) alive() error {
 	for _, p := range s.procs {
-		if p.hasExited() {
-			return fmt.Errorf("%s: %s exited (log: %s)\n%s", s.name, p.name, p.logPath, p.tail(20))
+		if p.Exited() {
+			return fmt.Errorf("%s: %s exited (log: %s)\n%s", s.name, p.Name, p.logPath, p.Tail(20))
 		}
 	}
 	return nil
@@ -142,7 +145,7 @@ func startServer(impl, mode string) (*proc, string, map[string]string, error) {
 	addrs := map[string]string{}
 	if impl == ours {
 		if addrs, err = listeningAddrs(p, "agent", "health", "admin"); err != nil {
-			p.kill()
+			p.Kill()
 			return nil, "", nil, err
 		}
 	} else {
@@ -150,8 +153,8 @@ func startServer(impl, mode string) (*proc, string, map[string]string, error) {
 			addrs[k] = loopback(v)
 		}
 	}
-	err = eventually(startPatience, time.Millisecond, func() error {
-		if p.hasExited() {
+	err = goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error {
+		if p.Exited() {
 			return fmt.Errorf("exited")
 		}
 		if err := want200(addrs["health"], "/healthz"); err != nil {
@@ -163,8 +166,8 @@ func startServer(impl, mode string) (*proc, string, map[string]string, error) {
 		return probe("unix", uds)
 	})
 	if err != nil {
-		p.kill()
-		return nil, "", nil, fmt.Errorf("%s proxy-server not ready: %v (log: %s)\n%s", impl, err, p.logPath, p.tail(20))
+		p.Kill()
+		return nil, "", nil, fmt.Errorf("%s proxy-server not ready: %v (log: %s)\n%s", impl, err, p.logPath, p.Tail(20))
 	}
 	return p, uds, addrs, nil
 }
@@ -186,13 +189,13 @@ func startAgent(impl string, serverAddrs map[string]string) (*proc, string, erro
 	if impl == ours {
 		addrs, err := listeningAddrs(p, "health")
 		if err != nil {
-			p.kill()
+			p.Kill()
 			return nil, "", err
 		}
 		healthAddr = addrs["health"]
 	}
-	err = eventually(startPatience, time.Millisecond, func() error {
-		if p.hasExited() {
+	err = goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error {
+		if p.Exited() {
 			return fmt.Errorf("exited")
 		}
 		if err := want200(healthAddr, "/readyz"); err != nil {
@@ -201,8 +204,8 @@ func startAgent(impl string, serverAddrs map[string]string) (*proc, string, erro
 		return want200(serverAddrs["health"], "/readyz")
 	})
 	if err != nil {
-		p.kill()
-		return nil, "", fmt.Errorf("%s proxy-agent not ready: %v (log: %s)\n%s", impl, err, p.logPath, p.tail(20))
+		p.Kill()
+		return nil, "", fmt.Errorf("%s proxy-agent not ready: %v (log: %s)\n%s", impl, err, p.logPath, p.Tail(20))
 	}
 	return p, healthAddr, nil
 }
@@ -217,7 +220,7 @@ func startKonn(impl, mode string) (*subject, error) {
 	}
 	ag, agentHealth, err := startAgent(impl, addrs)
 	if err != nil {
-		srv.kill()
+		srv.Kill()
 		return nil, err
 	}
 	s := &subject{name: impl, procs: []*proc{srv, ag}, uds: uds, serverHealth: addrs["health"], agentHealth: agentHealth}
@@ -295,7 +298,7 @@ func fronts2ports(fs []haproxyFrontend) []int {
 
 // waitPorts waits until every port accepts connections.
 func waitPorts(s *subject, ports ...int) error {
-	err := eventually(startPatience, time.Millisecond, func() error {
+	err := goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error {
 		if err := s.alive(); err != nil {
 			return err
 		}
@@ -465,7 +468,7 @@ endpointSlices:
 	if err := waitPorts(s, pp.sni, pp.tunnel, pp.nodePort); err != nil {
 		return nil, pp, err
 	}
-	if err := eventually(startPatience, time.Millisecond, func() error { return want200(loopback(pp.stats), "/healthz") }); err != nil {
+	if err := goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error { return want200(loopback(pp.stats), "/healthz") }); err != nil {
 		s.stop()
 		return nil, pp, err
 	}
@@ -491,8 +494,8 @@ func startTunnelAgent(tunnelPort int, authority string) (*proc, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	err = eventually(startPatience, time.Millisecond, func() error {
-		if p.hasExited() {
+	err = goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error {
+		if p.Exited() {
 			return fmt.Errorf("exited")
 		}
 		if err := want200(loopback(stats), "/ready"); err != nil {
@@ -501,8 +504,8 @@ func startTunnelAgent(tunnelPort int, authority string) (*proc, int, error) {
 		return probe("tcp", loopback(listen))
 	})
 	if err != nil {
-		p.kill()
-		return nil, 0, fmt.Errorf("tunnel-agent not ready: %v (log: %s)\n%s", err, p.logPath, p.tail(20))
+		p.Kill()
+		return nil, 0, fmt.Errorf("tunnel-agent not ready: %v (log: %s)\n%s", err, p.logPath, p.Tail(20))
 	}
 	return p, listen, nil
 }

@@ -388,7 +388,7 @@ fn serve_agents(
         move |io, _, _| {
             let (svc, settings, tls, d) = (svc.clone(), settings.clone(), tls.clone(), d.clone());
             async move {
-                if let Some(io) = tls_handshake(&tls, io).await {
+                if let Some(io) = tls_handshake(&tls, daemon::tls::read_buffered(io)).await {
                     serve_h2(io, svc, &settings, &d).await;
                 }
             }

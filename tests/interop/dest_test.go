@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"konnectivity-goharness"
 )
 
 // Every destination listens on 127.0.0.1: the suite sends traffic only to
@@ -145,7 +147,7 @@ func refusedAddr(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return loopback(sa.(*syscall.SockaddrInet4).Port)
+	return goharness.Loopback(sa.(*syscall.SockaddrInet4).Port)
 }
 
 // blackholeAddr never completes a TCP handshake, on loopback: a listener
@@ -167,7 +169,7 @@ func blackholeAddr(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := loopback(sa.(*syscall.SockaddrInet4).Port)
+	addr := goharness.Loopback(sa.(*syscall.SockaddrInet4).Port)
 	// Fill the accept queue until a handshake stops completing.
 	full := false
 	for range 16 {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"konnectivity-goharness"
 )
 
 // frontend is how the Go client reaches the proxy server.
@@ -97,7 +99,7 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 	if cfg.impl == upstream {
 		for k, v := range ports {
 			if v == 0 {
-				p, err := pickPort()
+				p, err := goharness.PickPort()
 				if err != nil {
 					return nil, err
 				}
@@ -137,7 +139,7 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 		// One `listening listener=<name> addr=<addr>` line per socket.
 		from := 0
 		for len(ports) > 0 {
-			l, next, err := s.p.waitLine(from, startPatience, "listening", "listener=")
+			l, next, err := s.p.WaitLine(from, startPatience, "listening", "listener=")
 			if err != nil {
 				return nil, err
 			}
@@ -150,14 +152,14 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 			switch name {
 			case "frontend":
 				if cfg.front == connectTLS {
-					port, err := portOf(addr)
+					port, err := goharness.PortOf(addr)
 					if err != nil {
 						return nil, err
 					}
-					s.frontAddr = loopback(port)
+					s.frontAddr = goharness.Loopback(port)
 				}
 			default:
-				port, err := portOf(addr)
+				port, err := goharness.PortOf(addr)
 				if err != nil {
 					return nil, err
 				}
@@ -165,27 +167,27 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 				case "agent":
 					s.agentPort = port
 				case "health":
-					s.healthAddr = loopback(port)
+					s.healthAddr = goharness.Loopback(port)
 				case "admin":
-					s.adminAddr = loopback(port)
+					s.adminAddr = goharness.Loopback(port)
 				}
 			}
 		}
 	} else {
 		s.agentPort = ports["agent"]
-		s.healthAddr = loopback(ports["health"])
-		s.adminAddr = loopback(ports["admin"])
+		s.healthAddr = goharness.Loopback(ports["health"])
+		s.adminAddr = goharness.Loopback(ports["admin"])
 		if cfg.front == connectTLS {
-			s.frontAddr = loopback(ports["frontend"])
+			s.frontAddr = goharness.Loopback(ports["frontend"])
 		}
 	}
 	// Readiness of every socket: /healthz answers, the agent port and the
 	// frontend accept connections.
-	err := eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
-		if s.p.hasExited() {
+	err := goharness.Eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
+		if s.p.Exited() {
 			return fmt.Errorf("exited")
 		}
-		if bad := s.p.grep("could not listen"); len(bad) > 0 {
+		if bad := s.p.Grep("could not listen"); len(bad) > 0 {
 			return fmt.Errorf("bind failed: %s", bad[0])
 		}
 		if code, _, err := httpGet(s.healthAddr, "/healthz"); err != nil || code != 200 {
@@ -194,7 +196,7 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 		if code, _, err := httpGet(s.adminAddr, "/metrics"); err != nil || code != 200 {
 			return fmt.Errorf("admin /metrics: %d %v", code, err)
 		}
-		network, addr := "tcp", loopback(s.agentPort)
+		network, addr := "tcp", goharness.Loopback(s.agentPort)
 		if err := probe(network, addr); err != nil {
 			return err
 		}
@@ -207,7 +209,7 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 	})
 	if err != nil {
 		s.p.kill()
-		return nil, fmt.Errorf("%v\n%s", err, s.p.tail(40))
+		return nil, fmt.Errorf("%v\n%s", err, s.p.Tail(40))
 	}
 	return s, nil
 }
@@ -244,7 +246,7 @@ func (s *server) readyBackends() (float64, error) {
 
 // waitBackends waits until the server counts n agents.
 func (s *server) waitBackends(n int) error {
-	return eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
+	return goharness.Eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
 		v, err := s.readyBackends()
 		if err != nil {
 			return err
@@ -294,10 +296,10 @@ func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string) (*agen
 	health, admin := 0, 0
 	if im == upstream {
 		var err error
-		if health, err = pickPort(); err != nil {
+		if health, err = goharness.PickPort(); err != nil {
 			return nil, err
 		}
-		if admin, err = pickPort(); err != nil {
+		if admin, err = goharness.PickPort(); err != nil {
 			return nil, err
 		}
 	}
@@ -321,27 +323,27 @@ func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string) (*agen
 	if im == ours {
 		from := 0
 		for a.healthAddr == "" || a.adminAddr == "" {
-			l, next, err := a.p.waitLine(from, startPatience, "listening", "listener=")
+			l, next, err := a.p.WaitLine(from, startPatience, "listening", "listener=")
 			if err != nil {
 				return nil, err
 			}
 			from = next
-			port, err := portOf(field(l, "addr"))
+			port, err := goharness.PortOf(field(l, "addr"))
 			if err != nil {
 				return nil, err
 			}
 			switch field(l, "listener") {
 			case "health":
-				a.healthAddr = loopback(port)
+				a.healthAddr = goharness.Loopback(port)
 			case "admin":
-				a.adminAddr = loopback(port)
+				a.adminAddr = goharness.Loopback(port)
 			}
 		}
-		if _, _, err := a.p.waitLine(0, startPatience, "connected to proxy server"); err != nil {
+		if _, _, err := a.p.WaitLine(0, startPatience, "connected to proxy server"); err != nil {
 			return nil, err
 		}
 	} else {
-		a.healthAddr, a.adminAddr = loopback(health), loopback(admin)
+		a.healthAddr, a.adminAddr = goharness.Loopback(health), goharness.Loopback(admin)
 	}
 	if err := a.waitConnected(1); err != nil {
 		a.p.kill()
@@ -353,11 +355,11 @@ func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string) (*agen
 // waitConnected waits until /readyz is 200 (n>0) or not (n==0) and the
 // open_server_connections gauge is n.
 func (a *agent) waitConnected(n int) error {
-	err := eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
-		if a.p.hasExited() {
+	err := goharness.Eventually(context.Background(), startPatience, 20*time.Millisecond, func() error {
+		if a.p.Exited() {
 			return fmt.Errorf("exited")
 		}
-		if bad := a.p.grep("could not listen"); len(bad) > 0 {
+		if bad := a.p.Grep("could not listen"); len(bad) > 0 {
 			return fmt.Errorf("bind failed: %s", bad[0])
 		}
 		code, body, err := httpGet(a.healthAddr, "/readyz")
@@ -377,7 +379,7 @@ func (a *agent) waitConnected(n int) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("%s proxy-agent %s: %v\n%s", a.impl, a.id, err, a.p.tail(40))
+		return fmt.Errorf("%s proxy-agent %s: %v\n%s", a.impl, a.id, err, a.p.Tail(40))
 	}
 	return nil
 }

@@ -60,3 +60,7 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+require konnectivity-goharness v0.0.0
+
+replace konnectivity-goharness => ../goharness

@@ -105,7 +105,7 @@ func runEnv(t *testing.T, p pair, f frontend) (snapshot, bool) {
 		startAgent(t, p.agent, srv.agentPort, "agent-b"),
 	}
 	if err := srv.waitBackends(2); err != nil {
-		t.Fatalf("%s: %v\n%s", describe("setup", p, f), err, srv.p.tail(40))
+		t.Fatalf("%s: %v\n%s", describe("setup", p, f), err, srv.p.Tail(40))
 	}
 	web := httpDest(t)
 	for _, s := range scenarios {
@@ -149,9 +149,9 @@ func contains[T comparable](s []T, v T) bool {
 func logTails(t *testing.T, srv *server, agents []*agent) {
 	t.Helper()
 	var b strings.Builder
-	b.WriteString(srv.p.tail(60))
+	b.WriteString(srv.p.Tail(60))
 	for _, a := range agents {
-		b.WriteString(a.p.tail(30))
+		b.WriteString(a.p.Tail(30))
 	}
 	t.Log("\n" + b.String())
 }
@@ -186,14 +186,14 @@ func runLifecycle(t *testing.T, p pair) {
 				logTails(t, srv, []*agent{a})
 			}
 		}()
-		from, afrom := srv.p.mark(), a.p.mark()
-		if err := a.p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		from, afrom := srv.p.Mark(), a.p.Mark()
+		if err := a.p.Signal(syscall.SIGTERM); err != nil {
 			x.fatalf("SIGTERM: %v", err)
 		}
 		// The agent has taken the signal: ours says so; upstream's sync
 		// loop says it skips connecting because it is draining.
 		drained := map[impl]string{ours: "draining: no new servers", upstream: "Skipping connectOnce - agent is draining"}[p.agent]
-		if _, _, err := a.p.waitLine(afrom, 20*time.Second, drained); err != nil {
+		if _, _, err := a.p.WaitLine(afrom, 20*time.Second, drained); err != nil {
 			x.fatalf("want the agent to start draining on SIGTERM: %v", err)
 		}
 		// Upstream's agent sends DRAIN only after its next packet from the
@@ -201,7 +201,7 @@ func runLifecycle(t *testing.T, p pair) {
 		// goes first; it must be served either way.
 		basic(x, "after SIGTERM")
 		// Both servers log this when the DRAIN packet arrives.
-		if _, _, err := srv.p.waitLine(from, 20*time.Second, "agent is draining"); err != nil {
+		if _, _, err := srv.p.WaitLine(from, 20*time.Second, "agent is draining"); err != nil {
 			x.fatalf("want the server to receive the agent's DRAIN packet: %v", err)
 		}
 		m, err := srv.metrics()

@@ -18,6 +18,8 @@ import (
 
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 	clientmetrics "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client/metrics"
+
+	"konnectivity-goharness"
 )
 
 // sc is one scenario run in one environment; its failure messages name the
@@ -133,7 +135,7 @@ func runScenario(x *sc, s scenario) {
 		wantA = map[string]float64{}
 	}
 	var gotS, gotA map[string]float64
-	err = eventually(context.Background(), 20*time.Second, 50*time.Millisecond, func() error {
+	err = goharness.Eventually(context.Background(), 20*time.Second, 50*time.Millisecond, func() error {
 		after, err := failureCounts(x.srv, x.agents)
 		if err != nil {
 			return err
@@ -448,7 +450,7 @@ func (x *sc) dialPending(ctx context.Context) (client.Tunnel, <-chan error) {
 		}
 		res <- err
 	}()
-	err = eventually(context.Background(), 4*time.Second, 5*time.Millisecond, func() error {
+	err = goharness.Eventually(context.Background(), 4*time.Second, 5*time.Millisecond, func() error {
 		m, err := x.srv.metrics()
 		if err != nil {
 			return err

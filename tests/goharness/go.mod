@@ -1,0 +1,3 @@
+module konnectivity-goharness
+
+go 1.26.2
