@@ -153,11 +153,11 @@ pub const LINK_READ_BUFFER: usize = 64 << 10;
 /// A read buffer under a long-lived TLS link that carries many tunnels (the
 /// server–agent connection). rustls asks its transport for at most 4 KiB
 /// more than it already holds, so a 16 KiB record takes up to four `recv`
-/// calls. Serving them from one 64 KiB read cut the receive calls of server
-/// + agent in a 512 MiB gRPC download from 52 k to 21 k (BENCHMARKS.md,
-/// P1). Writes pass straight through.
-/// 64 KiB per link is nothing beside the link's HTTP/2 windows, but it is
-/// too much for per-tunnel connections, which must not use this.
+/// calls. Serving them from one 64 KiB read cut the receive calls of the
+/// server and agent in a 512 MiB gRPC download from 52 k to 21 k
+/// (BENCHMARKS.md, P1). Writes pass straight through. 64 KiB per link is
+/// nothing beside the link's HTTP/2 windows, but too much for per-tunnel
+/// connections, which must not use this.
 pub fn read_buffered<IO: tokio::io::AsyncRead>(io: IO) -> tokio::io::BufReader<IO> {
     tokio::io::BufReader::with_capacity(LINK_READ_BUFFER, io)
 }
