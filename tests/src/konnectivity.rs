@@ -301,6 +301,25 @@ impl Drop for RunningAgent {
     }
 }
 
+/// A server routing by `strategies` and one agent per entry of `identifiers`
+/// (`--agent-identifiers` values), returned once every agent's stream is up.
+pub async fn start_routed<const N: usize>(
+    pki: &Pki,
+    strategies: Vec<Strategy>,
+    identifiers: [&str; N],
+) -> (RunningServer, [RunningAgent; N]) {
+    let server = start_server(pki, ServerOpts::strategies(strategies)).await;
+    let mut agents = Vec::with_capacity(N);
+    for ids in identifiers {
+        agents.push(start_agent(pki, server.agent_addr, AgentOpts::identifiers(ids)).await);
+    }
+    server.handle.wait_until(|h| h.agent_streams() == N).await;
+    match agents.try_into() {
+        Ok(agents) => (server, agents),
+        Err(_) => unreachable!("one agent per identifier"),
+    }
+}
+
 pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> RunningAgent {
     let id = if opts.id.is_empty() {
         format!("agent-{}", rand_suffix())

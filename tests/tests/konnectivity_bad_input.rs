@@ -13,7 +13,7 @@ use integration_tests::konnectivity::{ServerOpts, Stack, init_logging, raw_agent
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 async fn still_serves(stack: &Stack) {
     let echo = dest::echo().await;
@@ -31,34 +31,31 @@ fn close_rsp(p: &Packet) -> Option<(i64, String)> {
     }
 }
 
-#[tokio::test]
-async fn garbage_on_the_unix_socket_closes_that_connection_only() {
-    let stack = Stack::start(ServerOpts::default()).await;
-    let mut s = stack.server.frontend.connect().await.unwrap();
-    s.write_all(b"\x00\x01garbage that is not HTTP/2 at all\r\n\r\n")
-        .await
-        .unwrap();
+/// Writes `garbage` and waits for the server to close the connection (it
+/// answers at most a GOAWAY or a TLS alert first).
+async fn closed_after<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, garbage: &[u8]) {
+    s.write_all(garbage).await.unwrap();
     let mut buf = Vec::new();
-    // The server answers (at most) a GOAWAY and closes.
     let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
         .await
         .expect("connection must be closed");
+}
+
+#[tokio::test]
+async fn garbage_on_the_unix_socket_closes_that_connection_only() {
+    let stack = Stack::start(ServerOpts::default()).await;
+    let s = stack.server.frontend.connect().await.unwrap();
+    closed_after(s, b"\x00\x01garbage that is not HTTP/2 at all\r\n\r\n").await;
     still_serves(&stack).await;
 }
 
 #[tokio::test]
 async fn garbage_on_the_agent_port_closes_that_connection_only() {
     let stack = Stack::start(ServerOpts::default()).await;
-    let mut s = tokio::net::TcpStream::connect(stack.server.agent_addr)
+    let s = tokio::net::TcpStream::connect(stack.server.agent_addr)
         .await
         .unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\n\r\nnot a TLS record")
-        .await
-        .unwrap();
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
-        .await
-        .expect("connection must be closed");
+    closed_after(s, b"GET / HTTP/1.1\r\n\r\nnot a TLS record").await;
     still_serves(&stack).await;
 }
 

@@ -8,7 +8,8 @@ use integration_tests::certs::Pki;
 use integration_tests::client::grpc_dial;
 use integration_tests::dest;
 use integration_tests::konnectivity::{
-    AgentOpts, ServerOpts, agent_dials, init_logging, round_robin, start_agent, start_server,
+    AgentOpts, ServerOpts, agent_dials, init_logging, round_robin, start_agent, start_routed,
+    start_server,
 };
 use proxy_server::Strategy;
 
@@ -16,20 +17,12 @@ use proxy_server::Strategy;
 async fn killed_agent_closes_exactly_its_frontends() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(&pki, ServerOpts::strategies(vec![Strategy::DestHost])).await;
-    let a = start_agent(
+    let (server, [a, b]) = start_routed(
         &pki,
-        server.agent_addr,
-        AgentOpts::identifiers("ipv4=127.0.0.2"),
+        vec![Strategy::DestHost],
+        ["ipv4=127.0.0.2", "ipv4=127.0.0.3"],
     )
     .await;
-    let b = start_agent(
-        &pki,
-        server.agent_addr,
-        AgentOpts::identifiers("ipv4=127.0.0.3"),
-    )
-    .await;
-    server.handle.wait_until(|h| h.agent_streams() == 2).await;
     let (ea, eb) = (
         dest::echo_on("127.0.0.2").await,
         dest::echo_on("127.0.0.3").await,

@@ -7,7 +7,7 @@ use integration_tests::certs::Pki;
 use integration_tests::client::grpc_dial;
 use integration_tests::dest;
 use integration_tests::konnectivity::{
-    AgentOpts, ServerOpts, agent_dials, init_logging, start_agent, start_server,
+    AgentOpts, ServerOpts, agent_dials, init_logging, start_agent, start_routed, start_server,
 };
 use proxy_server::Strategy;
 
@@ -22,24 +22,12 @@ async fn dial_echo(fe: &integration_tests::client::Frontend, addr: SocketAddr) {
 async fn dest_host_routes_by_identifier_then_falls_back_to_default() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(
+    let (server, [a, b]) = start_routed(
         &pki,
-        ServerOpts::strategies(vec![Strategy::DestHost, Strategy::Default]),
+        vec![Strategy::DestHost, Strategy::Default],
+        ["ipv4=127.0.0.2", "ipv4=127.0.0.3&host=node-b"],
     )
     .await;
-    let a = start_agent(
-        &pki,
-        server.agent_addr,
-        AgentOpts::identifiers("ipv4=127.0.0.2"),
-    )
-    .await;
-    let b = start_agent(
-        &pki,
-        server.agent_addr,
-        AgentOpts::identifiers("ipv4=127.0.0.3&host=node-b"),
-    )
-    .await;
-    server.handle.wait_until(|h| h.agent_streams() == 2).await;
     let (ea, eb, e1) = (
         dest::echo_on("127.0.0.2").await,
         dest::echo_on("127.0.0.3").await,
@@ -64,24 +52,12 @@ async fn dest_host_routes_by_identifier_then_falls_back_to_default() {
 async fn default_route_takes_what_dest_host_does_not_match() {
     init_logging();
     let pki = Pki::new();
-    let server = start_server(
+    let (server, [a, gw]) = start_routed(
         &pki,
-        ServerOpts::strategies(vec![Strategy::DestHost, Strategy::DefaultRoute]),
+        vec![Strategy::DestHost, Strategy::DefaultRoute],
+        ["ipv4=127.0.0.2", "default-route=true"],
     )
     .await;
-    let a = start_agent(
-        &pki,
-        server.agent_addr,
-        AgentOpts::identifiers("ipv4=127.0.0.2"),
-    )
-    .await;
-    let gw = start_agent(
-        &pki,
-        server.agent_addr,
-        AgentOpts::identifiers("default-route=true"),
-    )
-    .await;
-    server.handle.wait_until(|h| h.agent_streams() == 2).await;
     let (ea, e1) = (
         dest::echo_on("127.0.0.2").await,
         dest::echo_on("127.0.0.1").await,
