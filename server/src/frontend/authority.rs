@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BufMut, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const HEADERS: u8 = 0x1;
@@ -303,10 +303,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
             if me.step()? {
                 continue;
             }
+            // A connection waiting for its next frame keeps no buffer.
             if me.inbuf.is_empty() && me.inbuf.capacity() > 0 {
-                // An idle connection keeps no buffer.
                 me.inbuf = BytesMut::new();
             }
+
             if let State::Payload(left) = me.state
                 && left > 0
             {
@@ -331,12 +332,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
                 return Poll::Ready(Ok(()));
             }
             // Frame heads and header blocks only: payloads bypass this buffer.
-            me.inbuf.reserve(1024);
-            let n = ready!(tokio_util::io::poll_read_buf(
-                Pin::new(&mut me.inner),
-                cx,
-                &mut me.inbuf
-            ))?;
+            // Read on the stack first, so that a connection waiting for its
+            // next frame holds no heap buffer.
+            let mut chunk = [0u8; 1024];
+            let mut rb = ReadBuf::new(&mut chunk);
+            ready!(Pin::new(&mut me.inner).poll_read(cx, &mut rb))?;
+            let n = rb.filled().len();
+            me.inbuf.extend_from_slice(rb.filled());
             if n == 0 {
                 // EOF: whatever is left is handed on as is.
                 let rest = me.inbuf.split();
@@ -350,35 +352,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for FixAuthority<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, data)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
+daemon::forward_async_write!(FixAuthority);
 
 #[cfg(test)]
 mod tests {
@@ -470,6 +444,34 @@ mod tests {
                 "{b:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_connection_waiting_for_its_next_frame_holds_no_buffers() {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut r = FixAuthority::new(server);
+        let mut input = PREFACE.to_vec();
+        // Rewritten, so it passes through `out` as well as `inbuf`.
+        input.extend(frame(HEADERS, END_HEADERS, 1, &block("/tmp/s.sock")));
+        client
+            .write_all(&input)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut got = Vec::new();
+        loop {
+            let mut chunk = [0u8; 256];
+            let mut rb = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut r).poll_read(&mut cx, &mut rb) {
+                Poll::Ready(Ok(())) if rb.filled().is_empty() => panic!("unexpected EOF"),
+                Poll::Ready(Ok(())) => got.extend_from_slice(rb.filled()),
+                Poll::Ready(Err(e)) => panic!("{e}"),
+                Poll::Pending => break,
+            }
+        }
+        assert_eq!(decode_all(&got).len(), 1, "the whole block came through");
+        assert_eq!((r.inbuf.capacity(), r.out.capacity()), (0, 0));
     }
 
     #[tokio::test]
