@@ -307,7 +307,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
             if me.inbuf.is_empty() && me.inbuf.capacity() > 0 {
                 me.inbuf = BytesMut::new();
             }
-
             if let State::Payload(left) = me.state
                 && left > 0
             {
