@@ -547,7 +547,7 @@ func idleGroup() []*row {
 	if err != nil {
 		return []*row{errRow(tmpl, err)}
 	}
-	idleDest := field(l, "plain")
+	idleDest := goharness.Field(l, "plain")
 	for r := range cfg.idleRepeats {
 		for k := range 2 {
 			i := (k + r) % 2

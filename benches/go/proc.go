@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -60,48 +59,19 @@ func startProc(name, path string, args []string, extraEnv ...string) (*proc, err
 
 func killAll() int { return goharness.KillAll() }
 
-// field is the value of key=value in a log line (quotes trimmed).
-func field(line, key string) string {
-	for _, w := range strings.Fields(line) {
-		if v, ok := strings.CutPrefix(w, key+"="); ok {
-			return strings.Trim(v, `"`)
-		}
-	}
-	return ""
-}
-
-// listeningAddrs waits for one `listening listener=<name> addr=<addr>` line
-// per wanted name (our binaries log one per bound socket) and returns the
-// loopback address of each.
+// listeningAddrs is the loopback address of each named TCP listener our
+// binary logged.
 func listeningAddrs(p *proc, names ...string) (map[string]string, error) {
-	want := map[string]bool{}
-	for _, n := range names {
-		want[n] = true
+	addrs, err := goharness.ListeningAddrs(p.Proc, startPatience, names...)
+	if err != nil {
+		return nil, err
 	}
-	out := map[string]string{}
-	from := 0
-	for len(out) < len(want) {
-		l, next, err := p.WaitLine(from, startPatience, "listening", "listener=")
-		if err != nil {
-			return nil, err
+	for name, a := range addrs {
+		if addrs[name], err = goharness.LoopbackOf(a); err != nil {
+			return nil, fmt.Errorf("%s: %s listener: %w", p.Name, name, err)
 		}
-		from = next
-		name := field(l, "listener")
-		if !want[name] {
-			continue
-		}
-		addr := field(l, "addr")
-		i := strings.LastIndexByte(addr, ':')
-		if i < 0 {
-			return nil, fmt.Errorf("%s: no port in %q", p.Name, l)
-		}
-		port, err := strconv.Atoi(addr[i+1:])
-		if err != nil {
-			return nil, fmt.Errorf("%s: bad port in %q", p.Name, l)
-		}
-		out[name] = loopback(port)
 	}
-	return out, nil
+	return addrs, nil
 }
 
 const startPatience = 60 * time.Second
@@ -127,14 +97,6 @@ func want200(addr, path string) error {
 		return fmt.Errorf("GET %s%s = %d", addr, path, code)
 	}
 	return nil
-}
-
-func probe(network, addr string) error {
-	c, err := net.DialTimeout(network, addr, time.Second)
-	if err != nil {
-		return err
-	}
-	return c.Close()
 }
 
 // pickPort is a free loopback port for an anchor (or for ours where a

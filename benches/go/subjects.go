@@ -160,10 +160,10 @@ func startServer(impl, mode string) (*proc, string, map[string]string, error) {
 		if err := want200(addrs["health"], "/healthz"); err != nil {
 			return err
 		}
-		if err := probe("tcp", addrs["agent"]); err != nil {
+		if err := goharness.Probe("tcp", addrs["agent"]); err != nil {
 			return err
 		}
-		return probe("unix", uds)
+		return goharness.Probe("unix", uds)
 	})
 	if err != nil {
 		p.Kill()
@@ -303,7 +303,7 @@ func waitPorts(s *subject, ports ...int) error {
 			return err
 		}
 		for _, port := range ports {
-			if err := probe("tcp", loopback(port)); err != nil {
+			if err := goharness.Probe("tcp", loopback(port)); err != nil {
 				return err
 			}
 		}
@@ -501,7 +501,7 @@ func startTunnelAgent(tunnelPort int, authority string) (*proc, int, error) {
 		if err := want200(loopback(stats), "/ready"); err != nil {
 			return err
 		}
-		return probe("tcp", loopback(listen))
+		return goharness.Probe("tcp", loopback(listen))
 	})
 	if err != nil {
 		p.Kill()

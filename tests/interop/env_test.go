@@ -3,11 +3,9 @@ package interop
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -136,43 +134,23 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 	s.p = startProc(t, string(cfg.impl)+" proxy-server", bin[cfg.impl]["server"], args)
 
 	if cfg.impl == ours {
-		// One `listening listener=<name> addr=<addr>` line per socket.
-		from := 0
-		for len(ports) > 0 {
-			l, next, err := s.p.WaitLine(from, startPatience, "listening", "listener=")
-			if err != nil {
+		addrs, err := goharness.ListeningAddrs(s.p.Proc, startPatience, "agent", "health", "admin", "frontend")
+		if err != nil {
+			return nil, err
+		}
+		tcp := map[string]string{}
+		for name, a := range addrs {
+			if name == "frontend" && cfg.front != connectTLS {
+				continue // the Unix socket's path
+			}
+			if tcp[name], err = goharness.LoopbackOf(a); err != nil {
 				return nil, err
 			}
-			from = next
-			name, addr := field(l, "listener"), field(l, "addr")
-			if _, ok := ports[name]; !ok {
-				continue
-			}
-			delete(ports, name)
-			switch name {
-			case "frontend":
-				if cfg.front == connectTLS {
-					port, err := goharness.PortOf(addr)
-					if err != nil {
-						return nil, err
-					}
-					s.frontAddr = goharness.Loopback(port)
-				}
-			default:
-				port, err := goharness.PortOf(addr)
-				if err != nil {
-					return nil, err
-				}
-				switch name {
-				case "agent":
-					s.agentPort = port
-				case "health":
-					s.healthAddr = goharness.Loopback(port)
-				case "admin":
-					s.adminAddr = goharness.Loopback(port)
-				}
-			}
 		}
+		if s.agentPort, err = goharness.PortOf(tcp["agent"]); err != nil {
+			return nil, err
+		}
+		s.healthAddr, s.adminAddr, s.frontAddr = tcp["health"], tcp["admin"], tcp["frontend"]
 	} else {
 		s.agentPort = ports["agent"]
 		s.healthAddr = goharness.Loopback(ports["health"])
@@ -197,7 +175,7 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 			return fmt.Errorf("admin /metrics: %d %v", code, err)
 		}
 		network, addr := "tcp", goharness.Loopback(s.agentPort)
-		if err := probe(network, addr); err != nil {
+		if err := goharness.Probe(network, addr); err != nil {
 			return err
 		}
 		if s.uds != "" {
@@ -205,31 +183,13 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 		} else {
 			addr = s.frontAddr
 		}
-		return probe(network, addr)
+		return goharness.Probe(network, addr)
 	})
 	if err != nil {
 		s.p.kill()
 		return nil, fmt.Errorf("%v\n%s", err, s.p.Tail(40))
 	}
 	return s, nil
-}
-
-func probe(network, addr string) error {
-	c, err := net.DialTimeout(network, addr, time.Second)
-	if err != nil {
-		return err
-	}
-	return c.Close()
-}
-
-// field is the value of key=value in a log line (quotes trimmed).
-func field(line, key string) string {
-	for _, w := range strings.Fields(line) {
-		if v, ok := strings.CutPrefix(w, key+"="); ok {
-			return strings.Trim(v, `"`)
-		}
-	}
-	return ""
 }
 
 func (s *server) metrics() (metrics, error) { return scrape(s.healthAddr) }
@@ -321,23 +281,15 @@ func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string) (*agen
 	}
 	a.p = startProc(t, string(im)+" proxy-agent "+id, bin[im]["agent"], args)
 	if im == ours {
-		from := 0
-		for a.healthAddr == "" || a.adminAddr == "" {
-			l, next, err := a.p.WaitLine(from, startPatience, "listening", "listener=")
-			if err != nil {
-				return nil, err
-			}
-			from = next
-			port, err := goharness.PortOf(field(l, "addr"))
-			if err != nil {
-				return nil, err
-			}
-			switch field(l, "listener") {
-			case "health":
-				a.healthAddr = goharness.Loopback(port)
-			case "admin":
-				a.adminAddr = goharness.Loopback(port)
-			}
+		addrs, err := goharness.ListeningAddrs(a.p.Proc, startPatience, "health", "admin")
+		if err != nil {
+			return nil, err
+		}
+		if a.healthAddr, err = goharness.LoopbackOf(addrs["health"]); err != nil {
+			return nil, err
+		}
+		if a.adminAddr, err = goharness.LoopbackOf(addrs["admin"]); err != nil {
+			return nil, err
 		}
 		if _, _, err := a.p.WaitLine(0, startPatience, "connected to proxy server"); err != nil {
 			return nil, err
