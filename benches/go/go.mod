@@ -23,9 +23,11 @@ require (
 	golang.org/x/text v0.37.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260226221140-a57be14db171 // indirect
 	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
-	k8s.io/klog/v2 v2.140.0 // indirect
 )
 
-require konnectivity-goharness v0.0.0
+require (
+	k8s.io/klog/v2 v2.140.0
+	konnectivity-goharness v0.0.0
+)
 
 replace konnectivity-goharness => ../../tests/goharness

@@ -33,7 +33,6 @@ require (
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/client_golang v1.23.2 // indirect
 	github.com/prometheus/procfs v0.19.2 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
@@ -61,6 +60,9 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-require konnectivity-goharness v0.0.0
+require (
+	github.com/spf13/cobra v1.10.2
+	konnectivity-goharness v0.0.0
+)
 
 replace konnectivity-goharness => ../goharness
