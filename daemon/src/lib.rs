@@ -8,6 +8,7 @@ pub mod drain;
 pub mod duration;
 pub mod endpoints;
 pub mod flags;
+pub mod forward;
 pub mod h2io;
 pub mod keepalive;
 #[cfg(feature = "kubernetes")]
