@@ -152,6 +152,13 @@ func (p *Proc) Exited() bool {
 // killed master otherwise) and waits until it is reaped. Calling it again
 // does nothing.
 func (p *Proc) Kill() {
+	var desc []int
+	if !p.Exited() {
+		// Listed before any signal: a child that exits on SIGTERM leaves its
+		// own children to init (a wrapper script around a profiler does),
+		// and they must not outlive the run.
+		desc = Tree(p.Pid())[1:]
+	}
 	if !p.Exited() && p.opts.TermGrace > 0 {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -160,11 +167,10 @@ func (p *Proc) Kill() {
 		}
 	}
 	if !p.Exited() {
-		desc := Tree(p.Pid())[1:]
 		_ = p.cmd.Process.Kill()
-		for _, pid := range desc {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+	}
+	for _, pid := range desc {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	select {
 	case <-p.done:

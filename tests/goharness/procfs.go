@@ -42,3 +42,12 @@ func StatFields(s string) []string {
 	}
 	return strings.Fields(s[i+1:])
 }
+
+// StatFieldsOf is StatFields of /proc/<pid>/stat.
+func StatFieldsOf(pid int) ([]string, error) {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	return StatFields(string(st)), nil
+}
