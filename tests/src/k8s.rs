@@ -701,7 +701,8 @@ impl Cluster {
     }
 }
 
-fn logged_addr(l: &str) -> SocketAddr {
+/// The loopback address of the `addr=` field of a logged listener line.
+pub fn logged_addr(l: &str) -> SocketAddr {
     let a = l
         .split_whitespace()
         .find_map(|w| w.strip_prefix("addr="))

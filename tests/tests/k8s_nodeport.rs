@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use integration_tests::k8s::{
-    Child, Cluster, ClusterOpts, TestNet, eventually, free_port, kubectl_with, ours,
+    Child, Cluster, ClusterOpts, TestNet, eventually, free_port, kubectl_with, logged_addr, ours,
 };
 use integration_tests::watchdog;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -516,23 +516,19 @@ async fn kubectl_reaches_the_apiserver_through_sni_tunnel_and_node_port() {
 
     // tunnel-agent → CONNECT on the tunneling port → apiserver (KKP's
     // expose-strategy e2e, "kubectl version" through the agent).
-    let local = free_port();
     let mut agent = Child::spawn_env(
         "tunnel-agent",
         &ours("tunnel-agent"),
         &[
             "-proxy-host=127.0.0.1".into(),
             format!("-proxy-port={tunnel}"),
-            format!(
-                "-listener=127.0.0.1:{local}=apiserver-external.cluster-x.svc.cluster.local:443"
-            ),
+            "-listener=127.0.0.1:0=apiserver-external.cluster-x.svc.cluster.local:443".into(),
             "-stats-port=0".into(),
         ],
         &[("RUST_LOG", "info")],
     );
-    agent.wait_line("tunneling listener").await;
-    let via_tunnel =
-        cluster.admin_kubeconfig_at("via-tunnel", &format!("https://127.0.0.1:{local}"), None);
+    let local = logged_addr(&agent.wait_line("tunneling listener").await);
+    let via_tunnel = cluster.admin_kubeconfig_at("via-tunnel", &format!("https://{local}"), None);
     let (code, version, err) = kubectl_with(&via_tunnel, &["version", "-o", "json"], None).await;
     assert_eq!(code, Some(0), "{err}");
     let v: serde_json::Value = serde_json::from_str(&version).unwrap();

@@ -137,7 +137,8 @@ impl TunnelAgent {
                 .map(|a| format!("{}_{}", a.ip(), a.port()))
                 .unwrap_or_default();
             let stats = metrics.listener(&name);
-            tracing::info!(listen = ?local, authority = %spec.authority, "tunneling listener");
+            let addr = local.map(|a| a.to_string()).unwrap_or_default();
+            tracing::info!(addr = %addr, authority = %spec.authority, "tunneling listener");
             let options = AcceptOptions {
                 max_connections: Some(Arc::new(Semaphore::new(
                     config.max_connections_per_listener,
