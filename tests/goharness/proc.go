@@ -45,6 +45,7 @@ type Proc struct {
 	changed chan struct{} // closed and replaced on every line and on exit
 	exited  bool
 	waitErr error
+	drained chan struct{} // closed once every output line is in lines
 	done    chan struct{}
 }
 
@@ -69,7 +70,7 @@ func Start(name, path string, args []string, opts Options) (*Proc, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	p := &Proc{Name: name, cmd: cmd, opts: opts, changed: make(chan struct{}), done: make(chan struct{})}
+	p := &Proc{Name: name, cmd: cmd, opts: opts, changed: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (%s): %w", name, path, err)
 	}
@@ -80,6 +81,9 @@ func Start(name, path string, args []string, opts Options) (*Proc, error) {
 	go func() {
 		err := cmd.Wait()
 		pw.Close()
+		// Exited only once the last lines are kept: WaitLine must not
+		// report an exit before a line the child printed just before it.
+		<-p.drained
 		p.mu.Lock()
 		p.exited, p.waitErr = true, err
 		p.notifyLocked()
@@ -99,6 +103,7 @@ func hasAnyPrefix(s string, prefixes []string) bool {
 }
 
 func (p *Proc) follow(r io.Reader) {
+	defer close(p.drained)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	var w *bufio.Writer
