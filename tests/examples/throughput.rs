@@ -33,11 +33,7 @@ async fn main() {
     let mut t = grpc_dial(&stack.server.frontend, &src.to_string())
         .await
         .unwrap();
-    let mut got = 0;
-    while let Some(d) = t.read().await {
-        got += d.len();
-    }
-    assert_eq!(got, bytes);
+    assert_eq!(t.read_to_end_len().await, bytes);
     report("gRPC download", bytes, t0);
     let m = stack.server.handle.metrics();
     let pkts = integration_tests::konnectivity::metric(
@@ -81,16 +77,10 @@ async fn main() {
     .await;
     let t0 = Instant::now();
     let mut r = http_connect(&stack.server.frontend, &src.to_string()).await;
-    let mut buf = vec![0u8; 1 << 16];
-    let mut got = 0;
-    loop {
-        let n = r.stream.read(&mut buf).await.unwrap();
-        if n == 0 {
-            break;
-        }
-        got += n;
-    }
-    assert_eq!(got, bytes);
+    let got = tokio::io::copy(&mut r.stream, &mut tokio::io::sink())
+        .await
+        .unwrap();
+    assert_eq!(got, bytes as u64);
     report("HTTP-CONNECT download", bytes, t0);
 
     let r = http_connect(&stack.server.frontend, &sink.to_string()).await;
@@ -103,6 +93,7 @@ async fn main() {
         }
         wr
     });
+    let mut buf = vec![0u8; 1 << 16];
     let mut got = 0;
     while got < bytes {
         got += rd.read(&mut buf).await.unwrap();

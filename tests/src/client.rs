@@ -193,6 +193,15 @@ impl GrpcTunnel {
         }
     }
 
+    /// Reads until the connection is closed; returns how many bytes came.
+    pub async fn read_to_end_len(&mut self) -> usize {
+        let mut total = 0;
+        while let Some(d) = self.read().await {
+            total += d.len();
+        }
+        total
+    }
+
     /// Reads exactly `n` bytes (panics if the connection closes first).
     pub async fn read_exact(&mut self, n: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(n);

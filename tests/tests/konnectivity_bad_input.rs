@@ -211,10 +211,7 @@ async fn stuck_reader_beside_a_bulk_transfer(
     let mut t = grpc_dial(&stack.server.frontend, &src2.to_string())
         .await
         .unwrap();
-    let mut total = 0;
-    while let Some(d) = t.read().await {
-        total += d.len();
-    }
+    let total = t.read_to_end_len().await;
     (stuck, total)
 }
 
@@ -233,11 +230,7 @@ async fn with_flow_control_a_reader_that_stops_costs_nobody_anything() {
     // The stalled connection is still open (our agent simply held its data
     // back): it reads everything, nothing lost.
     assert_eq!(stack.server.handle.established(), 1);
-    let mut got = 0;
-    while let Some(d) = stuck.read().await {
-        got += d.len();
-    }
-    assert_eq!(got, 64 << 20);
+    assert_eq!(stuck.read_to_end_len().await, 64 << 20);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,11 +259,7 @@ async fn with_an_upstream_style_agent_a_stalled_frontend_is_closed_alone() {
     let mut t = grpc_dial(&server.frontend, &src2.to_string())
         .await
         .unwrap();
-    let mut total = 0;
-    while let Some(d) = t.read().await {
-        total += d.len();
-    }
-    assert_eq!(total, 10 << 20);
+    assert_eq!(t.read_to_end_len().await, 10 << 20);
     // Both are gone: the finished one by CLOSE_RSP, the stuck one by the stall limit.
     server.handle.wait_until(|h| h.established() == 0).await;
     // The stuck frontend, when it finally reads, finds its stream ended with
