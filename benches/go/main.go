@@ -476,7 +476,7 @@ func konnGroup(mode string) []*row {
 	}
 	defer h.stop()
 	h.name = "HAProxy one hop"
-	h.dial = tcpTo(loopback(hport))
+	h.dial = tcpTo(goharness.Loopback(hport))
 	d := dest.plainAddr()
 	var rows []*row
 	for _, dir := range []byte{opDownload, opUpload} {
@@ -612,22 +612,15 @@ func holGroup() []*row {
 			if err != nil {
 				return []*row{errRow(tmpl, err)}
 			}
-			finished, gap := h.finished, h.gap
-			pct := 100 * h.beside / h.soloBefore
-			if finished {
-				pct = h.kept()
-			}
-			kept[i] = append(kept[i], pct)
+			kept[i] = append(kept[i], h.kept())
 			stuckCPU[i] = max(stuckCPU[i], h.stuckCPU)
-			msg := fmt.Sprintf("%s: solo %.0f MiB/s, beside the stuck reader %.0f MiB/s, solo again %.0f MiB/s (%.0f %% kept), longest stall %s, CPU while stuck %.0f ms/s", impl, h.soloBefore, h.beside, h.soloAfter, pct, gap.Round(time.Millisecond), 1000*h.stuckCPU)
-			if !finished {
-				msg = fmt.Sprintf("%s: solo %.0f MiB/s, beside the stuck reader only %.1f of %d MiB within %s, longest stall %s", impl, h.soloBefore, float64(h.moved)/mib, cfg.hol/mib, cfg.holLimit, gap.Round(time.Millisecond))
-			}
-			maxGap[i] = max(maxGap[i], gap)
-			if !finished {
+			maxGap[i] = max(maxGap[i], h.gap)
+			if h.finished {
+				logf("   %s: solo %.0f MiB/s, beside the stuck reader %.0f MiB/s, solo again %.0f MiB/s (%.0f %% kept), longest stall %s, CPU while stuck %.0f ms/s", impl, h.soloBefore, h.beside, h.soloAfter, h.kept(), h.gap.Round(time.Millisecond), 1000*h.stuckCPU)
+			} else {
 				unfinished[i]++
+				logf("   %s: solo %.0f MiB/s, beside the stuck reader only %.1f of %d MiB within %s, longest stall %s", impl, h.soloBefore, float64(h.moved)/mib, cfg.hol/mib, cfg.holLimit, h.gap.Round(time.Millisecond))
 			}
-			logf("   %s", msg)
 		}
 	}
 	r := tmpl
@@ -784,9 +777,9 @@ func nodeportGroup() []*row {
 		c.name, c.dial = name, d
 		return &c
 	}
-	sniOurs := via(np, "ours", withTLS(tcpTo(loopback(pp.sni)), ctls))
-	sniH := via(h, "HAProxy", withTLS(tcpTo(loopback(hs)), ctls))
-	sniN := via(n, "nginx", withTLS(tcpTo(loopback(ns)), ctls))
+	sniOurs := via(np, "ours", withTLS(tcpTo(goharness.Loopback(pp.sni)), ctls))
+	sniH := via(h, "HAProxy", withTLS(tcpTo(goharness.Loopback(hs)), ctls))
+	sniN := via(n, "nginx", withTLS(tcpTo(goharness.Loopback(ns)), ctls))
 	sni := []*subject{sniOurs, sniH, sniN}
 	td := dest.tlsAddr()
 
@@ -805,7 +798,7 @@ func nodeportGroup() []*row {
 		sni, warmRate, rate, false)...)
 
 	pd := dest.plainAddr()
-	plain := []*subject{via(np, "ours", tcpTo(loopback(pp.nodePort))), via(h, "HAProxy", tcpTo(loopback(hp))), via(n, "nginx", tcpTo(loopback(npl)))}
+	plain := []*subject{via(np, "ours", tcpTo(goharness.Loopback(pp.nodePort))), via(h, "HAProxy", tcpTo(goharness.Loopback(hp))), via(n, "nginx", tcpTo(goharness.Loopback(npl)))}
 	for _, dir := range []byte{opDownload, opUpload} {
 		rows = append(rows, run(row{id: "NP", workload: "NodePort plain TCP relay, 1 stream, " + dirName(dir), unit: "MiB/s"},
 			plain, warmBulk(pd, 1, cfg.bulk, dir), bulkFn(pd, 1, cfg.bulk, dir), true)...)
@@ -825,15 +818,15 @@ func nodeportGroup() []*row {
 	if err != nil {
 		rows = append(rows, errRow(row{id: "P8", workload: "tunnel-agent"}, err))
 	} else {
-		tun := &subject{name: "ours tunnel-agent → nodeport-proxy", procs: []*proc{ta, np.procs[0]}, dial: withTLS(tcpTo(loopback(listen)), ctls)}
-		sniSelf := via(np, "ours SNI", withTLS(tcpTo(loopback(pp.sni)), ctls))
+		tun := &subject{name: "ours tunnel-agent → nodeport-proxy", procs: []*proc{ta, np.procs[0]}, dial: withTLS(tcpTo(goharness.Loopback(listen)), ctls)}
+		sniSelf := via(np, "ours SNI", withTLS(tcpTo(goharness.Loopback(pp.sni)), ctls))
 		for _, dir := range []byte{opDownload, opUpload} {
 			rows = append(rows, run(row{id: "P8", workload: fmt.Sprintf("HTTP/2 CONNECT, %d TLS streams on one tunnel-agent connection, aggregate %s", cfg.aggConns, dirName(dir)), unit: "MiB/s", aim: "≥ 0.8×", ratioMin: 0.8, anchorName: fmt.Sprintf("our SNI, %d connections", cfg.aggConns)},
 				[]*subject{tun, sniSelf}, warmBulk(td, cfg.aggConns, cfg.agg, dir), bulkFn(td, cfg.aggConns, cfg.agg, dir), true)...)
 		}
 		ta.Kill()
 	}
-	conn := []*subject{via(np, "ours", httpConnectTCP(loopback(pp.tunnel), plainAuthority)), via(t, "tinyproxy", httpConnectTCP(loopback(tp), ""))}
+	conn := []*subject{via(np, "ours", httpConnectTCP(goharness.Loopback(pp.tunnel), plainAuthority)), via(t, "tinyproxy", httpConnectTCP(goharness.Loopback(tp), ""))}
 	for _, dir := range []byte{opDownload, opUpload} {
 		rows = append(rows, run(row{id: "P8", workload: "HTTP/1.1 CONNECT, 1 stream, " + dirName(dir), unit: "MiB/s"},
 			conn, warmBulk(pd, 1, cfg.bulk, dir), bulkFn(pd, 1, cfg.bulk, dir), true)...)

@@ -306,9 +306,16 @@ type holResult struct {
 	stuckCPU                      float64       // the subject's CPU seconds per second while only the stuck connection was open
 }
 
-// kept is the share of its solo throughput (mean of before and after) the
+// kept is the share of its solo throughput (mean of before and after; only
+// before when the download beside the stuck reader did not finish) the
 // download kept beside the stuck reader, in percent.
-func (h holResult) kept() float64 { return 100 * h.beside / ((h.soloBefore + h.soloAfter) / 2) }
+func (h holResult) kept() float64 {
+	solo := h.soloBefore
+	if h.finished {
+		solo = (h.soloBefore + h.soloAfter) / 2
+	}
+	return 100 * h.beside / solo
+}
 
 // holOnce measures how much of its solo throughput one download keeps
 // while another connection through the same agent has a reader that

@@ -109,8 +109,6 @@ func pickPort() int {
 	return p
 }
 
-func loopback(port int) string { return goharness.Loopback(port) }
-
 // --- /proc accounting ---------------------------------------------------
 
 const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux

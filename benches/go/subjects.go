@@ -150,7 +150,7 @@ func startServer(impl, mode string) (*proc, string, map[string]string, error) {
 		}
 	} else {
 		for k, v := range ports {
-			addrs[k] = loopback(v)
+			addrs[k] = goharness.Loopback(v)
 		}
 	}
 	err = goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error {
@@ -185,7 +185,7 @@ func startAgent(impl string, serverAddrs map[string]string) (*proc, string, erro
 	if err != nil {
 		return nil, "", err
 	}
-	healthAddr := loopback(health)
+	healthAddr := goharness.Loopback(health)
 	if impl == ours {
 		addrs, err := listeningAddrs(p, "health")
 		if err != nil {
@@ -303,7 +303,7 @@ func waitPorts(s *subject, ports ...int) error {
 			return err
 		}
 		for _, port := range ports {
-			if err := goharness.Probe("tcp", loopback(port)); err != nil {
+			if err := goharness.Probe("tcp", goharness.Loopback(port)); err != nil {
 				return err
 			}
 		}
@@ -468,7 +468,7 @@ endpointSlices:
 	if err := waitPorts(s, pp.sni, pp.tunnel, pp.nodePort); err != nil {
 		return nil, pp, err
 	}
-	if err := goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error { return want200(loopback(pp.stats), "/healthz") }); err != nil {
+	if err := goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error { return want200(goharness.Loopback(pp.stats), "/healthz") }); err != nil {
 		s.stop()
 		return nil, pp, err
 	}
@@ -498,10 +498,10 @@ func startTunnelAgent(tunnelPort int, authority string) (*proc, int, error) {
 		if p.Exited() {
 			return fmt.Errorf("exited")
 		}
-		if err := want200(loopback(stats), "/ready"); err != nil {
+		if err := want200(goharness.Loopback(stats), "/ready"); err != nil {
 			return err
 		}
-		return goharness.Probe("tcp", loopback(listen))
+		return goharness.Probe("tcp", goharness.Loopback(listen))
 	})
 	if err != nil {
 		p.Kill()
