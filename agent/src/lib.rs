@@ -36,8 +36,6 @@ pub struct Config {
     pub connector: Connector,
     pub sync: SyncConfig,
     pub session: SessionConfig,
-    /// Where the admin port's `/metrics` redirect points.
-    pub health_port: u16,
 }
 
 /// The agent's sockets, bound before [`Agent::run`].
@@ -187,6 +185,9 @@ impl Agent {
         for (name, l) in [("health", &listeners.health), ("admin", &listeners.admin)] {
             tracing::info!(listener = name, addr = %daemon::listen::Listener::local(l), "listening");
         }
+        // The redirect names the port the health listener got, which is
+        // not the flag's value when that is 0.
+        let health_port = listeners.health.local_addr().map_or(0, |a| a.port());
         tasks.spawn(metrics.registry().clone().run_upkeep(tasks.clone()));
         tasks.spawn(daemon::endpoints::serve(
             listeners.health,
@@ -197,7 +198,7 @@ impl Agent {
         tasks.spawn(daemon::endpoints::serve(
             listeners.admin,
             "admin",
-            health::admin_handler(config.health_port),
+            health::admin_handler(health_port),
             tasks.clone(),
         ));
         tasks.spawn(

@@ -180,7 +180,6 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
                 .duration("destination-stall-timeout")
                 .max(Duration::from_millis(100)),
         },
-        health_port,
     };
     let addrs = Addresses {
         health: (v.string("health-server-host"), health_port),

@@ -176,7 +176,6 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         &[b"h2".to_vec()],
     )?;
     let agent_health = bind(0, "the agent health port").await?;
-    let health_port = agent_health.local_addr()?.port();
     let agent = proxy_agent::Agent::new(proxy_agent::Config {
         connector: proxy_agent::Connector {
             host: "127.0.0.1".into(),
@@ -198,7 +197,6 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             conn_queue: 150,
             stall_timeout: Duration::from_secs(10),
         },
-        health_port,
     });
     let agent_handle = agent.handle();
     let (agent_stop, agent_stop_rx) = oneshot::channel::<()>();

@@ -361,7 +361,6 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             conn_queue: opts.conn_queue,
             stall_timeout: opts.stall_timeout,
         },
-        health_port: health_addr.port(),
     };
     let agent = Agent::new(config);
     let handle = agent.handle();

@@ -17,18 +17,24 @@ pub mod procs;
 /// GETs `path` from a plain HTTP/1.1 endpoint (`Connection: close`); returns
 /// the status and the body.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out).await;
+    let out = http_get_raw(addr, path).await;
     let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = out
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// The whole response to a GET, head included.
+pub async fn http_get_raw(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out
 }
 
 /// Ends the whole test process if a test runs longer than `limit`: a hung

@@ -6,6 +6,7 @@
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 
 use integration_tests::certs::Pki;
+use integration_tests::http_get_raw;
 use integration_tests::konnectivity::http_get;
 use integration_tests::procs::{Proc, loopback, run};
 
@@ -173,9 +174,25 @@ async fn upstream_flag_spellings_start_a_working_pair() {
         http_get(agent_health, "/healthz").await,
         (200, "ok".to_string())
     );
-    // The agent's admin /metrics redirects to its health port.
-    let (status, _) = http_get(loopback(&agent_addrs["admin"]), "/metrics").await;
-    assert_eq!(status, 301);
+    // The agent's admin /metrics redirects to its health port: the one it
+    // bound, since the flag said 0.
+    let redirect = http_get_raw(loopback(&agent_addrs["admin"]), "/metrics?x=1").await;
+    assert!(redirect.starts_with("HTTP/1.1 301 "), "{redirect}");
+    let location = redirect
+        .lines()
+        .find_map(|l| l.strip_prefix("location: ").or(l.strip_prefix("Location: ")))
+        .unwrap_or_default();
+    assert_eq!(
+        location,
+        format!("http://127.0.0.1:{}/metrics?x=1", agent_health.port()),
+        "{redirect}"
+    );
+    let (status, metrics) = http_get(agent_health, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("konnectivity_network_proxy_agent_dial_duration_seconds"),
+        "{metrics}"
+    );
 
     let server_health = loopback(&addrs["health"]);
     assert_eq!(
