@@ -6,6 +6,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"os"
@@ -497,23 +498,54 @@ func konnGroup(mode string) []*row {
 		rows = append(rows, run(row{id: "P2", workload: fmt.Sprintf("%d connections aggregate %s, %s", cfg.aggConns, dirName(dir), client), unit: "MiB/s", aim: "≥ 5×", ratioMin: 5},
 			[]*subject{o, u}, warmBulk(d, cfg.aggConns, cfg.agg, dir), bulkFn(d, cfg.aggConns, cfg.agg, dir), true)...)
 	}
-	// P3: both quantiles come from the same dials.
+	// P3: both quantiles come from the same dials; the servers' and agents'
+	// own dial histograms say where the mean dial's time went.
 	p99 := map[*subject][]float64{}
+	type split struct {
+		times   dialTimes
+		clientN float64
+		client  float64 // ms, summed over dials
+		err     error
+	}
+	splits := map[*subject]*split{o: {}, u: {}}
 	lat := func(s *subject) (float64, int64, error) {
-		p50, q99, err := dialLatency(s, d, cfg.dials)
+		before, berr := readDialTimes(s)
+		p50, q99, mean, err := dialLatency(s, d, cfg.dials)
+		after, aerr := readDialTimes(s)
 		p99[s] = append(p99[s], q99)
+		sp := splits[s]
+		if sp.err = cmp.Or(sp.err, berr, aerr); sp.err == nil {
+			sp.times = sp.times.plus(after.minus(before))
+			sp.client += mean * float64(cfg.dials)
+			sp.clientN += float64(cfg.dials)
+		}
 		return p50, 0, err
 	}
 	warmLat := func(s *subject) (float64, int64, error) {
-		_, _, err := dialLatency(s, d, max(cfg.dials/4, 10))
+		_, _, _, err := dialLatency(s, d, max(cfg.dials/4, 10))
 		return 0, 0, err
 	}
 	p3 := run(row{id: "P3", workload: fmt.Sprintf("dial latency p50, %d sequential dials per repeat, %s", cfg.dials, client), unit: "ms", lowerBetter: true, aim: "≤ 0.5×", ratioMax: 0.5},
 		[]*subject{o, u}, warmLat, lat, false)
+	if len(p3) == 1 && p3[0].err == "" {
+		so, su := splits[o], splits[u]
+		if err := cmp.Or(so.err, su.err); err != nil {
+			logf("   no split of the dial time: %v", err)
+		} else if so.clientN > 0 && su.clientN > 0 && so.times.serverN > 0 && su.times.serverN > 0 && so.times.agentN > 0 && su.times.agentN > 0 {
+			ms := func(sum, n float64) string { return num(sum / n) }
+			fromSec := func(sum, n float64) string { return num(sum * 1000 / n) }
+			p3[0].note = fmt.Sprintf("mean dial, ours / upstream: client %s / %s ms, of which the server waits for the agent's DIAL_RSP %s / %s ms, of which the agent connects %s / %s ms",
+				ms(so.client, so.clientN), ms(su.client, su.clientN),
+				fromSec(so.times.server, so.times.serverN), fromSec(su.times.server, su.times.serverN),
+				fromSec(so.times.agent, so.times.agentN), fromSec(su.times.agent, su.times.agentN))
+			logf("   %s", p3[0].note)
+		}
+	}
 	rows = append(rows, p3...)
 	if len(p3) == 1 && p3[0].err == "" {
 		r := *p3[0]
 		r.workload = strings.Replace(r.workload, "p50", "p99", 1)
+		r.note = ""
 		r.ours, r.anchor = p99[o][len(p99[o])-len(r.ours):], p99[u][len(p99[u])-len(r.anchor):]
 		rows = append(rows, &r)
 	}
@@ -664,7 +696,7 @@ func startGroup() []*row {
 			}
 			add(impl+" proxy-server", time.Since(t0), goharness.Tree(srv.Pid()))
 			t0 = time.Now()
-			ag, _, err := startAgent(impl, addrs)
+			ag, _, _, err := startAgent(impl, addrs)
 			if err != nil {
 				errs = append(errs, err)
 				srv.Kill()

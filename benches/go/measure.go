@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,9 +158,10 @@ func bulk(s *subject, dest string, conns int, total int64, dir byte, limit time.
 
 // dialLatency dials n times one after another (new Unix-socket connection
 // per dial for the Konnectivity clients), closing each connection after
-// the dial, and returns p50 and p99 in milliseconds.
-func dialLatency(s *subject, dest string, n int) (p50, p99 float64, err error) {
+// the dial, and returns p50, p99 and the mean in milliseconds.
+func dialLatency(s *subject, dest string, n int) (p50, p99, mean float64, err error) {
 	lat := make([]float64, 0, n)
+	var sum float64
 	for range n {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		t0 := time.Now()
@@ -165,13 +169,76 @@ func dialLatency(s *subject, dest string, n int) (p50, p99 float64, err error) {
 		d := time.Since(t0)
 		cancel()
 		if err != nil {
-			return 0, 0, fmt.Errorf("%s: dial: %w", s.name, err)
+			return 0, 0, 0, fmt.Errorf("%s: dial: %w", s.name, err)
 		}
-		lat = append(lat, float64(d)/float64(time.Millisecond))
+		ms := float64(d) / float64(time.Millisecond)
+		lat = append(lat, ms)
+		sum += ms
 		_ = c.Close()
 	}
 	sort.Float64s(lat)
-	return quantile(lat, 0.50), quantile(lat, 0.99), nil
+	return quantile(lat, 0.50), quantile(lat, 0.99), sum / float64(max(n, 1)), nil
+}
+
+// dialTimes are the totals of the dial-duration histograms both
+// implementations export under the same names: the server's from DIAL_REQ
+// sent to DIAL_RSP received, the agent's around its connect to the
+// destination.
+type dialTimes struct {
+	server, serverN, agent, agentN float64
+}
+
+func (a dialTimes) minus(b dialTimes) dialTimes {
+	return dialTimes{a.server - b.server, a.serverN - b.serverN, a.agent - b.agent, a.agentN - b.agentN}
+}
+
+func (a dialTimes) plus(b dialTimes) dialTimes {
+	return dialTimes{a.server + b.server, a.serverN + b.serverN, a.agent + b.agent, a.agentN + b.agentN}
+}
+
+func readDialTimes(s *subject) (dialTimes, error) {
+	var t dialTimes
+	var err error
+	if t.server, t.serverN, err = histTotals(s.serverAdmin, "konnectivity_network_proxy_server_dial_duration_seconds"); err != nil {
+		return t, err
+	}
+	t.agent, t.agentN, err = histTotals(s.agentAdmin, "konnectivity_network_proxy_agent_dial_duration_seconds")
+	return t, err
+}
+
+// histTotals reads a label-less Prometheus histogram's _sum and _count.
+func histTotals(addr, name string) (sum, count float64, err error) {
+	res, err := httpc.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(res.Body, 16<<20))
+	if err != nil {
+		return 0, 0, err
+	}
+	found := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, f := range []struct {
+			suffix string
+			into   *float64
+		}{{"_sum", &sum}, {"_count", &count}} {
+			rest, ok := strings.CutPrefix(line, name+f.suffix)
+			if !ok || (!strings.HasPrefix(rest, " ") && !strings.HasPrefix(rest, "{")) {
+				continue
+			}
+			v, perr := strconv.ParseFloat(rest[strings.LastIndexByte(rest, ' ')+1:], 64)
+			if perr != nil {
+				return 0, 0, fmt.Errorf("%s: %q: %w", addr, line, perr)
+			}
+			*f.into += v
+			found++
+		}
+	}
+	if found < 2 {
+		return 0, 0, fmt.Errorf("%s/metrics has no %s", addr, name)
+	}
+	return sum, count, nil
 }
 
 func quantile(sorted []float64, q float64) float64 {

@@ -23,6 +23,8 @@ type subject struct {
 	uds          string
 	serverHealth string
 	agentHealth  string
+	serverAdmin  string // /metrics
+	agentAdmin   string
 }
 
 func (s *subject) pids() []int {
@@ -174,8 +176,8 @@ func startServer(impl, mode string) (*proc, string, map[string]string, error) {
 
 // startAgent starts a proxy-agent and waits until its /readyz is 200 (it
 // holds a stream to the server) and the server's /readyz is 200 (it has a
-// backend).
-func startAgent(impl string, serverAddrs map[string]string) (*proc, string, error) {
+// backend). It returns the agent's health and admin addresses.
+func startAgent(impl string, serverAddrs map[string]string) (*proc, string, string, error) {
 	health, admin := 0, 0
 	if impl == upstream {
 		health, admin = pickPort(), pickPort()
@@ -183,16 +185,16 @@ func startAgent(impl string, serverAddrs map[string]string) (*proc, string, erro
 	agentPort, _ := strconv.Atoi(serverAddrs["agent"][strings.LastIndexByte(serverAddrs["agent"], ':')+1:])
 	p, err := startProc(impl+" proxy-agent", bin(impl, "proxy-agent"), agentArgs(impl, agentPort, health, admin))
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
-	healthAddr := goharness.Loopback(health)
+	healthAddr, adminAddr := goharness.Loopback(health), goharness.Loopback(admin)
 	if impl == ours {
-		addrs, err := listeningAddrs(p, "health")
+		addrs, err := listeningAddrs(p, "health", "admin")
 		if err != nil {
 			p.Kill()
-			return nil, "", err
+			return nil, "", "", err
 		}
-		healthAddr = addrs["health"]
+		healthAddr, adminAddr = addrs["health"], addrs["admin"]
 	}
 	err = goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error {
 		if p.Exited() {
@@ -205,9 +207,9 @@ func startAgent(impl string, serverAddrs map[string]string) (*proc, string, erro
 	})
 	if err != nil {
 		p.Kill()
-		return nil, "", fmt.Errorf("%s proxy-agent not ready: %v (log: %s)\n%s", impl, err, p.logPath, p.Tail(20))
+		return nil, "", "", fmt.Errorf("%s proxy-agent not ready: %v (log: %s)\n%s", impl, err, p.logPath, p.Tail(20))
 	}
-	return p, healthAddr, nil
+	return p, healthAddr, adminAddr, nil
 }
 
 // startKonn starts a server and one agent of impl; mode is grpc or
@@ -218,12 +220,13 @@ func startKonn(impl, mode string) (*subject, error) {
 	if err != nil {
 		return nil, err
 	}
-	ag, agentHealth, err := startAgent(impl, addrs)
+	ag, agentHealth, agentAdmin, err := startAgent(impl, addrs)
 	if err != nil {
 		srv.Kill()
 		return nil, err
 	}
-	s := &subject{name: impl, procs: []*proc{srv, ag}, uds: uds, serverHealth: addrs["health"], agentHealth: agentHealth}
+	s := &subject{name: impl, procs: []*proc{srv, ag}, uds: uds, serverHealth: addrs["health"], agentHealth: agentHealth,
+		serverAdmin: addrs["admin"], agentAdmin: agentAdmin}
 	if mode == "grpc" {
 		s.dial = grpcUDS(uds)
 	} else {
