@@ -180,7 +180,10 @@ async fn upstream_flag_spellings_start_a_working_pair() {
     assert!(redirect.starts_with("HTTP/1.1 301 "), "{redirect}");
     let location = redirect
         .lines()
-        .find_map(|l| l.strip_prefix("location: ").or(l.strip_prefix("Location: ")))
+        .find_map(|l| {
+            l.strip_prefix("location: ")
+                .or(l.strip_prefix("Location: "))
+        })
         .unwrap_or_default();
     assert_eq!(
         location,
