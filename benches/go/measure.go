@@ -206,7 +206,8 @@ func readDialTimes(s *subject) (dialTimes, error) {
 	return t, err
 }
 
-// histTotals reads a label-less Prometheus histogram's _sum and _count.
+// histTotals reads a Prometheus histogram's _sum and _count, summed over
+// its series (both implementations export these without labels).
 func histTotals(addr, name string) (sum, count float64, err error) {
 	res, err := httpc.Get("http://" + addr + "/metrics")
 	if err != nil {
