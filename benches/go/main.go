@@ -501,24 +501,13 @@ func konnGroup(mode string) []*row {
 	// P3: both quantiles come from the same dials; the servers' and agents'
 	// own dial histograms say where the mean dial's time went.
 	p99 := map[*subject][]float64{}
-	type split struct {
-		times   dialTimes
-		clientN float64
-		client  float64 // ms, summed over dials
-		err     error
-	}
-	splits := map[*subject]*split{o: {}, u: {}}
+	splits := map[*subject]*dialSplit{o: {}, u: {}}
 	lat := func(s *subject) (float64, int64, error) {
 		before, berr := readDialTimes(s)
 		p50, q99, mean, err := dialLatency(s, d, cfg.dials)
 		after, aerr := readDialTimes(s)
 		p99[s] = append(p99[s], q99)
-		sp := splits[s]
-		if sp.err = cmp.Or(sp.err, berr, aerr); sp.err == nil {
-			sp.times = sp.times.plus(after.minus(before))
-			sp.client += mean * float64(cfg.dials)
-			sp.clientN += float64(cfg.dials)
-		}
+		splits[s].add(after.minus(before), cmp.Or(berr, aerr), mean, cfg.dials)
 		return p50, 0, err
 	}
 	warmLat := func(s *subject) (float64, int64, error) {
@@ -528,16 +517,13 @@ func konnGroup(mode string) []*row {
 	p3 := run(row{id: "P3", workload: fmt.Sprintf("dial latency p50, %d sequential dials per repeat, %s", cfg.dials, client), unit: "ms", lowerBetter: true, aim: "≤ 0.5×", ratioMax: 0.5},
 		[]*subject{o, u}, warmLat, lat, false)
 	if len(p3) == 1 && p3[0].err == "" {
-		so, su := splits[o], splits[u]
-		if err := cmp.Or(so.err, su.err); err != nil {
+		mo, erro := splits[o].means()
+		mu, erru := splits[u].means()
+		if err := cmp.Or(erro, erru); err != nil {
 			logf("   no split of the dial time: %v", err)
-		} else if so.clientN > 0 && su.clientN > 0 && so.times.serverN > 0 && su.times.serverN > 0 && so.times.agentN > 0 && su.times.agentN > 0 {
-			ms := func(sum, n float64) string { return num(sum / n) }
-			fromSec := func(sum, n float64) string { return num(sum * 1000 / n) }
+		} else {
 			p3[0].note = fmt.Sprintf("mean dial, ours / upstream: client %s / %s ms, of which the server waits for the agent's DIAL_RSP %s / %s ms, of which the agent connects %s / %s ms",
-				ms(so.client, so.clientN), ms(su.client, su.clientN),
-				fromSec(so.times.server, so.times.serverN), fromSec(su.times.server, su.times.serverN),
-				fromSec(so.times.agent, so.times.agentN), fromSec(su.times.agent, su.times.agentN))
+				num(mo.client), num(mu.client), num(mo.server), num(mu.server), num(mo.agent), num(mu.agent))
 			logf("   %s", p3[0].note)
 		}
 	}

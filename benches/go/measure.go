@@ -1,10 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sort"
@@ -196,6 +196,35 @@ func (a dialTimes) plus(b dialTimes) dialTimes {
 	return dialTimes{a.server + b.server, a.serverN + b.serverN, a.agent + b.agent, a.agentN + b.agentN}
 }
 
+// dialSplit sums one subject's timed P3 repeats: the client's dial times
+// and how much the dial histograms grew meanwhile.
+type dialSplit struct {
+	grown           dialTimes
+	clientMs, dials float64
+	err             error
+}
+
+func (d *dialSplit) add(grown dialTimes, err error, meanMs float64, dials int) {
+	if d.err = cmp.Or(d.err, err); d.err == nil {
+		d.grown = d.grown.plus(grown)
+		d.clientMs += meanMs * float64(dials)
+		d.dials += float64(dials)
+	}
+}
+
+// dialMeans are per-dial means in milliseconds.
+type dialMeans struct{ client, server, agent float64 }
+
+func (d *dialSplit) means() (dialMeans, error) {
+	if d.err != nil {
+		return dialMeans{}, d.err
+	}
+	if d.dials == 0 || d.grown.serverN == 0 || d.grown.agentN == 0 {
+		return dialMeans{}, errors.New("no dials counted")
+	}
+	return dialMeans{d.clientMs / d.dials, d.grown.server * 1000 / d.grown.serverN, d.grown.agent * 1000 / d.grown.agentN}, nil
+}
+
 func readDialTimes(s *subject) (dialTimes, error) {
 	var t dialTimes
 	var err error
@@ -209,12 +238,7 @@ func readDialTimes(s *subject) (dialTimes, error) {
 // histTotals reads a Prometheus histogram's _sum and _count, summed over
 // its series (both implementations export these without labels).
 func histTotals(addr, name string) (sum, count float64, err error) {
-	res, err := httpc.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(res.Body, 16<<20))
+	body, err := get200(addr, "/metrics")
 	if err != nil {
 		return 0, 0, err
 	}

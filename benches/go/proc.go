@@ -62,41 +62,34 @@ func killAll() int { return goharness.KillAll() }
 // listeningAddrs is the loopback address of each named TCP listener our
 // binary logged.
 func listeningAddrs(p *proc, names ...string) (map[string]string, error) {
-	addrs, err := goharness.ListeningAddrs(p.Proc, startPatience, names...)
-	if err != nil {
-		return nil, err
-	}
-	for name, a := range addrs {
-		if addrs[name], err = goharness.LoopbackOf(a); err != nil {
-			return nil, fmt.Errorf("%s: %s listener: %w", p.Name, name, err)
-		}
-	}
-	return addrs, nil
+	return goharness.LoopbackAddrs(p.Proc, startPatience, names...)
 }
 
 const startPatience = 60 * time.Second
 
 var httpc = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
-func httpStatus(addr, path string) (int, error) {
+// get200 GETs path from addr (following redirects) and returns the body
+// (at most 16 MiB) of a 200 answer; any other status is an error.
+func get200(addr, path string) ([]byte, error) {
 	res, err := httpc.Get("http://" + addr + path)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<20))
-	res.Body.Close()
-	return res.StatusCode, nil
+	defer res.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(res.Body, 16<<20))
+	if err != nil {
+		return nil, err
+	}
+	if res.StatusCode != 200 {
+		return nil, fmt.Errorf("GET %s%s = %d", addr, path, res.StatusCode)
+	}
+	return body, nil
 }
 
 func want200(addr, path string) error {
-	code, err := httpStatus(addr, path)
-	if err != nil {
-		return err
-	}
-	if code != 200 {
-		return fmt.Errorf("GET %s%s = %d", addr, path, code)
-	}
-	return nil
+	_, err := get200(addr, path)
+	return err
 }
 
 // pickPort is a free loopback port for an anchor (or for ours where a
@@ -117,12 +110,8 @@ const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux
 func cpuSeconds(pids []int) float64 {
 	var ticks int64
 	for _, pid := range pids {
-		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			continue
-		}
-		f := goharness.StatFields(string(st))
-		if len(f) < 13 {
+		f, err := goharness.StatFieldsOf(pid)
+		if err != nil || len(f) < 13 {
 			continue
 		}
 		u, _ := strconv.ParseInt(f[11], 10, 64)

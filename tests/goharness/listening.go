@@ -40,6 +40,21 @@ func ListeningAddrs(p *Proc, patience time.Duration, names ...string) (map[strin
 	return out, nil
 }
 
+// LoopbackAddrs is ListeningAddrs for TCP listeners: 127.0.0.1 with each
+// logged port (a listener bound to 0.0.0.0 or [::] is reached there too).
+func LoopbackAddrs(p *Proc, patience time.Duration, names ...string) (map[string]string, error) {
+	addrs, err := ListeningAddrs(p, patience, names...)
+	if err != nil {
+		return nil, err
+	}
+	for name, a := range addrs {
+		if addrs[name], err = LoopbackOf(a); err != nil {
+			return nil, fmt.Errorf("%s: %s listener: %w", p.Name, name, err)
+		}
+	}
+	return addrs, nil
+}
+
 // LoopbackOf is 127.0.0.1 with the port of a logged bind address.
 func LoopbackOf(addr string) (string, error) {
 	port, err := PortOf(addr)

@@ -15,12 +15,8 @@ func Tree(pid int) []int {
 		if err != nil {
 			continue
 		}
-		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		f := StatFields(string(st))
-		if len(f) < 2 {
+		f, err := StatFieldsOf(n)
+		if err != nil || len(f) < 2 {
 			continue
 		}
 		pp, _ := strconv.Atoi(f[1])

@@ -134,18 +134,13 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 	s.p = startProc(t, string(cfg.impl)+" proxy-server", bin[cfg.impl]["server"], args)
 
 	if cfg.impl == ours {
-		addrs, err := goharness.ListeningAddrs(s.p.Proc, startPatience, "agent", "health", "admin", "frontend")
+		names := []string{"agent", "health", "admin"}
+		if cfg.front == connectTLS {
+			names = append(names, "frontend") // else the Unix socket, whose path we chose
+		}
+		tcp, err := goharness.LoopbackAddrs(s.p.Proc, startPatience, names...)
 		if err != nil {
 			return nil, err
-		}
-		tcp := map[string]string{}
-		for name, a := range addrs {
-			if name == "frontend" && cfg.front != connectTLS {
-				continue // the Unix socket's path
-			}
-			if tcp[name], err = goharness.LoopbackOf(a); err != nil {
-				return nil, err
-			}
 		}
 		if s.agentPort, err = goharness.PortOf(tcp["agent"]); err != nil {
 			return nil, err
@@ -281,16 +276,11 @@ func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string) (*agen
 	}
 	a.p = startProc(t, string(im)+" proxy-agent "+id, bin[im]["agent"], args)
 	if im == ours {
-		addrs, err := goharness.ListeningAddrs(a.p.Proc, startPatience, "health", "admin")
+		addrs, err := goharness.LoopbackAddrs(a.p.Proc, startPatience, "health", "admin")
 		if err != nil {
 			return nil, err
 		}
-		if a.healthAddr, err = goharness.LoopbackOf(addrs["health"]); err != nil {
-			return nil, err
-		}
-		if a.adminAddr, err = goharness.LoopbackOf(addrs["admin"]); err != nil {
-			return nil, err
-		}
+		a.healthAddr, a.adminAddr = addrs["health"], addrs["admin"]
 		if _, _, err := a.p.WaitLine(0, startPatience, "connected to proxy server"); err != nil {
 			return nil, err
 		}

@@ -6,9 +6,8 @@
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 
 use integration_tests::certs::Pki;
-use integration_tests::http_get_raw;
-use integration_tests::konnectivity::http_get;
 use integration_tests::procs::{Proc, loopback, run};
+use integration_tests::{http_get, http_get_raw};
 
 #[tokio::test]
 async fn unknown_and_invalid_flags_exit_2_with_a_reason() {
@@ -180,10 +179,8 @@ async fn upstream_flag_spellings_start_a_working_pair() {
     assert!(redirect.starts_with("HTTP/1.1 301 "), "{redirect}");
     let location = redirect
         .lines()
-        .find_map(|l| {
-            l.strip_prefix("location: ")
-                .or(l.strip_prefix("Location: "))
-        })
+        .filter_map(|l| l.split_once(": "))
+        .find_map(|(k, v)| k.eq_ignore_ascii_case("location").then_some(v))
         .unwrap_or_default();
     assert_eq!(
         location,
