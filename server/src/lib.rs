@@ -12,6 +12,7 @@ mod core;
 mod frontend;
 mod health;
 pub mod leases;
+pub mod limits;
 pub mod metrics;
 pub mod options;
 mod transport;
@@ -376,7 +377,8 @@ fn serve_agents(
         server_id: config.server_id.clone(),
         server_count: config.server_count,
         auth,
-    });
+    })
+    .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
     let settings = H2Settings::agent(config.keepalive_time);
     let tls = acceptor(config.agent_tls.clone());
     let d = drain.clone();
@@ -407,7 +409,8 @@ fn serve_frontend<L: Listener>(
     let svc = ProxyServiceServer::new(ProxySvc {
         core: core.clone(),
         drain: drain.clone(),
-    });
+    })
+    .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
     let settings = H2Settings::frontend(config.frontend_keepalive_time);
     let tls = tls.map(acceptor);
     let d = drain.clone();

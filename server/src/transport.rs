@@ -13,6 +13,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::TlsAcceptor;
 
+use crate::limits;
+
 /// How long a client may take to complete a TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,10 +70,10 @@ impl H2Settings {
             .keep_alive_timeout(self.keepalive_timeout)
             .initial_stream_window_size(self.stream_window)
             .initial_connection_window_size(self.connection_window)
-            .max_frame_size(64 << 10)
+            .max_frame_size(limits::MAX_FRAME_SIZE)
             .max_send_buf_size(1 << 20)
             .max_concurrent_streams(Some(1000))
-            .max_header_list_size(64 << 10);
+            .max_header_list_size(limits::MAX_HEADER_LIST_SIZE as u32);
         b
     }
 }

@@ -12,6 +12,7 @@ pub const HEADERS: u8 = 1;
 pub const RST_STREAM: u8 = 3;
 pub const SETTINGS: u8 = 4;
 pub const GOAWAY: u8 = 7;
+pub const CONTINUATION: u8 = 9;
 
 pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(9 + payload.len());
@@ -78,4 +79,44 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
 pub async fn start<W: AsyncWrite + Unpin>(w: &mut W) -> std::io::Result<()> {
     w.write_all(PREFACE).await?;
     w.write_all(&frame(SETTINGS, 0, 0, &[])).await
+}
+
+/// A gRPC request whose header block holds one 4,000-byte dynamic-table
+/// entry and `refs` one-byte references to it: a few KiB on the wire that
+/// decode to `refs` × 4 KB. Cut into HEADERS and CONTINUATION frames of at
+/// most 16 KiB, as a client would.
+pub fn header_bomb(stream: u32, authority: &str, refs: usize) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (k, v) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/ProxyService/Proxy"),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+    ] {
+        hpack_literal(&mut block, k, v);
+    }
+    // Literal with incremental indexing, new name: it becomes index 62.
+    block.push(0x40);
+    block.push(4);
+    block.extend_from_slice(b"x-bb");
+    let _ = loona_hpack::encoder::encode_integer_into(4000, 7, 0, &mut block);
+    block.extend(std::iter::repeat_n(b'a', 4000));
+    block.extend(std::iter::repeat_n(0x80 | 62, refs));
+    let pieces: Vec<&[u8]> = block.chunks(16 * 1024).collect();
+    let mut out = Vec::new();
+    for (i, piece) in pieces.iter().enumerate() {
+        let kind = if i == 0 { HEADERS } else { CONTINUATION };
+        let flags = if i + 1 == pieces.len() { 0x4 } else { 0 };
+        out.extend(frame(kind, flags, stream, piece));
+    }
+    out
+}
+
+/// The `:status` of a response HEADERS frame's block (END_HEADERS, no
+/// padding or priority), decoded with a fresh table.
+pub fn response_status(block: &[u8]) -> Option<u16> {
+    let fields = loona_hpack::Decoder::new().decode(block).ok()?;
+    let (_, v) = fields.iter().find(|(n, _)| n == b":status")?;
+    std::str::from_utf8(v).ok()?.parse().ok()
 }

@@ -171,3 +171,12 @@ pub async fn run(name: &str, args: &[&str]) -> (Option<i32>, String) {
     );
     (out.status.code(), text)
 }
+
+/// A `/proc/<pid>/status` figure in KiB (`VmRSS`, `VmHWM`, …).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}

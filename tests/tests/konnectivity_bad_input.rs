@@ -356,3 +356,50 @@ async fn a_dial_id_in_use_cannot_be_taken_over() {
     );
     assert_eq!(server.handle.pending_dials(), 1);
 }
+
+/// What the server answered a header block: a response status on the
+/// stream, or a GOAWAY error code for the connection.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    Status(u16),
+    GoAway(u32),
+}
+
+async fn answer_to(s: &mut tokio::net::UnixStream, input: &[u8]) -> Answer {
+    s.write_all(input).await.unwrap();
+    loop {
+        let (kind, _, stream, payload) =
+            tokio::time::timeout(Duration::from_secs(10), h2raw::read_frame(&mut *s))
+                .await
+                .expect("server went silent")
+                .unwrap();
+        match kind {
+            h2raw::GOAWAY => {
+                return Answer::GoAway(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+            }
+            h2raw::HEADERS if stream == 1 => {
+                return Answer::Status(h2raw::response_status(&payload).unwrap());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The HPACK bomb (issue 14): a header list over 64 KiB is refused with 431
+/// on its stream, one far beyond it ends the connection with GOAWAY
+/// ENHANCE_YOUR_CALM (0xb), as h2 does on the TLS frontend, with or without
+/// an `:authority` that must be replaced; the server serves everyone else.
+#[tokio::test]
+async fn header_bombs_on_the_unix_socket_get_http2_errors() {
+    let stack = Stack::start(ServerOpts::default()).await;
+    let path = stack.server.uds.clone().unwrap();
+    for authority in ["localhost", "/tmp/konnectivity.sock"] {
+        for (refs, want) in [(20, Answer::Status(431)), (30_000, Answer::GoAway(0xb))] {
+            let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+            h2raw::start(&mut s).await.unwrap();
+            let got = answer_to(&mut s, &h2raw::header_bomb(1, authority, refs)).await;
+            assert_eq!(got, want, "{refs} references, authority {authority}");
+        }
+    }
+    still_serves(&stack).await;
+}

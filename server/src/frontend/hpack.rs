@@ -7,7 +7,9 @@
 //! the code lengths alone), so decoding needs only the length table below and
 //! a few comparisons per bit, with no allocation but the output.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::ops::Range;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HpackError {
@@ -21,6 +23,8 @@ pub enum HpackError {
     SizeUpdate(usize),
     #[error("table size update after a header field")]
     LateSizeUpdate,
+    #[error("more than two table size updates in one block")]
+    TooManySizeUpdates,
     #[error("invalid Huffman padding")]
     Padding,
     #[error("EOS symbol in a Huffman string")]
@@ -29,10 +33,40 @@ pub enum HpackError {
     TooLong,
 }
 
+/// How a field was represented in the block (RFC 7541 §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repr {
+    /// An index into the static or dynamic table.
+    Indexed,
+    /// A literal added to the dynamic table.
+    Incremental,
+    /// A literal without indexing or never indexed.
+    NotIndexed,
+}
+
+/// One decoded field and where its representation lies in the block.
+pub struct Field<'a> {
+    pub name: &'a [u8],
+    pub value: &'a [u8],
+    pub repr: Repr,
+    pub span: Range<usize>,
+}
+
+impl Field<'_> {
+    /// What the field counts toward SETTINGS_MAX_HEADER_LIST_SIZE (RFC 9113 §6.5.2).
+    pub fn list_size(&self) -> usize {
+        entry_size(self.name, self.value)
+    }
+}
+
 /// A header field as the dynamic table keeps it.
 type Entry = (Box<[u8]>, Box<[u8]>);
+/// A literal's name and value, borrowed from the block where they can be.
+type Literal<'b> = (Cow<'b, [u8]>, Cow<'b, [u8]>);
 
-/// Decoder state for one connection: the dynamic table.
+/// Decoder state for one connection: the dynamic table, never more than
+/// `limit` bytes as HPACK counts them. Decoding hands each field to a
+/// callback by reference: nothing a block expands to is collected.
 #[derive(Debug)]
 pub struct Decoder {
     /// Newest entry first, as indices count them.
@@ -53,27 +87,45 @@ impl Decoder {
         }
     }
 
-    /// Decodes one complete header block, calling `field` with each name and
-    /// value in order.
+    /// Decodes one complete header block, calling `field` with each field in
+    /// order.
     pub fn decode(
         &mut self,
         block: &[u8],
-        mut field: impl FnMut(&[u8], &[u8]),
+        mut field: impl FnMut(Field<'_>),
     ) -> Result<(), HpackError> {
         let mut rd = Reader { buf: block, pos: 0 };
         let mut seen_field = false;
+        let mut size_updates = 0;
         while let Some(first) = rd.peek() {
+            let start = rd.pos;
             if first & 0x80 != 0 {
                 let index = rd.integer(7)?;
                 let (name, value) = self.get(index)?;
-                field(name, value);
+                field(Field {
+                    name,
+                    value,
+                    repr: Repr::Indexed,
+                    span: start..rd.pos,
+                });
             } else if first & 0xc0 == 0x40 {
                 let (name, value) = self.literal(&mut rd, 6)?;
-                field(&name, &value);
+                let (name, value): Entry = (name.into(), value.into());
+                field(Field {
+                    name: &name,
+                    value: &value,
+                    repr: Repr::Incremental,
+                    span: start..rd.pos,
+                });
                 self.insert(name, value);
             } else if first & 0xe0 == 0x20 {
                 if seen_field {
                     return Err(HpackError::LateSizeUpdate);
+                }
+                // At most two: the smallest and the final size (§4.2).
+                size_updates += 1;
+                if size_updates > 2 {
+                    return Err(HpackError::TooManySizeUpdates);
                 }
                 let size = rd.integer(5)?;
                 if size > self.limit {
@@ -85,19 +137,24 @@ impl Decoder {
             } else {
                 // Without indexing (0000) or never indexed (0001).
                 let (name, value) = self.literal(&mut rd, 4)?;
-                field(&name, &value);
+                field(Field {
+                    name: &name,
+                    value: &value,
+                    repr: Repr::NotIndexed,
+                    span: start..rd.pos,
+                });
             }
             seen_field = true;
         }
         Ok(())
     }
 
-    fn literal(&self, rd: &mut Reader<'_>, prefix: u8) -> Result<Entry, HpackError> {
+    fn literal<'b>(&self, rd: &mut Reader<'b>, prefix: u8) -> Result<Literal<'b>, HpackError> {
         let index = rd.integer(prefix)?;
         let name = if index == 0 {
             rd.string()?
         } else {
-            self.get(index)?.0.into()
+            Cow::Owned(self.get(index)?.0.to_vec())
         };
         Ok((name, rd.string()?))
     }
@@ -138,7 +195,8 @@ impl Decoder {
     }
 }
 
-fn entry_size(name: &[u8], value: &[u8]) -> usize {
+/// An entry's size as HPACK counts it (§4.1).
+pub fn entry_size(name: &[u8], value: &[u8]) -> usize {
     32 + name.len() + value.len()
 }
 
@@ -147,7 +205,7 @@ struct Reader<'a> {
     pos: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn peek(&self) -> Option<u8> {
         self.buf.get(self.pos).copied()
     }
@@ -180,17 +238,18 @@ impl Reader<'_> {
         }
     }
 
-    /// A string literal (§5.2), Huffman-decoded if flagged.
-    fn string(&mut self) -> Result<Box<[u8]>, HpackError> {
+    /// A string literal (§5.2), Huffman-decoded if flagged: at most 8/5 of
+    /// its encoded length, itself bounded by the block.
+    fn string(&mut self) -> Result<Cow<'a, [u8]>, HpackError> {
         let huffman = self.peek().ok_or(HpackError::Truncated)? & 0x80 != 0;
         let len = self.integer(7)?;
         let end = self.pos.checked_add(len).ok_or(HpackError::TooLong)?;
         let raw = self.buf.get(self.pos..end).ok_or(HpackError::Truncated)?;
         self.pos = end;
         if huffman {
-            huffman_decode(raw).map(Vec::into_boxed_slice)
+            huffman_decode(raw).map(Cow::Owned)
         } else {
-            Ok(raw.into())
+            Ok(Cow::Borrowed(raw))
         }
     }
 }
@@ -355,34 +414,15 @@ const STATIC: [(&str, &str); 61] = [
     ("www-authenticate", ""),
 ];
 
+/// An encoder for tests that indexes as grpc-go's does: whole fields found in
+/// a table are referenced, everything else is added to the dynamic table
+/// with Huffman-coded strings.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testenc {
     use super::*;
 
-    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
-
-    fn ours(d: &mut Decoder, block: &[u8]) -> Result<Fields, HpackError> {
-        let mut out = Vec::new();
-        d.decode(block, |n, v| out.push((n.to_vec(), v.to_vec())))?;
-        Ok(out)
-    }
-
-    /// xorshift: repeatable pseudo-random input without a dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next() as u8).collect()
-        }
-    }
-
     /// Test-side Huffman encoder built from the canonical code lengths.
-    fn huffman_encode(s: &[u8]) -> Vec<u8> {
+    pub fn huffman_encode(s: &[u8]) -> Vec<u8> {
         let t = canonical();
         let mut code_of = [(0u32, 0usize); 257];
         for len in 1..31 {
@@ -405,6 +445,106 @@ mod tests {
             out.push(((acc << (8 - bits)) as u8) | (0xff >> bits));
         }
         out
+    }
+
+    pub struct IndexingEncoder {
+        table: VecDeque<(Vec<u8>, Vec<u8>)>,
+        size: usize,
+    }
+
+    impl IndexingEncoder {
+        pub fn new() -> Self {
+            IndexingEncoder {
+                table: VecDeque::new(),
+                size: 0,
+            }
+        }
+
+        fn find(&self, name: &[u8], value: &[u8]) -> (Option<usize>, Option<usize>) {
+            let all = STATIC
+                .iter()
+                .map(|(n, v)| (n.as_bytes(), v.as_bytes()))
+                .chain(self.table.iter().map(|(n, v)| (&n[..], &v[..])));
+            let (mut whole, mut named) = (None, None);
+            for (i, (n, v)) in all.enumerate() {
+                if n == name {
+                    named = named.or(Some(i + 1));
+                    if v == value {
+                        whole = Some(i + 1);
+                        break;
+                    }
+                }
+            }
+            (whole, named)
+        }
+
+        fn integer(out: &mut Vec<u8>, v: usize, prefix: u8, flags: u8) {
+            let start = out.len();
+            let _ = loona_hpack::encoder::encode_integer_into(v, prefix, 0, out);
+            out[start] |= flags;
+        }
+
+        fn string(out: &mut Vec<u8>, s: &[u8]) {
+            let h = huffman_encode(s);
+            Self::integer(out, h.len(), 7, 0x80);
+            out.extend_from_slice(&h);
+        }
+
+        pub fn encode(&mut self, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+            let mut out = Vec::new();
+            for (name, value) in fields {
+                match self.find(name, value) {
+                    (Some(i), _) => Self::integer(&mut out, i, 7, 0x80),
+                    (None, named) => {
+                        Self::integer(&mut out, named.unwrap_or(0), 6, 0x40);
+                        if named.is_none() {
+                            Self::string(&mut out, name);
+                        }
+                        Self::string(&mut out, value);
+                        let size = entry_size(name, value);
+                        while self.size + size > 4096 {
+                            match self.table.pop_back() {
+                                Some((n, v)) => self.size -= entry_size(&n, &v),
+                                None => break,
+                            }
+                        }
+                        if size <= 4096 {
+                            self.size += size;
+                            self.table.push_front((name.clone(), value.clone()));
+                        }
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testenc::huffman_encode;
+    use super::*;
+
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn ours(d: &mut Decoder, block: &[u8]) -> Result<Fields, HpackError> {
+        let mut out = Vec::new();
+        d.decode(block, |f| out.push((f.name.to_vec(), f.value.to_vec())))?;
+        Ok(out)
+    }
+
+    /// xorshift: repeatable pseudo-random input without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.next() as u8).collect()
+        }
     }
 
     fn string_literal(out: &mut Vec<u8>, s: &[u8], huffman: bool) {
@@ -543,7 +683,7 @@ mod tests {
         ];
         for (block, want) in cases {
             assert_eq!(
-                Decoder::new(4096).decode(block, |_, _| {}),
+                Decoder::new(4096).decode(block, |_| {}),
                 Err(want),
                 "{block:x?}"
             );

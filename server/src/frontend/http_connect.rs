@@ -20,10 +20,9 @@ use tokio::sync::watch;
 
 use crate::backend::Backend;
 use crate::core::{Core, DialRefused};
+use crate::limits::{MAX_CONNECT_HEAD as MAX_HEAD, MAX_CONNECT_HEADERS};
 use crate::tunnel::{FrontendQueue, Tunnel, TunnelState};
 
-/// Longest request head accepted; a CONNECT head is a few dozen bytes.
-const MAX_HEAD: usize = 64 * 1024;
 /// How long a client may take to send its request head (Go's ReadHeaderTimeout).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// Read size from the client, and how much it may send before the 200.
@@ -58,7 +57,7 @@ pub enum HeadError {
 /// Parses a request head from `buf`. `Ok(None)`: need more bytes.
 /// On success also returns the head's length.
 pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut headers = [httparse::EMPTY_HEADER; MAX_CONNECT_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,

@@ -1,0 +1,41 @@
+//! Every bound on a length a peer controls, in one place.
+//!
+//! kube-apiserver (frontends) and agents are peers: whatever they send is
+//! parsed or buffered only up to these sizes, and going past one ends that
+//! stream or connection with an error, never the process.
+
+/// SETTINGS_MAX_HEADER_LIST_SIZE we advertise on every HTTP/2 listener:
+/// a request whose decoded header list is larger is refused with 431, and
+/// one over four times this ends the connection (GOAWAY ENHANCE_YOUR_CALM),
+/// as h2 does. grpc-go's default is 16 MiB; a kube-apiserver request's
+/// headers are a few hundred bytes.
+pub const MAX_HEADER_LIST_SIZE: usize = 64 << 10;
+
+/// SETTINGS_HEADER_TABLE_SIZE (HTTP/2's default, which we never raise): the
+/// most a client's HPACK dynamic table may hold.
+pub const HEADER_TABLE_SIZE: usize = 4096;
+
+/// SETTINGS_MAX_FRAME_SIZE we advertise: the largest frame a peer may send.
+pub const MAX_FRAME_SIZE: u32 = 64 << 10;
+
+/// Largest compressed header block (HEADERS plus CONTINUATION payloads) the
+/// Unix-socket gRPC frontend buffers to check its `:authority`; a larger one
+/// is handed to h2 as it came (h2 then enforces its own limits on it).
+/// Together with the HPACK table this is the most header-decoding state one
+/// connection holds.
+pub const MAX_HEADER_BLOCK: usize = 32 << 10;
+
+/// CONTINUATION frames one header block may span on the Unix-socket gRPC
+/// frontend before it is handed to h2 as it came (h2 allows 5 at our
+/// settings and then answers GOAWAY ENHANCE_YOUR_CALM).
+pub const MAX_CONTINUATIONS: usize = 8;
+
+/// Largest gRPC message accepted from a frontend or an agent (grpc-go's
+/// default receive limit); a larger one ends that stream.
+pub const MAX_GRPC_MESSAGE: usize = 4 << 20;
+
+/// Longest HTTP CONNECT request head; a CONNECT head is a few dozen bytes.
+pub const MAX_CONNECT_HEAD: usize = 64 << 10;
+
+/// Most header fields parsed in an HTTP CONNECT request head.
+pub const MAX_CONNECT_HEADERS: usize = 64;
