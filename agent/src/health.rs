@@ -1,6 +1,7 @@
 //! Health port (`/healthz`, `/readyz`, `/ready`, `/metrics`) and admin port
 //! (`/metrics` redirects to the health port), as upstream's agent serves them.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use daemon::endpoints::{Handler, Reply};
@@ -37,22 +38,21 @@ pub fn health_handler(clients: Arc<ClientSet>, metrics: Arc<Metrics>) -> Handler
     })
 }
 
-pub fn admin_handler(health_port: u16) -> Handler {
+/// The admin port's `/metrics` sends clients to the health listener: at its
+/// own address when it is bound to one, else at the address the client
+/// reached the admin port on (never the client's `Host` header, which it
+/// controls).
+pub fn admin_handler(health: SocketAddr) -> Handler {
     Arc::new(move |head| match head.path {
         "/metrics" => {
-            let host = head.host.unwrap_or("127.0.0.1");
-            // Strip a port, keeping IPv6 brackets.
-            let host = match host.rsplit_once(':') {
-                Some((h, p))
-                    if p.chars().all(|c| c.is_ascii_digit())
-                        && (!h.contains(':') || h.ends_with(']')) =>
-                {
-                    h
-                }
-                _ => host,
+            let ip = if health.ip().is_unspecified() {
+                head.local.map_or(health.ip(), |a| a.ip())
+            } else {
+                health.ip()
             };
+            let to = SocketAddr::new(ip, health.port());
             let query = head.query.map(|q| format!("?{q}")).unwrap_or_default();
-            Reply::redirect(format!("http://{host}:{health_port}/metrics{query}"))
+            Reply::redirect(format!("http://{to}/metrics{query}"))
         }
         _ => Reply::not_found(),
     })

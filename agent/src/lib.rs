@@ -185,9 +185,12 @@ impl Agent {
         for (name, l) in [("health", &listeners.health), ("admin", &listeners.admin)] {
             tracing::info!(listener = name, addr = %daemon::listen::Listener::local(l), "listening");
         }
-        // The redirect names the port the health listener got, which is
-        // not the flag's value when that is 0.
-        let health_port = listeners.health.local_addr().map_or(0, |a| a.port());
+        // The redirect names the address the health listener got (its port
+        // is not the flag's value when that is 0).
+        let health_addr = listeners
+            .health
+            .local_addr()
+            .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
         tasks.spawn(metrics.registry().clone().run_upkeep(tasks.clone()));
         tasks.spawn(daemon::endpoints::serve(
             listeners.health,
@@ -198,7 +201,7 @@ impl Agent {
         tasks.spawn(daemon::endpoints::serve(
             listeners.admin,
             "admin",
-            health::admin_handler(health_port),
+            health::admin_handler(health_addr),
             tasks.clone(),
         ));
         tasks.spawn(

@@ -2,6 +2,7 @@
 //! metrics. Handlers are plain functions from the request head to a reply.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::drain::Drain;
-use crate::listen::{AcceptOptions, accept_loop};
+use crate::limits::{ENDPOINT_HEAD_TIMEOUT, ENDPOINT_MAX_BUF, ENDPOINT_MAX_CONNECTIONS};
+use crate::listen::{AcceptOptions, Slots, accept_loop};
 
 /// A reply: status, content type and body; plus an optional `Location`.
 #[derive(Debug, Clone)]
@@ -66,26 +68,34 @@ pub struct Head<'a> {
     pub method: &'a http::Method,
     pub path: &'a str,
     pub query: Option<&'a str>,
-    pub host: Option<&'a str>,
+    /// The address the client connected to.
+    pub local: Option<SocketAddr>,
 }
 
 pub type Handler = Arc<dyn Fn(&Head<'_>) -> Reply + Send + Sync>;
 
-/// Serves `handler` on `listener` until the drain starts.
+/// Serves `handler` on `listener` until the drain starts. At most
+/// [`ENDPOINT_MAX_CONNECTIONS`] at once, the oldest closed for a newcomer.
 pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler, drain: Drain) {
     tracing::info!(listener = name, addr = %crate::listen::Listener::local(&listener), "serving");
     let stop = drain.clone();
-    accept_loop(listener, name, drain, AcceptOptions::default(), move |io, _, _| {
+    let options = AcceptOptions {
+        shed_oldest: Some(Slots::new(ENDPOINT_MAX_CONNECTIONS)),
+        ..AcceptOptions::default()
+    };
+    accept_loop(listener, name, drain, options, move |io, _, _| {
         let handler = handler.clone();
         let stop = stop.clone();
         async move {
+            let local = io.local_addr().ok();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let handler = handler.clone();
-                async move { Ok::<_, Infallible>(respond(&handler, &req)) }
+                async move { Ok::<_, Infallible>(respond(&handler, &req, local)) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(60))
+                .header_read_timeout(ENDPOINT_HEAD_TIMEOUT)
+                .max_buf_size(ENDPOINT_MAX_BUF)
                 .serve_connection(TokioIo::new(io), svc);
             tokio::pin!(conn);
             tokio::select! {
@@ -100,15 +110,16 @@ pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler, 
     .await
 }
 
-fn respond(handler: &Handler, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn respond(
+    handler: &Handler,
+    req: &Request<Incoming>,
+    local: Option<SocketAddr>,
+) -> Response<Full<Bytes>> {
     let head = Head {
         method: req.method(),
         path: req.uri().path(),
         query: req.uri().query(),
-        host: req
-            .headers()
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok()),
+        local,
     };
     let reply = handler(&head);
     let mut resp = Response::new(Full::new(reply.body));

@@ -13,10 +13,12 @@ pub mod h2io;
 pub mod keepalive;
 #[cfg(feature = "kubernetes")]
 pub mod lease;
+pub mod limits;
 pub mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod prefixed;
+pub mod process;
 pub mod relay;
 pub mod signals;
 pub mod tls;

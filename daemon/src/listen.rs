@@ -1,7 +1,10 @@
 //! Binding and the one accept loop every listener in the workspace uses: a
 //! task and a `tracing` span per connection, tracked by the drain, with back-off
-//! on accept errors (EMFILE must not spin) and an optional connection limit.
+//! on accept errors (EMFILE must not spin) and an optional connection limit:
+//! either newcomers wait while the listener is full, or the oldest connection
+//! not yet settled (routed, past its request head) is shed for each newcomer.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -9,9 +12,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::drain::Drain;
@@ -126,6 +132,122 @@ impl Listener for UnixListener {
 pub struct AcceptOptions {
     /// At most this many connections at once; further ones wait in the backlog.
     pub max_connections: Option<Arc<Semaphore>>,
+    /// At most this many connections at once; each newcomer past that sheds
+    /// the oldest connection that has not settled (see [`settle`]). Only when
+    /// every connection has settled do newcomers wait.
+    pub shed_oldest: Option<Arc<Slots>>,
+}
+
+/// The connections of one listener, oldest first, for [`AcceptOptions::shed_oldest`].
+pub struct Slots {
+    limit: usize,
+    state: parking_lot::Mutex<SlotsState>,
+    freed: Notify,
+    shed: AtomicU64,
+}
+
+#[derive(Default)]
+struct SlotsState {
+    next: u64,
+    /// Connections that may still be shed, by admission order.
+    unsettled: BTreeMap<u64, CancellationToken>,
+    settled: usize,
+}
+
+impl Slots {
+    pub fn new(limit: usize) -> Arc<Slots> {
+        Arc::new(Slots {
+            limit: limit.max(1),
+            state: parking_lot::Mutex::new(SlotsState::default()),
+            freed: Notify::new(),
+            shed: AtomicU64::new(0),
+        })
+    }
+
+    /// Connections shed so far to admit newer ones.
+    pub fn shed_total(&self) -> u64 {
+        self.shed.load(Ordering::Relaxed)
+    }
+
+    /// Connections held now.
+    pub fn live(&self) -> usize {
+        let s = self.state.lock();
+        s.unsettled.len() + s.settled
+    }
+
+    /// Admits a connection, shedding the oldest unsettled one if full;
+    /// waits while every held connection has settled.
+    async fn admit(self: &Arc<Self>) -> Slot {
+        loop {
+            let freed = self.freed.notified();
+            {
+                let mut s = self.state.lock();
+                if s.unsettled.len() + s.settled >= self.limit
+                    && let Some((_, oldest)) = s.unsettled.pop_first()
+                {
+                    oldest.cancel();
+                    self.shed.fetch_add(1, Ordering::Relaxed);
+                }
+                if s.unsettled.len() + s.settled < self.limit {
+                    let id = s.next;
+                    s.next += 1;
+                    let token = CancellationToken::new();
+                    s.unsettled.insert(id, token.clone());
+                    return Slot {
+                        slots: self.clone(),
+                        id,
+                        token,
+                        settled: std::sync::atomic::AtomicBool::new(false),
+                    };
+                }
+            }
+            freed.await;
+        }
+    }
+}
+
+/// One admitted connection's place in its listener's [`Slots`].
+struct Slot {
+    slots: Arc<Slots>,
+    id: u64,
+    token: CancellationToken,
+    settled: std::sync::atomic::AtomicBool,
+}
+
+impl Slot {
+    fn settle(&self) {
+        let mut s = self.slots.state.lock();
+        // Not there: settled before, or shed and on its way out.
+        if s.unsettled.remove(&self.id).is_some() {
+            s.settled += 1;
+            self.settled.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        {
+            let mut s = self.slots.state.lock();
+            if s.unsettled.remove(&self.id).is_none() && *self.settled.get_mut() {
+                s.settled -= 1;
+            }
+        }
+        self.slots.freed.notify_one();
+    }
+}
+
+tokio::task_local! {
+    static SLOT: Arc<Slot>;
+}
+
+/// Marks the calling connection as settled: it is past the point where a
+/// flood of half-open connections could be holding its place (its request
+/// head is read, its route chosen), so it is no longer shed when its
+/// listener is full. Call it from the connection's own task; elsewhere (or
+/// on a listener without [`AcceptOptions::shed_oldest`]) it does nothing.
+pub fn settle() {
+    let _ = SLOT.try_with(|s| s.settle());
 }
 
 /// Accepts until the drain starts; each connection runs `handle` in its own
@@ -158,7 +280,28 @@ pub async fn accept_loop<L, F, Fut>(
             Ok((io, peer)) => {
                 backoff = Duration::from_millis(5);
                 let span = tracing::debug_span!("conn", listener = name, peer = %peer);
-                drain.spawn(handle(io, peer, permit).instrument(span));
+                let conn = handle(io, peer, permit);
+                match &options.shed_oldest {
+                    None => {
+                        drain.spawn(conn.instrument(span));
+                    }
+                    Some(slots) => {
+                        let slot = tokio::select! {
+                            _ = drain.draining() => break,
+                            s = slots.admit() => Arc::new(s),
+                        };
+                        let token = slot.token.clone();
+                        let conn = SLOT.scope(slot, async move {
+                            tokio::select! {
+                                _ = conn => {}
+                                _ = token.cancelled() => {
+                                    tracing::debug!("connection shed: the listener is full and a newer one came");
+                                }
+                            }
+                        });
+                        drain.spawn(conn.instrument(span));
+                    }
+                }
             }
             Err(e) => {
                 // Out of descriptors or memory: wait for connections to end
@@ -231,5 +374,89 @@ mod tests {
             TcpStream::connect(addr).await.is_err(),
             "listener must be closed after drain"
         );
+    }
+
+    /// A listener full of connections that never settle still admits every
+    /// newcomer by closing the oldest; settled ones are never shed, and when
+    /// all are settled a newcomer waits for one to end.
+    #[tokio::test]
+    async fn a_full_listener_sheds_its_oldest_unsettled_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = bind_tcp("127.0.0.1", 0)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let drain = Drain::new();
+        let slots = Slots::new(4);
+        let options = AcceptOptions {
+            shed_oldest: Some(slots.clone()),
+            ..AcceptOptions::default()
+        };
+        // A client that sends "s" settles; every connection echoes one byte
+        // per byte it reads, so a client sees its connection is served.
+        tokio::spawn(accept_loop(
+            l,
+            "test",
+            drain.clone(),
+            options,
+            |mut io: TcpStream, _, _| async move {
+                let mut b = [0u8; 1];
+                while let Ok(1) = io.read(&mut b).await {
+                    if b[0] == b's' {
+                        settle();
+                    }
+                    let _ = io.write_all(&b).await;
+                }
+            },
+        ));
+        async fn open(addr: SocketAddr, byte: u8) -> TcpStream {
+            let mut c = TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            c.write_all(&[byte]).await.unwrap_or_else(|e| panic!("{e}"));
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b).await.unwrap_or_else(|e| panic!("{e}"));
+            c
+        }
+        async fn closed(c: &mut TcpStream) -> bool {
+            let mut b = [0u8; 1];
+            matches!(c.read(&mut b).await, Ok(0) | Err(_))
+        }
+        let mut settled = open(addr, b's').await;
+        let (mut idle, mut kept) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            idle.push(open(addr, b'x').await);
+        }
+        // Three newcomers shed the three idle ones, oldest first.
+        for (i, conn) in idle.iter_mut().enumerate() {
+            kept.push(open(addr, b's').await);
+            assert!(closed(conn).await, "idle connection {i} not shed");
+        }
+        assert_eq!(slots.shed_total(), 3);
+        settled
+            .write_all(b"x")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut b = [0u8; 1];
+        settled
+            .read_exact(&mut b)
+            .await
+            .unwrap_or_else(|e| panic!("the settled connection was shed: {e}"));
+        // All four settled now: the next one waits until one ends.
+        let mut waiting = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        waiting
+            .write_all(b"x")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(slots.live(), 4);
+        drop(settled);
+        waiting
+            .read_exact(&mut b)
+            .await
+            .unwrap_or_else(|e| panic!("not served after a place freed up: {e}"));
+        assert_eq!(slots.shed_total(), 3, "nothing settled was shed");
+        drain.start();
     }
 }

@@ -76,6 +76,7 @@ async fn serve(listener: TcpListener, port: u16, shared: Arc<Shared>, stop: Canc
         max_connections: Some(Arc::new(Semaphore::new(
             shared.config.max_connections_per_listener,
         ))),
+        ..AcceptOptions::default()
     };
     let drain = shared.drain.clone();
     let handler = move |io: TcpStream, _peer, permit| {

@@ -138,6 +138,7 @@ impl NodePortProxy {
             max_connections: Some(Arc::new(Semaphore::new(
                 shared.config.max_connections_per_listener,
             ))),
+            ..AcceptOptions::default()
         };
         if let Some(l) = listeners.sni {
             tracing::info!(addr = ?addrs.sni, "serving SNI listener");

@@ -28,9 +28,14 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 /// The whole response to a GET, head included.
 pub async fn http_get_raw(addr: std::net::SocketAddr, path: &str) -> String {
+    http_get_as(addr, path, &addr.to_string()).await
+}
+
+/// The whole response to a GET sent with the given `Host` header.
+pub async fn http_get_as(addr: std::net::SocketAddr, path: &str, host: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = String::new();
     let _ = s.read_to_string(&mut out).await;

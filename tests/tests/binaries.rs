@@ -7,7 +7,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 
 use integration_tests::certs::Pki;
 use integration_tests::procs::{Proc, loopback, run};
-use integration_tests::{http_get, http_get_raw};
+use integration_tests::{http_get, http_get_as};
 
 #[tokio::test]
 async fn unknown_and_invalid_flags_exit_2_with_a_reason() {
@@ -174,8 +174,14 @@ async fn upstream_flag_spellings_start_a_working_pair() {
         (200, "ok".to_string())
     );
     // The agent's admin /metrics redirects to its health port: the one it
-    // bound, since the flag said 0.
-    let redirect = http_get_raw(loopback(&agent_addrs["admin"]), "/metrics?x=1").await;
+    // bound, since the flag said 0, at the address the client reached (never
+    // the Host header the client sent).
+    let redirect = http_get_as(
+        loopback(&agent_addrs["admin"]),
+        "/metrics?x=1",
+        "evil.example:80",
+    )
+    .await;
     assert!(redirect.starts_with("HTTP/1.1 301 "), "{redirect}");
     let location = redirect
         .lines()

@@ -2,16 +2,19 @@
 //! bounds and counts asserted on the processes themselves (issue 14).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use integration_tests::certs::Pki;
 use integration_tests::h2raw;
-use integration_tests::procs::{Proc, status_kib};
+use integration_tests::procs::{Proc, loopback, status_kib};
 use tokio::io::AsyncWriteExt;
 
-/// A proxy-server on a Unix socket in `dir`, with every port on loopback.
-async fn uds_server(pki: &Pki, dir: &Path, extra: &[&str]) -> Proc {
+/// A proxy-server on a Unix socket in `dir`, with every port on loopback,
+/// and its listeners' addresses by name.
+async fn uds_server(pki: &Pki, dir: &Path, extra: &[&str]) -> (Proc, HashMap<String, SocketAddr>) {
     let cert = pki.server("server", &[]);
     let mut args: Vec<String> = vec![
         format!("--uds-name={}", dir.join("s.sock").display()),
@@ -26,8 +29,14 @@ async fn uds_server(pki: &Pki, dir: &Path, extra: &[&str]) -> Proc {
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let mut server = Proc::spawn("proxy-server", &args);
-    server.listening(4).await;
-    server
+    let addrs = server
+        .listening(4)
+        .await
+        .into_iter()
+        .filter(|(_, v)| !v.starts_with('/'))
+        .map(|(k, v)| (k, loopback(&v)))
+        .collect();
+    (server, addrs)
 }
 
 /// Four connections each send a header block that decodes to about 110 MB
@@ -38,7 +47,7 @@ async fn uds_server(pki: &Pki, dir: &Path, extra: &[&str]) -> Proc {
 async fn header_bombs_cost_the_server_no_memory() {
     let pki = Pki::new();
     let dir = tempfile::tempdir().unwrap();
-    let server = uds_server(&pki, dir.path(), &[]).await;
+    let (server, _) = uds_server(&pki, dir.path(), &[]).await;
     let pid = server.child.id().unwrap();
     let before = status_kib(pid, "VmRSS");
     let mut held = Vec::new();
@@ -76,4 +85,74 @@ async fn header_bombs_cost_the_server_no_memory() {
         peak < before + 16 * 1024,
         "peak RSS {peak} KiB after starting at {before} KiB"
     );
+}
+
+/// `(soft, hard)` open-files limit of a process.
+fn open_files_limit(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .to_string();
+    let mut f = line.split_whitespace().skip(3);
+    (f.next().unwrap().into(), f.next().unwrap().into())
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// The soft open-files limit is raised to the hard one and logged; 1,500
+/// idle connections to each of the health and admin ports hold at most
+/// their listeners' limit of descriptors, and the health port, the admin
+/// port and the frontend still answer.
+#[tokio::test]
+async fn endpoint_floods_take_no_descriptors_from_the_data_path() {
+    daemon::process::raise_open_files_limit();
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addrs) = uds_server(&pki, dir.path(), &[]).await;
+    let pid = server.child.id().unwrap();
+    let (soft, hard) = open_files_limit(pid);
+    assert_eq!(soft, hard, "soft limit not raised");
+    let logged = server
+        .log
+        .iter()
+        .find(|l| l.contains("open files limit"))
+        .unwrap_or_else(|| panic!("not logged:\n{}", server.log.join("\n")));
+    assert!(logged.contains(&hard) || hard == "unlimited", "{logged}");
+
+    let before = open_fds(pid);
+    let mut flood = Vec::new();
+    for name in ["health", "admin"] {
+        for _ in 0..1500 {
+            flood.push(tokio::net::TcpStream::connect(addrs[name]).await.unwrap());
+        }
+    }
+    for (name, path) in [("health", "/healthz"), ("admin", "/metrics")] {
+        let (status, _) = integration_tests::http_get(addrs[name], path).await;
+        assert_eq!(status, 200, "{path} during the flood");
+    }
+    // Shed connections close as their tasks run: wait for that, bounded.
+    let bound = 2 * daemon::limits::ENDPOINT_MAX_CONNECTIONS + 8;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut held = open_fds(pid) - before;
+    while held > bound && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        held = open_fds(pid) - before;
+    }
+    assert!(held <= bound, "{held} descriptors held by the flood");
+    // The frontend still completes an HTTP/2 handshake.
+    let mut s = tokio::net::UnixStream::connect(dir.path().join("s.sock"))
+        .await
+        .unwrap();
+    h2raw::start(&mut s).await.unwrap();
+    let (kind, _, _, _) = tokio::time::timeout(Duration::from_secs(30), h2raw::read_frame(&mut s))
+        .await
+        .expect("frontend silent during the flood")
+        .unwrap();
+    assert_eq!(kind, h2raw::SETTINGS);
 }

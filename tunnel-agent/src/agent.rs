@@ -143,6 +143,7 @@ impl TunnelAgent {
                 max_connections: Some(Arc::new(Semaphore::new(
                     config.max_connections_per_listener,
                 ))),
+                ..AcceptOptions::default()
             };
             let (ctx, authority) = (ctx.clone(), spec.authority.clone());
             tokio::spawn(accept_loop(
