@@ -52,6 +52,7 @@ pub struct Connector {
     pub identifiers: String,
     pub token_path: Option<PathBuf>,
     pub keepalive: Duration,
+    pub keepalive_timeout: Duration,
     /// Per-connection flow-control window to offer the server (`None`: do not
     /// offer it, behave exactly as upstream's agent).
     pub flow_window: Option<i64>,
@@ -87,7 +88,7 @@ impl Connector {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
             .map_err(|_| ConnectError::Address(authority.clone()))?
             .http2_keep_alive_interval(self.keepalive)
-            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_timeout(self.keepalive_timeout)
             .keep_alive_while_idle(true)
             .initial_stream_window_size(Some(4 << 20))
             .initial_connection_window_size(Some(16 << 20))

@@ -12,6 +12,12 @@ use crate::clientset::SyncConfig;
 use crate::connect::Connector;
 use crate::session::SessionConfig;
 
+/// A frozen server is noticed within `KEEPALIVE_TIME + KEEPALIVE_TIMEOUT`
+/// (upstream: 1 h + 20 s). Not sooner: upstream's server answers PINGs that
+/// come more often than every 30 s with GOAWAY `too_many_pings`.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub fn flags() -> FlagSet {
     FlagSet::new("proxy-agent", "Konnectivity proxy agent: connects out to proxy servers and dials destinations for them.")
         .string("agent-cert", "", "If non-empty secure communication with this cert.")
@@ -30,7 +36,8 @@ pub fn flags() -> FlagSet {
         .duration("sync-interval", Duration::from_secs(1), "The initial interval by which the agent periodically checks if it has connections to all instances of the proxy server.")
         .duration("probe-interval", Duration::from_secs(1), "Accepted for compatibility: a lost stream is noticed when it ends or HTTP/2 keepalive fails.")
         .duration("sync-interval-cap", Duration::from_secs(10), "The maximum interval for the SyncInterval to back off to when unable to connect to the proxy server")
-        .duration("keepalive-time", Duration::from_secs(3600), "Time for gRPC agent server keepalive.")
+        .duration("keepalive-time", KEEPALIVE_TIME, "Time for gRPC agent server keepalive.")
+        .duration("keepalive-timeout", KEEPALIVE_TIMEOUT, "How long a keepalive PING to a server may stay unanswered before its stream is closed (ours).")
         .string("service-account-token-path", "", "If non-empty proxy agent uses this token to prove its identity to the proxy server.")
         .string("agent-identifiers", "", "Identifiers of the agent that will be used by the server when choosing agent. N.B. the list of identifiers must be in URL encoded format. e.g.,host=localhost&host=node1.mydomain.com&cidr=127.0.0.1/16&ipv4=1.2.3.4&ipv4=5.6.7.8&ipv6=:::::&default-route=true")
         .bool("warn-on-channel-limit", false, "Accepted for compatibility.")
@@ -150,6 +157,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             identifiers,
             token_path,
             keepalive: v.duration("keepalive-time"),
+            keepalive_timeout: v.duration("keepalive-timeout"),
             flow_window: match v.int("flow-control-window") {
                 0 => None,
                 w if (konnectivity_proto::flow::MIN_WINDOW

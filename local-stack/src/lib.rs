@@ -153,7 +153,8 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             agent_queue: 64,
             flow_window: Some(konnectivity_proto::flow::DEFAULT_WINDOW),
         },
-        keepalive_time: Duration::from_secs(3600),
+        keepalive_time: proxy_server::options::KEEPALIVE_TIME,
+        keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
         frontend_keepalive_time: Duration::from_secs(3600),
         graceful_shutdown_timeout: Duration::from_secs(1),
     });
@@ -184,7 +185,8 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             agent_id: AgentId("local-stack-agent".into()),
             identifiers: String::new(),
             token_path: None,
-            keepalive: Duration::from_secs(3600),
+            keepalive: proxy_agent::options::KEEPALIVE_TIME,
+            keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
             flow_window: Some(konnectivity_proto::flow::DEFAULT_WINDOW),
         },
         sync: proxy_agent::SyncConfig {

@@ -73,6 +73,9 @@ fn close_rsp(connect: i64, error: &str) -> Packet {
     Packet::close_response(connect, error.to_string())
 }
 
+/// Why a tunnel closed when its agent's stream ended.
+pub const AGENT_LOST: &str = "connection to the proxy agent was lost";
+
 impl Core {
     pub fn new(backends: Backends, metrics: Arc<Metrics>, cfg: CoreConfig) -> Self {
         Core {
@@ -504,9 +507,11 @@ impl Core {
         if !conns.is_empty() {
             tracing::info!(agent_id = %backend.agent_id, count = conns.len(), "agent stream closed; closing its connections");
         }
+        // Upstream sends an empty CLOSE_RSP here; the Go client reads EOF
+        // either way, and the text reaches whoever closes the connection.
         for (id, t) in conns {
             t.with_state(|s| *s = TunnelState::Closed);
-            t.deliver_last(close_rsp(id.0, ""));
+            t.deliver_last(close_rsp(id.0, AGENT_LOST));
         }
         let dials: Vec<(DialId, Pending)> = {
             let mut pending = self.pending.lock();

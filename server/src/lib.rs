@@ -32,7 +32,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 pub use crate::backend::Strategy;
-pub use crate::core::CoreConfig;
+pub use crate::core::{AGENT_LOST, CoreConfig};
 pub use crate::frontend::http_connect::{
     ConnectAuthority, Head, HeadError, parse_head, status_for_dial_error,
 };
@@ -63,6 +63,7 @@ pub struct Config {
     pub strategies: Vec<Strategy>,
     pub core: CoreConfig,
     pub keepalive_time: Duration,
+    pub keepalive_timeout: Duration,
     pub frontend_keepalive_time: Duration,
     pub graceful_shutdown_timeout: Duration,
 }
@@ -379,7 +380,7 @@ fn serve_agents(
         auth,
     })
     .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
-    let settings = H2Settings::agent(config.keepalive_time);
+    let settings = H2Settings::agent(config.keepalive_time, config.keepalive_timeout);
     let tls = acceptor(config.agent_tls.clone());
     let d = drain.clone();
     accept_loop(

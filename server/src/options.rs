@@ -21,6 +21,11 @@ pub const DEFAULT_BACKEND_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Applied when `--backend-dial-timeout=0` asks for no limit: dials still end.
 pub const MAX_BACKEND_DIAL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A frozen agent (stopped process, dead NAT path) is noticed within
+/// `KEEPALIVE_TIME + KEEPALIVE_TIMEOUT` (upstream: 1 h + 20 s).
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(15);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
+
 pub fn flags() -> FlagSet {
     FlagSet::new("proxy-server", "Konnectivity proxy server: kube-apiserver dials through it to agents in the cluster.")
         .string("server-cert", "", "If non-empty secure communication with this cert.")
@@ -40,7 +45,8 @@ pub fn flags() -> FlagSet {
         .string("admin-bind-address", "127.0.0.1", "Bind address for admin connections. If empty, we will bind to localhost.")
         .int("health-port", 8092, "Port we listen for health connections on.")
         .string("health-bind-address", "", "Bind address for health connections. If empty, we will bind to all interfaces.")
-        .duration("keepalive-time", Duration::from_secs(3600), "Time for gRPC agent server keepalive.")
+        .duration("keepalive-time", KEEPALIVE_TIME, "Time for gRPC agent server keepalive.")
+        .duration("keepalive-timeout", KEEPALIVE_TIMEOUT, "How long a keepalive PING to an agent may stay unanswered before its connection is closed and its tunnels fail (ours).")
         .duration("frontend-keepalive-time", Duration::from_secs(3600), "Time for gRPC frontend server keepalive.")
         .bool("enable-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
         .bool("enable-contention-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
@@ -319,6 +325,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             flow_window: flow_window(v)?,
         },
         keepalive_time: v.duration("keepalive-time"),
+        keepalive_timeout: v.duration("keepalive-timeout"),
         frontend_keepalive_time: v.duration("frontend-keepalive-time"),
         graceful_shutdown_timeout: v.duration("graceful-shutdown-timeout"),
     };

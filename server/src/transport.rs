@@ -49,10 +49,10 @@ impl H2Settings {
     /// An agent's side: one stream carries all of its connections, each
     /// bounded by its own credit window, so the stream window only has to
     /// keep a fast link full.
-    pub fn agent(keepalive: Duration) -> Self {
+    pub fn agent(keepalive: Duration, keepalive_timeout: Duration) -> Self {
         H2Settings {
             keepalive,
-            keepalive_timeout: KEEPALIVE_TIMEOUT,
+            keepalive_timeout,
             stream_window: 4 << 20,
             connection_window: 16 << 20,
         }

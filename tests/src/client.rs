@@ -193,6 +193,21 @@ impl GrpcTunnel {
         }
     }
 
+    /// Waits for the server to close the connection on its own; returns the
+    /// CLOSE_RSP's error text (`None` if the stream ended without one).
+    pub async fn closed_by_server(&mut self) -> Option<String> {
+        loop {
+            match self.rx.message().await {
+                Ok(Some(Packet {
+                    payload: Some(Payload::CloseResponse(c)),
+                    ..
+                })) => return Some(c.error),
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
     /// Reads until the connection is closed; returns how many bytes came.
     pub async fn read_to_end_len(&mut self) -> usize {
         let mut total = 0;

@@ -194,7 +194,8 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
                 .flow_control
                 .then_some(konnectivity_proto::flow::DEFAULT_WINDOW),
         },
-        keepalive_time: Duration::from_secs(3600),
+        keepalive_time: proxy_server::options::KEEPALIVE_TIME,
+        keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
         frontend_keepalive_time: Duration::from_secs(3600),
         graceful_shutdown_timeout: opts.grace,
     };
@@ -346,7 +347,8 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             agent_id: AgentId(id),
             identifiers: opts.identifiers.clone(),
             token_path: None,
-            keepalive: Duration::from_secs(3600),
+            keepalive: proxy_agent::options::KEEPALIVE_TIME,
+            keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
             flow_window: opts
                 .flow_control
                 .then_some(konnectivity_proto::flow::DEFAULT_WINDOW),
@@ -442,7 +444,8 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
         agent_id: AgentId(id.to_string()),
         identifiers: identifiers.to_string(),
         token_path: None,
-        keepalive: Duration::from_secs(3600),
+        keepalive: proxy_agent::options::KEEPALIVE_TIME,
+        keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
         flow_window: None,
     };
     let c = connector.connect(64).await.unwrap();

@@ -156,3 +156,114 @@ async fn endpoint_floods_take_no_descriptors_from_the_data_path() {
         .unwrap();
     assert_eq!(kind, h2raw::SETTINGS);
 }
+
+/// A proxy-agent connected to the server listening at `agent_addr`, with its
+/// health port; `extra` flags appended.
+async fn agent(pki: &Pki, agent_addr: SocketAddr, extra: &[&str]) -> (Proc, SocketAddr) {
+    let cert = pki.client("agent");
+    let mut args: Vec<String> = vec![
+        "--proxy-server-host=127.0.0.1".into(),
+        format!("--proxy-server-port={}", agent_addr.port()),
+        format!("--ca-cert={}", pki.ca().display()),
+        format!("--agent-cert={}", cert.cert.display()),
+        format!("--agent-key={}", cert.key.display()),
+        "--health-server-port=0".into(),
+        "--admin-server-port=0".into(),
+        "--health-server-host=127.0.0.1".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut agent = Proc::spawn("proxy-agent", &args);
+    let addrs = agent.listening(2).await;
+    agent.wait_line("connected to proxy server").await;
+    (agent, loopback(&addrs["health"]))
+}
+
+const SIGSTOP: i32 = 19;
+
+/// An agent that stops answering (SIGSTOP: its kernel still acknowledges
+/// TCP, only HTTP/2 PINGs go unanswered) is found out by the server's
+/// keepalive: its tunnel is closed for the frontend with an error and the
+/// server is no longer ready. Short flags here; the defaults (15 s + 15 s)
+/// are checked by a unit test.
+#[tokio::test]
+async fn a_frozen_agent_is_dropped_and_its_tunnels_closed() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, addrs) = uds_server(
+        &pki,
+        dir.path(),
+        &[
+            &format!("--cluster-ca-cert={}", pki.ca().display()),
+            "--keepalive-time=1s",
+            "--keepalive-timeout=1s",
+        ],
+    )
+    .await;
+    let (agent, _) = agent(&pki, addrs["agent"], &[]).await;
+    let frontend = integration_tests::client::Frontend::Uds(dir.path().join("s.sock"));
+    let echo = integration_tests::dest::echo().await;
+    let mut t = integration_tests::client::grpc_dial(&frontend, &echo.to_string())
+        .await
+        .unwrap();
+    t.write(b"ping").await;
+    assert_eq!(t.read_exact(4).await, b"ping");
+    agent.signal(SIGSTOP);
+    // The tunnel ends (CLOSE_RSP naming the cause) without the frontend
+    // doing anything.
+    let ended = tokio::time::timeout(Duration::from_secs(60), t.closed_by_server()).await;
+    assert_eq!(
+        ended.expect("tunnel still open"),
+        Some(proxy_server::AGENT_LOST.to_string())
+    );
+    assert_eq!(
+        integration_tests::http_get(addrs["health"], "/readyz")
+            .await
+            .0,
+        500,
+        "the server still counts the frozen agent"
+    );
+}
+
+/// The same from the agent's side: a stopped server is found out by the
+/// agent's keepalive, which reports not ready and logs the lost stream.
+#[tokio::test]
+async fn a_frozen_server_is_dropped_by_the_agent() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addrs) = uds_server(&pki, dir.path(), &[]).await;
+    let (mut agent, health) = agent(
+        &pki,
+        addrs["agent"],
+        &["--keepalive-time=1s", "--keepalive-timeout=1s"],
+    )
+    .await;
+    assert_eq!(integration_tests::http_get(health, "/readyz").await.0, 200);
+    server.signal(SIGSTOP);
+    agent.wait_line("disconnected from proxy server").await;
+    assert_ne!(integration_tests::http_get(health, "/readyz").await.0, 200);
+}
+
+/// By default a frozen agent is found out within 30 s, and our agent pings
+/// no more often than upstream's server allows (grpc-go's keepalive
+/// enforcement there: MinTime 30 s, else GOAWAY `too_many_pings`).
+#[test]
+fn keepalive_defaults() {
+    let pki = Pki::new();
+    let cert = pki.server("server", &[]);
+    let args = [
+        format!("--cluster-cert={}", cert.cert.display()),
+        format!("--cluster-key={}", cert.key.display()),
+        "--uds-name=/tmp/unused.sock".into(),
+        "--server-port=0".into(),
+    ];
+    let values = proxy_server::options::flags().parse(&args).unwrap();
+    let (server, _) = proxy_server::options::parse(&values).unwrap();
+    assert!(server.keepalive_time + server.keepalive_timeout <= Duration::from_secs(30));
+    let args = [format!("--ca-cert={}", pki.ca().display())];
+    let values = proxy_agent::options::flags().parse(&args).unwrap();
+    let (agent, _) = proxy_agent::options::parse(&values).unwrap();
+    assert!(agent.connector.keepalive >= Duration::from_secs(30));
+    assert!(
+        agent.connector.keepalive + agent.connector.keepalive_timeout <= Duration::from_secs(35)
+    );
+}

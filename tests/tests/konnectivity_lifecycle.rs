@@ -2,8 +2,6 @@
 //! who reconnects.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use integration_tests::certs::Pki;
 use integration_tests::client::grpc_dial;
 use integration_tests::dest;
@@ -122,7 +120,8 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
         agent_id: konnectivity_proto::ids::AgentId("no-cert".into()),
         identifiers: String::new(),
         token_path: None,
-        keepalive: Duration::from_secs(3600),
+        keepalive: proxy_agent::options::KEEPALIVE_TIME,
+        keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
         flow_window: None,
     };
     let err = connector

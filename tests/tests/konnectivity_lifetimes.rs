@@ -134,6 +134,13 @@ async fn assert_agent_empty(a: &RunningAgent, steady_tasks: usize) {
         (a.handle.open_connections(), a.handle.pending_dials()),
         (0, 0)
     );
+    // A stream that ended takes its connections out of the count at once;
+    // each connection's own task then ends and lowers the gauge.
+    let gauge = "konnectivity_network_proxy_agent_open_endpoint_connections ";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while metric(&a.handle.metrics(), gauge) != 0.0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let m = a.handle.metrics();
     assert_eq!(
         metric(
