@@ -2,6 +2,7 @@
 //! `h2`), HTTP/2, and the `Connect` stream with the agent's metadata. The
 //! server's `serverid`/`servercount` response headers come back with it.
 
+use crate::limits::MAX_GRPC_MESSAGE;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,8 +143,8 @@ impl Connector {
         }
 
         let mut client = AgentServiceClient::new(channel)
-            .max_decoding_message_size(4 << 20)
-            .max_encoding_message_size(4 << 20);
+            .max_decoding_message_size(MAX_GRPC_MESSAGE)
+            .max_encoding_message_size(MAX_GRPC_MESSAGE);
         let response = client
             .connect(request)
             .await

@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::limits::MAX_DIAL_ADDRESS;
+
 /// Upstream's fixed agent dial timeout.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -135,8 +137,19 @@ pub async fn dial(
     timeout: Duration,
 ) -> Result<TcpStream, DialError> {
     if !matches!(protocol, "tcp" | "tcp4" | "tcp6") {
+        let protocol: String = protocol.chars().take(32).collect();
+        let address: String = address.chars().take(MAX_DIAL_ADDRESS).collect();
         return Err(err(
             format!("dial {protocol} {address}: unknown network {protocol}"),
+            false,
+        ));
+    }
+    if address.len() > MAX_DIAL_ADDRESS {
+        return Err(err(
+            format!(
+                "dial {protocol}: address of {} bytes is too long",
+                address.len()
+            ),
             false,
         ));
     }
@@ -193,6 +206,22 @@ pub async fn dial(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_overlong_address_is_refused_without_a_lookup_or_an_echo() {
+        let long = format!("{}.invalid:80", "a".repeat(4 << 20));
+        let e = dial("tcp", &long, DIAL_TIMEOUT).await.err();
+        let text = e.map(|e| e.text).unwrap_or_default();
+        assert!(
+            text.ends_with("is too long"),
+            "{}",
+            &text[..text.len().min(200)]
+        );
+        assert!(text.len() < 100);
+        let e = dial(&"x".repeat(1000), &long, DIAL_TIMEOUT).await.err();
+        let text = e.map(|e| e.text).unwrap_or_default();
+        assert!(text.len() < 2 * MAX_DIAL_ADDRESS, "{} bytes", text.len());
+    }
 
     #[tokio::test]
     async fn refused_reads_like_go() {

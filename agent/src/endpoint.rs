@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use daemon::chunks::ChunkReader;
 use konnectivity_proto::flow::{RecvGate, SendGate};
 use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
@@ -14,10 +15,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-/// Largest read from a destination (upstream reads 4 KiB).
-pub const MAX_READ: usize = 64 * 1024;
-const MIN_READ: usize = 4 * 1024;
 
 /// The stream-facing handle of a connection.
 pub struct ConnHandle {
@@ -76,24 +73,14 @@ pub async fn pump(
     let id = link.id;
     let (rd, mut wr) = stream.split();
     let upload = async {
-        // No buffer is held while the destination is quiet: one is allocated
-        // once it is readable and leaves with the packet. Its size grows
-        // while reads fill it and shrinks when they stop.
-        let mut want = MIN_READ;
+        // No buffer is held while the destination is quiet (see ChunkReader).
+        let mut reader = ChunkReader::new();
+        let mut rd = rd;
         loop {
-            if rd.as_ref().readable().await.is_err() {
-                return;
-            }
-            let mut buf = BytesMut::with_capacity(want);
-            match rd.as_ref().try_read_buf(&mut buf) {
-                Ok(0) => return,
-                Ok(n) if n >= want => want = (want * 2).min(MAX_READ),
-                Ok(n) if n < want / 4 => want = (want / 2).max(MIN_READ),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(_) => return,
-            }
-            let data = buf.freeze();
+            let data = match reader.read(&mut rd).await {
+                Ok(d) if !d.is_empty() => d,
+                _ => return,
+            };
             if let Some(send) = link.send {
                 send.acquire(data.len()).await;
             }

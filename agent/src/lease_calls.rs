@@ -11,6 +11,7 @@
 //! no HTTP response is counted with code `0`, as the server's lease metrics
 //! do.
 
+use crate::limits::MAX_STATUS_BODY;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,9 +23,6 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Either, Full, Limited};
 
 use crate::metrics::Metrics;
-
-/// Largest error body read for its `reason`.
-const MAX_STATUS_BODY: usize = 64 * 1024;
 
 #[derive(Clone)]
 pub struct ObserveLeaseCalls {

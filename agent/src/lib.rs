@@ -12,6 +12,7 @@ mod endpoint;
 mod health;
 mod lease_calls;
 pub mod leases;
+pub mod limits;
 pub mod metrics;
 pub mod options;
 mod session;

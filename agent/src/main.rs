@@ -9,7 +9,7 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = daemon::logging::init(&values) {
         usage_error(&e);
     }
-    daemon::process::raise_open_files_limit();
+    daemon::process::init();
     let (config, addrs) = proxy_agent::options::parse(&values).unwrap_or_else(|e| usage_error(&e));
     let lease_counting =
         proxy_agent::options::lease_counting(&values).unwrap_or_else(|e| usage_error(&e));

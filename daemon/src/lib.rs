@@ -4,6 +4,7 @@
 //! flags, listeners, and one drain signal shared by listeners and live tunnels.
 
 pub mod authority;
+pub mod chunks;
 pub mod drain;
 pub mod duration;
 pub mod endpoints;

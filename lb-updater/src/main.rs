@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = daemon::logging::init(&v) {
         usage_error(&e);
     }
-    daemon::process::raise_open_files_limit();
+    daemon::process::init();
     let port = |name: &str| -> i32 {
         match v.int(name) {
             p @ 0..=65535 => p as i32,

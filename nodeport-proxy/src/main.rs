@@ -12,7 +12,7 @@ fn main() {
     if let Err(e) = daemon::logging::init(&values) {
         usage_error(&e);
     }
-    daemon::process::raise_open_files_limit();
+    daemon::process::init();
     let cli = cli::from_values(&values).unwrap_or_else(|e| usage_error(&e));
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all().thread_name("nodeport-proxy");

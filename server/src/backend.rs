@@ -154,11 +154,17 @@ impl Backend {
         self.retired.cancelled().await
     }
 
-    pub fn add_conn(&self, id: ConnectId, t: Arc<Tunnel>) {
-        if self.conns.lock().insert(id, t).is_none() {
-            self.metrics.established.increment(1.0);
+    /// Adds a connection; false (and nothing changes) if the id is taken.
+    pub fn add_conn(&self, id: ConnectId, t: Arc<Tunnel>) -> bool {
+        match self.conns.lock().entry(id) {
+            std::collections::hash_map::Entry::Occupied(_) => return false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(t);
+            }
         }
+        self.metrics.established.increment(1.0);
         self.changed();
+        true
     }
 
     pub fn conn(&self, id: ConnectId) -> Option<Arc<Tunnel>> {

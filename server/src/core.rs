@@ -474,18 +474,43 @@ impl Core {
             return;
         }
         let connect_id = ConnectId(connect);
-        p.tunnel.with_state(|s| {
-            *s = TunnelState::Established {
-                backend: backend.clone(),
-                connect: connect_id,
+        // An agent that answers with a connection ID it already uses would
+        // take over that tunnel's data; this dial fails instead.
+        if !backend.add_conn(connect_id, p.tunnel.clone()) {
+            self.metrics.dial_failure(DialFailure::ErrorResponse);
+            tracing::warn!(agent_id = %backend.agent_id, connection_id = connect, "agent answered a dial with a connection ID already in use");
+            p.tunnel.with_state(|s| *s = TunnelState::Closed);
+            p.tunnel.deliver_last(Packet::dial_response(
+                random,
+                0,
+                "agent answered with a connection ID already in use".into(),
+            ));
+            return;
+        }
+        // In the table first, then established, and only if the frontend is
+        // still dialing: a frontend that went away meanwhile (on another
+        // thread) either finds the connection to close, or is found gone here.
+        let established = p.tunnel.with_state(|s| match s {
+            TunnelState::Dialing { dial: d, .. } if *d == dial => {
+                *s = TunnelState::Established {
+                    backend: backend.clone(),
+                    connect: connect_id,
+                };
+                true
             }
+            _ => false,
         });
+        if !established {
+            if backend.remove_conn_of(connect_id, &p.tunnel) {
+                let _ = backend.send(Packet::close_request(connect)).await;
+            }
+            return;
+        }
         let gate = match backend.flow_window() {
             Some(w) => RecvGate::window(w),
             None => RecvGate::legacy(self.cfg.frontend_queue, self.cfg.stall_timeout),
         };
         p.tunnel.establish_flow(backend.clone(), connect_id, gate);
-        backend.add_conn(connect_id, p.tunnel.clone());
         self.metrics
             .dial_duration
             .record(p.started.elapsed().as_secs_f64());

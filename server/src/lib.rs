@@ -9,7 +9,12 @@ mod agents;
 pub mod auth;
 mod backend;
 mod core;
+#[cfg(test)]
+mod corpus_tests;
 mod frontend;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod health;
 pub mod leases;
 pub mod limits;

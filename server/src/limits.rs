@@ -39,3 +39,7 @@ pub const MAX_CONNECT_HEAD: usize = 64 << 10;
 
 /// Most header fields parsed in an HTTP CONNECT request head.
 pub const MAX_CONNECT_HEADERS: usize = 64;
+
+/// Bytes an HTTP CONNECT client may send before its tunnel is established;
+/// they are kept and sent once the dial succeeds.
+pub const MAX_EARLY_DATA: usize = 64 << 10;

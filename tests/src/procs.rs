@@ -41,11 +41,15 @@ pub fn output_lines(
     lines
 }
 
-/// `target/<profile>/<name>`, next to the test executable's directory.
+/// `target/<profile>/<name>`, next to the test executable's directory, or
+/// in `$BIN_DIR` when that is set (the soak compares builds that way).
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     // target/debug/deps/<test> -> target/debug/<name>
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let dir = match std::env::var_os("BIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf(),
+    };
     let path = dir.join(name);
     assert!(
         path.exists(),

@@ -11,7 +11,7 @@ fn main() {
     if let Err(e) = daemon::logging::init(&values) {
         usage_error(&e);
     }
-    daemon::process::raise_open_files_limit();
+    daemon::process::init();
     let cli = cli::from_values(&values).unwrap_or_else(|e| usage_error(&e));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cli.worker_threads)

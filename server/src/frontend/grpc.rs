@@ -155,7 +155,7 @@ fn client_code(status: &tonic::Status) -> tonic::Code {
 /// konnectivity-client waits this long for CLOSE_RSP before it gives up.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(10);
 
-async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Flow {
+pub(crate) async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Flow {
     match (PacketType::try_from(pkt.r#type), &pkt.payload) {
         (Ok(PacketType::DialReq), Some(Payload::DialRequest(req))) => {
             let random = req.random;

@@ -11,22 +11,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use daemon::chunks::ChunkReader;
 use daemon::drain::Drain;
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::backend::Backend;
 use crate::core::{Core, DialRefused};
-use crate::limits::{MAX_CONNECT_HEAD as MAX_HEAD, MAX_CONNECT_HEADERS};
+use crate::limits::{MAX_CONNECT_HEAD as MAX_HEAD, MAX_CONNECT_HEADERS, MAX_EARLY_DATA};
 use crate::tunnel::{FrontendQueue, Tunnel, TunnelState};
 
 /// How long a client may take to send its request head (Go's ReadHeaderTimeout).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
-/// Read size from the client, and how much it may send before the 200.
-const CHUNK: usize = 64 * 1024;
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
 
@@ -170,21 +169,30 @@ async fn serve_inner<IO>(core: &Arc<Core>, io: &mut IO, drain: &Drain)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let mut buf = BytesMut::with_capacity(1024);
+    // Only the bytes received so far are held while a client sends its head.
+    let mut buf = BytesMut::new();
+    let mut reader = ChunkReader::new();
     let head = tokio::time::timeout(HEAD_TIMEOUT, async {
         loop {
-            match parse_head(&buf) {
-                Ok(None) => {}
-                other => return other,
-            }
-            match io.read_buf(&mut buf).await {
-                Ok(0) => {
+            let chunk = match reader.read(io).await {
+                Ok(c) if c.is_empty() => {
                     return Err(HeadError::Malformed(
                         "connection closed before the request head ended".into(),
                     ));
                 }
-                Ok(_) => {}
+                Ok(c) => c,
                 Err(e) => return Err(HeadError::Malformed(e.to_string())),
+            };
+            buf.extend_from_slice(&chunk);
+            // Only a line end can complete a head or reveal a bad line, and
+            // a head has at most MAX_CONNECT_HEADERS lines: one sent a byte
+            // at a time is parsed a bounded number of times.
+            if !chunk.contains(&b'\n') && buf.len() <= MAX_HEAD {
+                continue;
+            }
+            match parse_head(&buf) {
+                Ok(None) => {}
+                other => return other,
             }
         }
     })
@@ -338,7 +346,8 @@ async fn write_or_abort<W: AsyncWrite + Unpin>(tunnel: &Tunnel, wr: &mut W, data
 }
 
 /// Everything the client sends goes to the agent from here. Bytes that arrive
-/// before the 200 are kept (up to one chunk) and sent once the dial succeeds.
+/// before the 200 are kept (up to [`MAX_EARLY_DATA`]) and sent once the dial
+/// succeeds. No read buffer is held while the client is quiet.
 async fn read_loop<R>(
     core: &Core,
     tunnel: &Tunnel,
@@ -348,43 +357,35 @@ async fn read_loop<R>(
 ) where
     R: AsyncRead + Unpin,
 {
-    let mut buf = early;
+    let mut reader = ChunkReader::new();
+    let mut early = early;
     let (backend, connect) = loop {
         if let Some(v) = est_rx.borrow_and_update().clone() {
             break v;
         }
-        if buf.len() >= CHUNK {
+        if early.len() >= MAX_EARLY_DATA {
             if est_rx.changed().await.is_err() {
                 return std::future::pending().await;
             }
             continue;
         }
-        buf.reserve(CHUNK - buf.len());
         tokio::select! {
             r = est_rx.changed() => if r.is_err() { return std::future::pending().await },
-            r = rd.read_buf(&mut buf) => match r {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
+            r = reader.read(&mut rd) => match r {
+                Ok(c) if !c.is_empty() => early.extend_from_slice(&c),
+                _ => return,
             },
         }
     };
-    if !buf.is_empty() && !send(core, tunnel, &backend, connect, buf.split().freeze()).await {
+    if !early.is_empty() && !send(core, tunnel, &backend, connect, early.freeze()).await {
         return;
     }
-    // Start small so idle connections hold little memory; grow while reads fill
-    // the buffer, shrink when they stop doing so.
-    let mut want = 4096;
     loop {
-        if buf.capacity() < want {
-            buf.reserve(want);
-        }
-        match rd.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) if n >= want => want = (want * 2).min(CHUNK),
-            Ok(n) if n < want / 4 => want = (want / 2).max(4096),
-            Ok(_) => {}
-        }
-        if !send(core, tunnel, &backend, connect, buf.split().freeze()).await {
+        let chunk = match reader.read(&mut rd).await {
+            Ok(c) if !c.is_empty() => c,
+            _ => return,
+        };
+        if !send(core, tunnel, &backend, connect, chunk).await {
             return;
         }
     }

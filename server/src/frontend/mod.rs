@@ -2,7 +2,7 @@
 
 mod authority;
 pub mod grpc;
-mod hpack;
+pub(crate) mod hpack;
 pub mod http_connect;
 mod stream;
 

@@ -1,0 +1,16 @@
+//! Every bound on a length a peer controls, in one place.
+//!
+//! Servers are peers: what they send is parsed or buffered only up to these
+//! sizes, and going past one fails that stream or dial with an error.
+
+/// Largest gRPC message accepted from or sent to a server (grpc-go's
+/// default); a larger one ends that stream.
+pub const MAX_GRPC_MESSAGE: usize = 4 << 20;
+
+/// Longest DIAL_REQ address dialed (a DNS name is at most 253 bytes); a
+/// longer one is refused without a lookup, and error texts never echo more.
+pub const MAX_DIAL_ADDRESS: usize = 1024;
+
+/// Largest error body read from kube-apiserver for a failed lease call's
+/// reason.
+pub const MAX_STATUS_BODY: usize = 64 << 10;
