@@ -7,8 +7,13 @@
 
 mod clientset;
 pub mod connect;
+#[cfg(test)]
+mod corpus_tests;
 pub mod dial;
 mod endpoint;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod health;
 mod lease_calls;
 pub mod leases;

@@ -35,6 +35,13 @@ pub struct SessionConfig {
     pub stall_timeout: Duration,
 }
 
+/// Where a session's packets to the server go.
+pub(crate) struct Links {
+    pub out: mpsc::Sender<Packet>,
+    pub control: mpsc::UnboundedSender<Packet>,
+    pub flow_window: Option<i64>,
+}
+
 pub struct Session {
     pub server_id: ServerId,
     out: mpsc::Sender<Packet>,
@@ -59,11 +66,28 @@ impl Session {
         cfg: SessionConfig,
         drain: Drain,
     ) -> (Arc<Session>, Streaming<Packet>) {
-        let session = Arc::new(Session {
-            server_id: conn.server_id,
+        let links = Links {
             out: conn.outbound,
             control: conn.control,
             flow_window: conn.flow_window,
+        };
+        let session = Session::with_links(conn.server_id, links, metrics, cfg, drain);
+        (session, conn.inbound)
+    }
+
+    /// A session whose packets to the server go to `links`.
+    pub(crate) fn with_links(
+        server_id: ServerId,
+        links: Links,
+        metrics: Arc<Metrics>,
+        cfg: SessionConfig,
+        drain: Drain,
+    ) -> Arc<Session> {
+        Arc::new(Session {
+            server_id,
+            out: links.out,
+            control: links.control,
+            flow_window: links.flow_window,
             conns: Mutex::new(HashMap::new()),
             dials: Mutex::new(HashMap::new()),
             next_id: AtomicI64::new(0),
@@ -71,8 +95,7 @@ impl Session {
             metrics,
             cfg,
             drain,
-        });
-        (session, conn.inbound)
+        })
     }
 
     pub fn flow_window(&self) -> Option<i64> {
@@ -131,6 +154,11 @@ impl Session {
                 }
             }
         }
+        self.end();
+    }
+
+    /// The stream is over: every connection and dial of it ends.
+    pub(crate) fn end(&self) {
         self.closed.cancel();
         // Connections of a dead stream cannot be reached by anyone any more.
         for (_, c) in self.conns.lock().drain() {
@@ -141,7 +169,7 @@ impl Session {
         }
     }
 
-    async fn handle(self: &Arc<Self>, pkt: Packet) {
+    pub(crate) async fn handle(self: &Arc<Self>, pkt: Packet) {
         match (PacketType::try_from(pkt.r#type), pkt.payload) {
             (Ok(PacketType::DialReq), Some(Payload::DialRequest(req))) => self.start_dial(req),
             (Ok(PacketType::Data), Some(Payload::Data(d))) => {

@@ -111,6 +111,32 @@ impl Core {
         p
     }
 
+    /// Takes `tunnel`'s own pending dial: a dial id can be used again once
+    /// its dial is over, by another frontend, whose dial must stay.
+    fn take_pending_of(&self, dial: DialId, tunnel: &Tunnel) -> bool {
+        let mut pending = self.pending.lock();
+        let ours = pending
+            .get(&dial)
+            .is_some_and(|p| std::ptr::eq(Arc::as_ptr(&p.tunnel), tunnel));
+        if ours {
+            pending.remove(&dial);
+            self.metrics.pending_dials.set(pending.len() as f64);
+        }
+        ours
+    }
+
+    /// Closes `tunnel` if it is still dialing `dial` (and not, say,
+    /// established by an answer that came meanwhile).
+    fn close_if_dialing(tunnel: &Tunnel, dial: DialId) -> bool {
+        tunnel.with_state(|s| match s {
+            TunnelState::Dialing { dial: d, .. } if *d == dial => {
+                *s = TunnelState::Closed;
+                true
+            }
+            _ => false,
+        })
+    }
+
     /// Queues the agent's DATA for a frontend, counting waits on full queues.
     async fn deliver(&self, t: &Tunnel, pkt: Packet) -> crate::tunnel::Delivery {
         let started = Instant::now();
@@ -174,7 +200,10 @@ impl Core {
         match backend.send_within(pkt, self.cfg.dial_timeout).await {
             Ok(()) => Ok(()),
             Err(e) => {
-                tunnel.with_state(|s| *s = TunnelState::Closed);
+                if !Self::close_if_dialing(tunnel, dial) {
+                    // Answered or ended meanwhile: that path owns the tunnel.
+                    return Ok(());
+                }
                 let reason = match e {
                     SendError::TimedOut => {
                         // An agent stream that cannot take one packet in that long is stuck.
@@ -184,7 +213,7 @@ impl Core {
                     }
                     SendError::Gone => DialFailure::BackendClose,
                 };
-                if self.take_pending(dial).is_some() {
+                if self.take_pending_of(dial, tunnel) {
                     self.metrics.dial_failure(reason);
                 }
                 Err(match e {
@@ -209,7 +238,9 @@ impl Core {
         let TunnelState::Dialing { dial, backend, .. } = tunnel.state() else {
             return None;
         };
-        self.take_pending(dial)?;
+        if !self.take_pending_of(dial, tunnel) {
+            return None;
+        }
         tunnel.with_state(|s| *s = TunnelState::Closed);
         self.metrics.dial_failure(DialFailure::BackendDialTimeout);
         tracing::warn!(dial_id = %dial, agent_id = %backend.agent_id, "dial timed out waiting for DIAL_RSP");
@@ -299,7 +330,7 @@ impl Core {
             return Flow::Continue;
         }
         tunnel.with_state(|s| *s = TunnelState::Closed);
-        if self.take_pending(dial).is_some() {
+        if self.take_pending_of(dial, tunnel) {
             self.metrics.dial_failure(DialFailure::FrontendClose);
             tracing::debug!(dial_id = %dial, "dial cancelled by frontend");
             let _ = backend
@@ -339,7 +370,7 @@ impl Core {
         let previous = tunnel.with_state(|s| std::mem::replace(s, TunnelState::Closed));
         match previous {
             TunnelState::Dialing { dial, backend, .. } => {
-                if self.take_pending(dial).is_some() {
+                if self.take_pending_of(dial, tunnel) {
                     self.metrics.dial_failure(DialFailure::FrontendClose);
                     let _ = backend
                         .send_within(Packet::close_dial(dial.0), Duration::from_secs(1))

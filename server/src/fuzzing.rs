@@ -129,22 +129,33 @@ fn drain_agent(a: &mut Agent) {
 /// every frontend and checks that no pending dial or connection is left
 /// and that every established tunnel was in its agent stream's table.
 pub fn packets(data: &[u8]) {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(_) => return,
-    };
-    rt.block_on(async {
-        let outcome = tokio::time::timeout(Duration::from_secs(24 * 3600), run(data)).await;
-        assert!(outcome.is_ok(), "the state machine hung");
+    thread_local! {
+        // One runtime and one registry for all inputs: building them is most
+        // of an input's cost. Every input's tasks end before it returns.
+        static SHARED: Option<(tokio::runtime::Runtime, Arc<Metrics>)> =
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .ok()
+                .map(|rt| (rt, Arc::new(Metrics::new())));
+    }
+    SHARED.with(|shared| {
+        let Some((rt, metrics)) = shared else {
+            return;
+        };
+        rt.block_on(async {
+            let outcome =
+                tokio::time::timeout(Duration::from_secs(24 * 3600), run(data, metrics.clone()))
+                    .await;
+            assert!(outcome.is_ok(), "the state machine hung");
+        });
+        // Fold histogram samples, as the server's upkeep task does.
+        metrics.registry().upkeep();
     });
 }
 
-async fn run(data: &[u8]) {
-    let metrics = Arc::new(Metrics::new());
+async fn run(data: &[u8], metrics: Arc<Metrics>) {
     let core = Arc::new(Core::new(
         Backends::new(vec![Strategy::DestHost], metrics.clone()),
         metrics,
@@ -270,6 +281,14 @@ async fn run(data: &[u8]) {
         // Let spawned work run, as it would between packets.
         for _ in 0..4 {
             tokio::task::yield_now().await;
+        }
+        // A retired agent stream ends, as its serve loop makes it.
+        for (i, ag) in agents.iter_mut().enumerate() {
+            if ag.backend.is_retired() {
+                let (core2, b) = (core.clone(), ag.backend.clone());
+                tasks.spawn(async move { core2.agent_gone(&b).await });
+                *ag = agent(&core, i);
+            }
         }
     }
     // Every established tunnel must be in its agent stream's table: a tunnel
