@@ -47,7 +47,9 @@ pub enum Head {
 pub enum HeadError {
     #[error("malformed request: {0}")]
     Malformed(String),
-    #[error("request head larger than {MAX_HEAD} bytes")]
+    #[error(
+        "request head larger than {MAX_HEAD} bytes or with more than {MAX_CONNECT_HEADERS} fields"
+    )]
     TooLarge,
     #[error("CONNECT target {0:?} is not host:port")]
     BadTarget(String),
@@ -62,6 +64,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(HeadError::TooLarge),
         Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
         Err(e) => return Err(HeadError::Malformed(e.to_string())),
     };
     let method = req.method.unwrap_or_default();
