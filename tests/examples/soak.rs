@@ -4,7 +4,7 @@
 //! count and time.
 //!
 //! ```text
-//! cargo run --release -p integration-tests --example soak -- [--quick] [--out RELIABILITY.md] [--only SECTION]
+//! cargo run --release -p integration-tests --example soak -- [--quick] [--out RELIABILITY.md] [--only SECTION] [--compare-allocator DIR]
 //! ```
 //!
 //! Sections: `memory` (tunnel cycles through proxy-server and proxy-agent,
@@ -41,6 +41,8 @@ struct Row {
 #[derive(Default)]
 struct Report {
     rows: Vec<Row>,
+    /// Limits are reported for comparison, not held.
+    comparison: bool,
 }
 
 impl Report {
@@ -52,6 +54,11 @@ impl Report {
         limit: String,
         ok: bool,
     ) {
+        if self.comparison {
+            let within = if ok { "within" } else { "over" };
+            let limit = format!("{limit} (comparison, not held)");
+            return self.figure(section, figure, format!("{value} ({within})"), limit);
+        }
         let mark = if ok { "ok" } else { "FAILED" };
         println!("{section:8} {figure:62} {value:>16}  {limit} {mark}");
         self.rows.push(Row {
@@ -138,6 +145,23 @@ fn mib(kib: u64) -> String {
 /// A proxy-server on a Unix socket with every port on loopback, and its
 /// listeners' addresses (the socket path under "frontend").
 async fn server(pki: &Pki, dir: &Path, extra: &[String]) -> (Proc, HashMap<String, String>) {
+    server_from(None, pki, dir, extra).await
+}
+
+/// The binary `name` from `bins`, or the default build's.
+fn spawn(bins: Option<&Path>, name: &str, args: &[String]) -> Proc {
+    match bins {
+        Some(d) => Proc::spawn_path(&d.join(name), args),
+        None => Proc::spawn(name, args),
+    }
+}
+
+async fn server_from(
+    bins: Option<&Path>,
+    pki: &Pki,
+    dir: &Path,
+    extra: &[String],
+) -> (Proc, HashMap<String, String>) {
     let cert = pki.server("server", &[]);
     let mut args: Vec<String> = vec![
         format!("--uds-name={}", dir.join("s.sock").display()),
@@ -152,12 +176,16 @@ async fn server(pki: &Pki, dir: &Path, extra: &[String]) -> (Proc, HashMap<Strin
         "--health-bind-address=127.0.0.1".into(),
     ];
     args.extend(extra.iter().cloned());
-    let mut p = Proc::spawn("proxy-server", &args);
+    let mut p = spawn(bins, "proxy-server", &args);
     let addrs = p.listening(4).await;
     (p, addrs)
 }
 
 async fn agent(pki: &Pki, agent_addr: &str, extra: &[String]) -> Proc {
+    agent_from(None, pki, agent_addr, extra).await
+}
+
+async fn agent_from(bins: Option<&Path>, pki: &Pki, agent_addr: &str, extra: &[String]) -> Proc {
     let cert = pki.client("agent");
     let mut args: Vec<String> = vec![
         "--proxy-server-host=127.0.0.1".into(),
@@ -170,7 +198,7 @@ async fn agent(pki: &Pki, agent_addr: &str, extra: &[String]) -> Proc {
         "--health-server-host=127.0.0.1".into(),
     ];
     args.extend(extra.iter().cloned());
-    let mut a = Proc::spawn("proxy-agent", &args);
+    let mut a = spawn(bins, "proxy-agent", &args);
     a.wait_line("connected to proxy server").await;
     a
 }
@@ -260,9 +288,15 @@ impl Tunnel {
 /// Tunnel cycles through a real server and agent: each cycle holds
 /// `tunnels` open while `dials` short ones come and go, then closes them
 /// all and watches RSS come back.
-async fn memory(report: &mut Report, scale: Scale, grpc: bool) {
+async fn memory(report: &mut Report, scale: Scale, grpc: bool, bins: Option<(&Path, &str)>) {
     let section = "memory";
-    let mode = if grpc { "gRPC" } else { "HTTP CONNECT" };
+    let mode = match bins {
+        Some((_, label)) if grpc => format!("gRPC, {label}"),
+        Some((_, label)) => format!("HTTP CONNECT, {label}"),
+        None if grpc => "gRPC".to_string(),
+        None => "HTTP CONNECT".to_string(),
+    };
+    let bins = bins.map(|(d, _)| d);
     let pki = Pki::new();
     let dir = tempfile::tempdir().unwrap();
     let mode_flag = if grpc {
@@ -270,8 +304,8 @@ async fn memory(report: &mut Report, scale: Scale, grpc: bool) {
     } else {
         "--mode=http-connect"
     };
-    let (mut srv, addrs) = server(&pki, dir.path(), &[mode_flag.into()]).await;
-    let agt = agent(&pki, &addrs["agent"], &[]).await;
+    let (mut srv, addrs) = server_from(bins, &pki, dir.path(), &[mode_flag.into()]).await;
+    let agt = agent_from(bins, &pki, &addrs["agent"], &[]).await;
     let _ = &mut srv;
     let pids = [srv.child.id().unwrap(), agt.child.id().unwrap()];
     let fe = Frontend::Uds(dir.path().join("s.sock"));
@@ -691,13 +725,30 @@ async fn main() {
         .and_then(|i| args.get(i + 1))
         .cloned();
     let run = |s: &str| only.as_deref().is_none_or(|o| o == s);
+    let compare = args
+        .iter()
+        .position(|a| a == "--compare-allocator")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
     daemon::process::raise_open_files_limit();
     let scale = Scale::new(quick);
     let mut report = Report::default();
     let started = Instant::now();
     if run("memory") {
-        memory(&mut report, scale, false).await;
-        memory(&mut report, scale, true).await;
+        memory(&mut report, scale, false, None).await;
+        memory(&mut report, scale, true, None).await;
+    }
+    // The allocator choice, measured: the same cycles on a build without
+    // jemalloc (scripts/soak builds it). Its limits are reported, not held.
+    if let Some(dir) = compare.as_deref() {
+        let mut other = Report {
+            comparison: true,
+            ..Report::default()
+        };
+        let label = "system allocator";
+        memory(&mut other, scale, false, Some((dir, label))).await;
+        memory(&mut other, scale, true, Some((dir, label))).await;
+        report.rows.extend(other.rows);
     }
     if run("abuse") {
         abuse(&mut report).await;

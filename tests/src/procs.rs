@@ -71,7 +71,12 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 impl Proc {
     pub fn spawn(name: &str, args: &[String]) -> Proc {
-        let mut child = Command::new(binary(name))
+        Self::spawn_path(&binary(name), args)
+    }
+
+    /// Like [`Proc::spawn`] for a binary at `path`.
+    pub fn spawn_path(path: &std::path::Path, args: &[String]) -> Proc {
+        let mut child = Command::new(path)
             .args(args)
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
