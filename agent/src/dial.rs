@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::limits::MAX_DIAL_ADDRESS;
+use crate::policy::DestinationPolicy;
 
 /// Upstream's fixed agent dial timeout.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -20,6 +21,8 @@ pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct DialError {
     pub text: String,
     pub timeout: bool,
+    /// Refused by `--allowed-destinations`.
+    pub denied: bool,
 }
 
 impl std::fmt::Display for DialError {
@@ -29,7 +32,11 @@ impl std::fmt::Display for DialError {
 }
 
 fn err(text: String, timeout: bool) -> DialError {
-    DialError { text, timeout }
+    DialError {
+        text,
+        timeout,
+        denied: false,
+    }
 }
 
 /// Go's wording for an errno (`syscall.Errno.Error()`), else Rust's text
@@ -135,6 +142,7 @@ pub async fn dial(
     protocol: &str,
     address: &str,
     timeout: Duration,
+    policy: &DestinationPolicy,
 ) -> Result<TcpStream, DialError> {
     if !matches!(protocol, "tcp" | "tcp4" | "tcp6") {
         let protocol: String = protocol.chars().take(32).collect();
@@ -174,6 +182,16 @@ pub async fn dial(
             _ => true,
         })
         .collect();
+    let (addrs, denied): (Vec<_>, Vec<_>) = addrs.into_iter().partition(|a| policy.allows(*a));
+    if let (true, Some(addr)) = (addrs.is_empty(), denied.first()) {
+        return Err(DialError {
+            text: format!(
+                "dial {protocol} {addr}: destination not allowed by the agent's --allowed-destinations"
+            ),
+            timeout: false,
+            denied: true,
+        });
+    }
     let mut first: Option<DialError> = None;
     for addr in &addrs {
         match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
@@ -208,9 +226,39 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_destination_outside_the_policy_is_refused_before_connecting() {
+        // The listener would accept: only the policy stops the dial.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let policy = DestinationPolicy::parse("127.0.0.1/32:1-1024").unwrap_or_default();
+        let e = dial("tcp", &addr.to_string(), DIAL_TIMEOUT, &policy)
+            .await
+            .err();
+        assert_eq!(
+            e,
+            Some(DialError {
+                text: format!(
+                    "dial tcp {addr}: destination not allowed by the agent's --allowed-destinations"
+                ),
+                timeout: false,
+                denied: true,
+            })
+        );
+        let open =
+            DestinationPolicy::parse(&format!("127.0.0.1/32:{}", addr.port())).unwrap_or_default();
+        assert!(
+            dial("tcp", &addr.to_string(), DIAL_TIMEOUT, &open)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
     async fn an_overlong_address_is_refused_without_a_lookup_or_an_echo() {
         let long = format!("{}.invalid:80", "a".repeat(4 << 20));
-        let e = dial("tcp", &long, DIAL_TIMEOUT).await.err();
+        let e = dial("tcp", &long, DIAL_TIMEOUT, &DestinationPolicy::default())
+            .await
+            .err();
         let text = e.map(|e| e.text).unwrap_or_default();
         assert!(
             text.ends_with("is too long"),
@@ -218,7 +266,14 @@ mod tests {
             &text[..text.len().min(200)]
         );
         assert!(text.len() < 100);
-        let e = dial(&"x".repeat(1000), &long, DIAL_TIMEOUT).await.err();
+        let e = dial(
+            &"x".repeat(1000),
+            &long,
+            DIAL_TIMEOUT,
+            &DestinationPolicy::default(),
+        )
+        .await
+        .err();
         let text = e.map(|e| e.text).unwrap_or_default();
         assert!(text.len() < 2 * MAX_DIAL_ADDRESS, "{} bytes", text.len());
     }
@@ -228,10 +283,18 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
         drop(l);
-        let e = dial("tcp", &addr.to_string(), DIAL_TIMEOUT).await.err();
+        let e = dial(
+            "tcp",
+            &addr.to_string(),
+            DIAL_TIMEOUT,
+            &DestinationPolicy::default(),
+        )
+        .await
+        .err();
         assert_eq!(
             e,
             Some(DialError {
+                denied: false,
                 text: format!("dial tcp {addr}: connect: connection refused"),
                 timeout: false
             })
@@ -240,7 +303,14 @@ mod tests {
 
     #[tokio::test]
     async fn invalid_names_never_resolve() {
-        let e = dial("tcp", "nothing.invalid:80", DIAL_TIMEOUT).await.err();
+        let e = dial(
+            "tcp",
+            "nothing.invalid:80",
+            DIAL_TIMEOUT,
+            &DestinationPolicy::default(),
+        )
+        .await
+        .err();
         assert_eq!(
             e.map(|e| e.text),
             Some("dial tcp: lookup nothing.invalid: no such host".into())
@@ -249,18 +319,28 @@ mod tests {
 
     #[tokio::test]
     async fn bad_addresses_are_reported() {
-        let e = dial("tcp", "no-port", DIAL_TIMEOUT)
-            .await
-            .err()
-            .map(|e| e.text);
+        let e = dial(
+            "tcp",
+            "no-port",
+            DIAL_TIMEOUT,
+            &DestinationPolicy::default(),
+        )
+        .await
+        .err()
+        .map(|e| e.text);
         assert_eq!(
             e.as_deref(),
             Some("dial tcp address no-port: missing port in address")
         );
-        let e = dial("udp", "127.0.0.1:1", DIAL_TIMEOUT)
-            .await
-            .err()
-            .map(|e| e.text);
+        let e = dial(
+            "udp",
+            "127.0.0.1:1",
+            DIAL_TIMEOUT,
+            &DestinationPolicy::default(),
+        )
+        .await
+        .err()
+        .map(|e| e.text);
         assert_eq!(
             e.as_deref(),
             Some("dial udp 127.0.0.1:1: unknown network udp")

@@ -107,6 +107,10 @@ async fn run(data: &[u8], metrics: Arc<Metrics>, d: &Dests) {
             dial_timeout: Duration::from_secs(1),
             conn_queue: 2,
             stall_timeout: Duration::from_millis(50),
+            // 127.0.0.2 is outside: dials there are refused before connecting.
+            policy: Arc::new(
+                crate::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
+            ),
         },
         drain.clone(),
     );
@@ -116,8 +120,9 @@ async fn run(data: &[u8], metrics: Arc<Metrics>, d: &Dests) {
         let id = i64::from(arg % 4) + 1;
         let pkt = match op % 8 {
             0 => {
-                let address = match arg % 6 {
+                let address = match arg % 7 {
                     0 | 1 => d.echo.to_string(),
+                    6 => "127.0.0.2:80".to_string(),
                     2 => d.closer.to_string(),
                     3 => d.sink.to_string(),
                     4 => d.refused.to_string(),

@@ -20,6 +20,7 @@ pub mod leases;
 pub mod limits;
 pub mod metrics;
 pub mod options;
+pub mod policy;
 mod session;
 
 use std::future::Future;

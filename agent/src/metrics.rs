@@ -21,6 +21,9 @@ const LEASE_WATCHES: &str = "konnectivity_network_proxy_agent_lease_watches_tota
 const LEASE_LIST_LATENCY: &str = "konnectivity_network_proxy_agent_lease_list_latency_seconds";
 const STREAM_PACKETS: &str = "konnectivity_network_proxy_agent_stream_packets_total";
 const STREAM_ERRORS: &str = "konnectivity_network_proxy_agent_stream_errors_total";
+/// Ours: dials refused by `--allowed-destinations` (not in upstream's
+/// `endpoint_dial_failure_total`, whose series stay as upstream's).
+const DIALS_DENIED: &str = "konnectivity_network_proxy_agent_dials_denied_total";
 
 /// Packets sent to the server (`from_agent`) or received from it (`to_agent`).
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +97,10 @@ impl Metrics {
             "Latency of server lease listing in seconds",
         );
         r.describe_counter(
+            DIALS_DENIED,
+            "Dials refused because the destination is outside --allowed-destinations",
+        );
+        r.describe_counter(
             STREAM_PACKETS,
             "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
         );
@@ -123,6 +130,12 @@ impl Metrics {
 
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    /// A dial refused by the destination policy; the series appears on the
+    /// first one.
+    pub fn dial_denied(&self) {
+        self.registry.counter(DIALS_DENIED, &[]).increment(1);
     }
 
     pub fn dial_failure(&self, timeout: bool) {

@@ -44,6 +44,7 @@ pub fn flags() -> FlagSet {
         .bool("sync-forever", false, "If true, the agent continues syncing, in order to support server count changes.")
         .int("xfr-channel-size", 150, "Packets queued per destination connection.")
         .duration("destination-stall-timeout", Duration::from_secs(10), "How long a destination may leave its queue full before only its connection is closed (protects the shared stream).")
+        .string("allowed-destinations", "", "Ours: comma-separated CIDRs the agent may dial for its servers, each optionally with :PORT or :FIRST-LAST (IPv6 with ports: [CIDR]:PORT). Empty allows every destination, as upstream.")
         .int("flow-control-window", konnectivity_proto::flow::DEFAULT_WINDOW, "Per-connection flow-control window (bytes) offered to servers of this project; 0 turns it off. Upstream servers ignore the offer.")
         .bool("count-server-leases", false, "Enables lease counting system to determine the number of proxy servers to connect to.")
         .string("lease-namespace", "kube-system", "Namespace where lease objects are managed.")
@@ -187,6 +188,10 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             stall_timeout: v
                 .duration("destination-stall-timeout")
                 .max(Duration::from_millis(100)),
+            policy: Arc::new(
+                crate::policy::DestinationPolicy::parse(&v.string("allowed-destinations"))
+                    .map_err(|e| format!("--allowed-destinations: {e}"))?,
+            ),
         },
     };
     let addrs = Addresses {

@@ -33,6 +33,8 @@ pub struct SessionConfig {
     /// How long a destination may leave its queue full before only its
     /// connection is closed (the stream reader waits that long at most).
     pub stall_timeout: Duration,
+    /// What may be dialed (`--allowed-destinations`).
+    pub policy: Arc<crate::policy::DestinationPolicy>,
 }
 
 /// Where a session's packets to the server go.
@@ -280,14 +282,19 @@ impl Session {
     ) {
         let started = Instant::now();
         let dialed = tokio::select! {
-            r = dial::dial(&req.protocol, &req.address, self.cfg.dial_timeout) => Some(r),
+            r = dial::dial(&req.protocol, &req.address, self.cfg.dial_timeout, &self.cfg.policy) => Some(r),
             _ = cancel.cancelled() => None,
         };
         self.dials.lock().remove(&dial_id);
         let stream = match dialed {
             None => return,
             Some(Err(e)) => {
-                self.metrics.dial_failure(e.timeout);
+                if e.denied {
+                    self.metrics.dial_denied();
+                    tracing::info!(address = %req.address, "dial refused by --allowed-destinations");
+                } else {
+                    self.metrics.dial_failure(e.timeout);
+                }
                 tracing::debug!(error = %e, "dial failed");
                 self.send(Packet::dial_response(dial_id.0, 0, e.text)).await;
                 return;

@@ -198,6 +198,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             dial_timeout: proxy_agent::dial::DIAL_TIMEOUT,
             conn_queue: 150,
             stall_timeout: Duration::from_secs(10),
+            policy: Default::default(),
         },
     });
     let agent_handle = agent.handle();

@@ -229,11 +229,11 @@ type agent struct {
 	adminAddr  string
 }
 
-func startAgent(t testing.TB, im impl, serverAgentPort int, id string) *agent {
+func startAgent(t testing.TB, im impl, serverAgentPort int, id string, extra ...string) *agent {
 	t.Helper()
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		a, err := tryStartAgent(t, im, serverAgentPort, id)
+		a, err := tryStartAgent(t, im, serverAgentPort, id, extra...)
 		if err == nil {
 			return a
 		}
@@ -246,7 +246,7 @@ func startAgent(t testing.TB, im impl, serverAgentPort int, id string) *agent {
 	return nil
 }
 
-func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string) (*agent, error) {
+func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string, extra ...string) (*agent, error) {
 	a := &agent{impl: im, id: id}
 	health, admin := 0, 0
 	if im == upstream {
@@ -274,6 +274,7 @@ func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string) (*agen
 		"--probe-interval=100ms",
 		"--sync-interval-cap=1s",
 	}
+	args = append(args, extra...)
 	a.p = startProc(t, string(im)+" proxy-agent "+id, bin[im]["agent"], args)
 	if im == ours {
 		addrs, err := goharness.LoopbackAddrs(a.p.Proc, startPatience, "health", "admin")

@@ -241,6 +241,8 @@ pub struct AgentOpts {
     pub stall_timeout: Duration,
     /// Offer per-connection flow control to the server.
     pub flow_control: bool,
+    /// `--allowed-destinations`.
+    pub policy: proxy_agent::policy::DestinationPolicy,
 }
 
 impl AgentOpts {
@@ -263,6 +265,7 @@ impl Default for AgentOpts {
             conn_queue: 150,
             stall_timeout: Duration::from_secs(10),
             flow_control: true,
+            policy: Default::default(),
         }
     }
 }
@@ -362,6 +365,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             dial_timeout: proxy_agent::dial::DIAL_TIMEOUT,
             conn_queue: opts.conn_queue,
             stall_timeout: opts.stall_timeout,
+            policy: Arc::new(opts.policy.clone()),
         },
     };
     let agent = Agent::new(config);
