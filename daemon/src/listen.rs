@@ -25,7 +25,9 @@ use crate::drain::Drain;
 /// Binds `host:port`. An empty host means every interface, both families when
 /// the machine has IPv6 (Go's `:port`).
 pub async fn bind_tcp(host: &str, port: u16) -> io::Result<TcpListener> {
-    if host.is_empty() {
+    // `::` is every interface too: both families where IPv6 exists, IPv4
+    // alone where it does not.
+    if host.is_empty() || matches!(host, "::" | "[::]") {
         let any6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port);
         if let Ok(l) = bind_socket(any6, true) {
             return Ok(l);
@@ -43,6 +45,18 @@ pub async fn bind_tcp(host: &str, port: u16) -> io::Result<TcpListener> {
         match bind_socket(addr, false) {
             Ok(l) => return Ok(l),
             Err(e) => last = e,
+        }
+    }
+    // Loopback-only defaults (upstream's admin ports say 127.0.0.1) must
+    // still work where the loopback has no IPv4 address (IPv6-only pods).
+    if host == "127.0.0.1" && last.kind() == io::ErrorKind::AddrNotAvailable {
+        let v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), port);
+        if let Ok(l) = bind_socket(v6, false) {
+            tracing::info!(
+                port,
+                "no IPv4 loopback address here; bound [::1] instead of 127.0.0.1"
+            );
+            return Ok(l);
         }
     }
     Err(last)

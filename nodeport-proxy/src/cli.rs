@@ -59,7 +59,7 @@ pub fn flag_set() -> FlagSet {
     .string("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (empty: the embedded demo table)")
     .string("source", "", "where Services and EndpointSlices come from: kubernetes (watch the apiserver), file (-config) or demo; empty: file with -config, else kubernetes with -kubeconfig or inside a cluster, else demo")
     .string("kubeconfig", "", "kubeconfig for the kubernetes source (empty: in-cluster configuration)")
-    .string("bind-address", "0.0.0.0", "address every listener binds")
+    .string("bind-address", "::", "address every listener binds (::, the default: every interface, IPv4 and IPv6)")
     .duration("node-port-idle-timeout", p.node_port_idle_timeout, "close NodePort connections idle this long")
     .duration("sni-client-hello-timeout", p.client_hello_timeout, "close SNI clients that have not sent a ClientHello within this")
     .duration("tunneling-request-header-timeout", p.request_header_timeout, "close tunneling clients that have not sent a request head within this")

@@ -11,6 +11,7 @@ pub mod dest;
 pub mod h2raw;
 pub mod k8s;
 pub mod konnectivity;
+pub mod netns;
 pub mod nodeport;
 pub mod procs;
 

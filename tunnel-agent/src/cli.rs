@@ -29,7 +29,7 @@ pub fn flag_set() -> FlagSet {
     .strings("listener", &[], "address:port=authority; repeatable")
     .string("cluster-id", "", "without listeners: tunnel <tunneling-agent-ip>:6443 to apiserver-external.cluster-<id>.svc.cluster.local:443")
     .string("tunneling-agent-ip", &DEFAULT_AGENT_IP.to_string(), "bind address of the default listener")
-    .string("stats-address", "0.0.0.0", "address of the health and stats listener")
+    .string("stats-address", "::", "address of the health and stats listener (::, the default: every interface, IPv4 and IPv6)")
     .int("stats-port", 8002, "port of /healthz, /ready and /stats/prometheus (0: off)")
     .duration("keepalive-interval", d.keepalive_interval, "HTTP/2 PING interval on the seed connection")
     .duration("keepalive-timeout", d.keepalive_timeout, "an unanswered PING after this drops the seed connection")

@@ -1,0 +1,121 @@
+//! Network namespaces of the tests' own, with processes started inside them
+//! (tests that use them need root, as the Kubernetes tests do).
+
+use std::path::Path;
+
+use crate::procs::Proc;
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A namespace deleted on drop.
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// A namespace whose loopback has `::1` and no IPv4 address at all, and
+    /// whose `/etc/hosts` (bind-mounted by `ip netns exec`) names both
+    /// loopbacks `localhost`, as a kubelet-managed pod's does.
+    pub fn ipv6_only() -> Netns {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("v6x{}x{n}", std::process::id() % 1_000_000);
+        ip(&["netns", "add", &name]);
+        let ns = Netns { name };
+        ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
+        ip(&["-n", &ns.name, "addr", "del", "127.0.0.1/8", "dev", "lo"]);
+        let etc = ns.etc();
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            etc.join("hosts"),
+            "127.0.0.1 localhost\n::1 localhost ip6-localhost\n",
+        )
+        .unwrap();
+        ns
+    }
+
+    fn etc(&self) -> std::path::PathBuf {
+        Path::new("/etc/netns").join(&self.name)
+    }
+
+    /// Starts `program` inside the namespace (killed with the test).
+    pub fn spawn(&self, program: &Path, args: &[String]) -> Proc {
+        let mut all: Vec<String> = [
+            "netns",
+            "exec",
+            &self.name,
+            "setpriv",
+            "--pdeathsig",
+            "KILL",
+            "--",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        all.push(program.display().to_string());
+        all.extend(args.iter().cloned());
+        Proc::spawn_path(Path::new("ip"), &all)
+    }
+
+    /// Runs a command inside the namespace to completion: (success, stdout).
+    pub fn run(&self, args: &[&str]) -> (bool, String) {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    /// An echo server on `[::1]` inside the namespace; returns its process
+    /// and port.
+    pub async fn echo(&self) -> (Proc, u16) {
+        const ECHO: &str = r#"
+import socket, threading
+s = socket.socket(socket.AF_INET6)
+s.bind(('::1', 0))
+s.listen(64)
+print('echo port', s.getsockname()[1], flush=True)
+def serve(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+        let mut p = self.spawn(Path::new("python3"), &["-c".into(), ECHO.into()]);
+        let line = p.wait_line("echo port").await;
+        let port = line
+            .rsplit(' ')
+            .next()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap();
+        (p, port)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.etc());
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
