@@ -20,6 +20,8 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn flags() -> FlagSet {
     FlagSet::new("proxy-agent", "Konnectivity proxy agent: connects out to proxy servers and dials destinations for them.")
+        .compatible_with(konnectivity_proto::UPSTREAM)
+        .usage_exit(1)
         .string("agent-cert", "", "If non-empty secure communication with this cert.")
         .string("agent-key", "", "If non-empty secure communication with this key.")
         .string("ca-cert", "", "If non-empty the CAs we use to validate clients.")

@@ -63,6 +63,8 @@ struct Flag {
 pub enum FlagError {
     #[error("help requested")]
     Help,
+    #[error("version requested")]
+    Version,
     #[error("unknown flag: {0}")]
     Unknown(String),
     #[error("flag needs an argument: {0}")]
@@ -83,6 +85,11 @@ pub struct FlagSet {
     program: String,
     about: String,
     flags: Vec<Flag>,
+    /// What `--version` says the program is compatible with.
+    compatible_with: Option<&'static str>,
+    /// Exit status for a bad command line or configuration, as the program
+    /// this one replaces uses (cobra: 1; Go's flag package: 2).
+    usage_exit: i32,
 }
 
 /// The result of parsing: every declared flag has a value (its default if unset).
@@ -98,7 +105,35 @@ impl FlagSet {
             program: program.to_string(),
             about: about.to_string(),
             flags: Vec::new(),
+            compatible_with: None,
+            usage_exit: 2,
         }
+    }
+
+    /// Names what this program replaces, for `--version`.
+    pub fn compatible_with(mut self, what: &'static str) -> Self {
+        self.compatible_with = Some(what);
+        self
+    }
+
+    /// The exit status for a bad command line or configuration.
+    pub fn usage_exit(mut self, code: i32) -> Self {
+        self.usage_exit = code;
+        self
+    }
+
+    /// `--version`'s line: version, commit, and what it is compatible with.
+    pub fn version(&self) -> String {
+        let mut s = format!(
+            "{} {} (commit {})",
+            self.program,
+            env!("CARGO_PKG_VERSION"),
+            env!("DAEMON_GIT_COMMIT")
+        );
+        if let Some(c) = self.compatible_with {
+            s.push_str(&format!(", compatible with {c}"));
+        }
+        s
     }
 
     fn add(mut self, name: &'static str, kind: Kind, default: Value, usage: &'static str) -> Self {
@@ -247,6 +282,9 @@ impl FlagSet {
             if matches!(name, "h" | "help") {
                 return Err(FlagError::Help);
             }
+            if name == "version" && self.find("version").is_none() {
+                return Err(FlagError::Version);
+            }
             let flag = self
                 .find(name)
                 .or_else(|| self.find_short(name))
@@ -302,10 +340,15 @@ impl FlagSet {
     /// Parses the process arguments. `-h` prints usage and exits 0; any error
     /// prints the reason and exits 2, the status Go's flag package uses.
     pub fn parse_env_or_exit(&self) -> Values {
+        let _ = USAGE_EXIT.set(self.usage_exit);
         match self.parse(std::env::args().skip(1)) {
             Ok(v) => v,
             Err(FlagError::Help) => {
                 print!("{}", self.usage());
+                std::process::exit(0)
+            }
+            Err(FlagError::Version) => {
+                println!("{}", self.version());
                 std::process::exit(0)
             }
             Err(e) => usage_error(&format!("{e}\nRun '{} --help' for usage.", self.program)),
@@ -313,10 +356,15 @@ impl FlagSet {
     }
 }
 
-/// Reports an invalid command line or configuration and exits with status 2.
+/// The running program's exit status for usage errors (set when its flags
+/// are parsed).
+static USAGE_EXIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+
+/// Reports an invalid command line or configuration and exits with the
+/// status the replaced program uses for it (see [`FlagSet::usage_exit`]).
 pub fn usage_error(message: &str) -> ! {
     eprintln!("Error: {message}");
-    std::process::exit(2)
+    std::process::exit(USAGE_EXIT.get().copied().unwrap_or(2))
 }
 
 fn invalid(flag: &Flag, value: &str, reason: impl ToString) -> FlagError {

@@ -23,6 +23,7 @@ pub fn flags() -> FlagSet {
         "lb-updater",
         "Keeps the ports of a LoadBalancer Service in step with the NodePort Services exposed by nodeport-proxy.",
     )
+    .compatible_with("KKP nodeport-proxy lb-updater")
     .string("lb-name", "nodeport-lb", "name of the LoadBalancer Service to manage")
     .string("lb-namespace", "nodeport-proxy", "namespace of the LoadBalancer Service")
     .bool("namespaced", false, "only watch Services in -lb-namespace")

@@ -37,6 +37,7 @@ pub fn flag_set() -> FlagSet {
         "nodeport-proxy",
         "Exposes Services annotated nodeport-proxy.k8s.io/expose on NodePort, SNI and HTTP CONNECT listeners.",
     )
+    .compatible_with("KKP nodeport-proxy (envoy-manager and Envoy)")
     .string("listen-address", ":8001", "accepted for envoy-manager compatibility; no xDS is served")
     .string("envoy-node-name", "kube", "accepted for envoy-manager compatibility")
     .int("envoy-admin-port", 9001, "accepted for envoy-manager compatibility")

@@ -24,6 +24,9 @@ mod packets;
 
 pub use packets::PacketExt;
 
+/// The upstream release this implementation is wire- and flag-compatible with.
+pub const UPSTREAM: &str = "apiserver-network-proxy v0.36.0";
+
 /// grpc-go's spelling of a status code (`codes.Code.String()`), which upstream
 /// uses as a metric label.
 pub fn code_name(code: tonic::Code) -> &'static str {

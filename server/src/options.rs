@@ -28,6 +28,8 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn flags() -> FlagSet {
     FlagSet::new("proxy-server", "Konnectivity proxy server: kube-apiserver dials through it to agents in the cluster.")
+        .compatible_with(konnectivity_proto::UPSTREAM)
+        .usage_exit(1)
         .string("server-cert", "", "If non-empty secure communication with this cert.")
         .string("server-key", "", "If non-empty secure communication with this key.")
         .string("server-ca-cert", "", "If non-empty the CA we use to validate KAS clients.")

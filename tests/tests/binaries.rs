@@ -10,7 +10,7 @@ use integration_tests::procs::{Proc, loopback, run};
 use integration_tests::{http_get, http_get_as};
 
 #[tokio::test]
-async fn unknown_and_invalid_flags_exit_2_with_a_reason() {
+async fn unknown_and_invalid_flags_exit_1_with_a_reason() {
     for (bin, args, want) in [
         (
             "proxy-server",
@@ -54,7 +54,8 @@ async fn unknown_and_invalid_flags_exit_2_with_a_reason() {
         ),
     ] {
         let (code, out) = run(bin, &args).await;
-        assert_eq!(code, Some(2), "{bin} {args:?}: {out}");
+        // Upstream's cobra commands exit 1 on a bad command line.
+        assert_eq!(code, Some(1), "{bin} {args:?}: {out}");
         assert!(out.contains(want), "{bin} {args:?}: want {want:?} in {out}");
     }
     let (code, out) = run("proxy-server", &["--help"]).await;
@@ -71,7 +72,7 @@ async fn agent_validates_identifier_keys() {
         &[&ca, "--agent-identifiers=ipv4=1.2.3.4&zone=a"],
     )
     .await;
-    assert_eq!(code, Some(2), "{out}");
+    assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("unknown address type: zone"), "{out}");
 }
 
@@ -231,4 +232,30 @@ async fn upstream_flag_spellings_start_a_working_pair() {
     server.signal(15);
     assert_eq!(server.wait_exit().await, Some(0));
     assert!(!sock.exists(), "the socket is removed on shutdown");
+}
+
+/// Every binary answers --version with its version, the commit it was
+/// built from and what it replaces; KKP's Go binaries exit 2 on a bad flag
+/// (Go's flag package), as ours do.
+#[tokio::test]
+async fn every_binary_answers_version_and_bad_flags_as_its_original() {
+    for (bin, compat, bad_flag_exit) in [
+        ("proxy-server", "apiserver-network-proxy v0.36.0", 1),
+        ("proxy-agent", "apiserver-network-proxy v0.36.0", 1),
+        ("nodeport-proxy", "KKP nodeport-proxy", 2),
+        ("tunnel-agent", "KKP envoy-agent", 2),
+        ("lb-updater", "KKP nodeport-proxy lb-updater", 2),
+    ] {
+        let (code, out) = run(bin, &["--version"]).await;
+        assert_eq!(code, Some(0), "{bin} --version: {out}");
+        let line = out.trim();
+        assert!(
+            line.starts_with(&format!("{bin} {} (commit ", env!("CARGO_PKG_VERSION")))
+                && line.contains(compat)
+                && !line.contains("commit unknown"),
+            "{bin} --version: {line}"
+        );
+        let (code, out) = run(bin, &["--no-such-flag"]).await;
+        assert_eq!(code, Some(bad_flag_exit), "{bin} --no-such-flag: {out}");
+    }
 }

@@ -23,6 +23,7 @@ pub fn flag_set() -> FlagSet {
         "tunnel-agent",
         "Tunnels local TCP listeners to the seed nodeport-proxy as HTTP/2 CONNECT streams over one connection.",
     )
+    .compatible_with("KKP envoy-agent")
     .string("config", "", "YAML file in envoy-agent's shape (proxyHost, proxyPort, listeners[{bindAddress, bindPort, authority}])")
     .string("proxy-host", "", "seed proxy host (KKP: the cluster URL's host)")
     .int("proxy-port", i64::from(d.proxy_port), "seed proxy tunneling port")
