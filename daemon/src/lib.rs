@@ -23,3 +23,4 @@ pub mod process;
 pub mod relay;
 pub mod signals;
 pub mod tls;
+pub mod x509v1;

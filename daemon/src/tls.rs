@@ -7,6 +7,7 @@ use std::sync::Arc;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedCipherSuite};
 
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +21,12 @@ pub enum TlsError {
     NoCertificate { path: PathBuf },
     #[error("{path}: no PEM private key found")]
     NoKey { path: PathBuf },
+    #[error("{path}: unusable private key: {reason}")]
+    BadKey { path: PathBuf, reason: String },
+    #[error("{key} is not the private key of the certificate in {cert}")]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
+    #[error("{path}: unreadable certificate: {reason}")]
+    BadCertificate { path: PathBuf, reason: String },
     #[error("{path}: invalid CA certificate: {reason}")]
     BadCa { path: PathBuf, reason: String },
     #[error(
@@ -220,17 +227,81 @@ pub fn server_config(
         .with_protocol_versions(policy.versions())?;
     let builder = match client_ca {
         Some(ca) => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(ca)?), provider)
-                    .build()
-                    .map_err(|e| TlsError::Verifier(e.to_string()))?;
-            builder.with_client_cert_verifier(verifier)
+            let algs = provider.signature_verification_algorithms;
+            let verifier = WebPkiClientVerifier::builder_with_provider(
+                Arc::new(load_roots(ca)?),
+                provider.clone(),
+            )
+            .build()
+            .map_err(|e| TlsError::Verifier(e.to_string()))?;
+            // Go verifies X.509 v1 client certificates; webpki alone does not.
+            let verifier = crate::x509v1::AcceptV1Leaves::new(verifier, &load_certs(ca)?, algs);
+            builder.with_client_cert_verifier(Arc::new(verifier))
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder.with_single_cert(load_certs(cert)?, load_key(key)?)?;
+    let identity = certified_key(cert, key, &provider)?;
+    let mut config = builder.with_cert_resolver(Arc::new(OneCert(identity)));
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
+}
+
+/// The certificate chain in `cert` with the key in `key`, checked to belong
+/// together. Unlike rustls's own check this accepts X.509 v1 certificates,
+/// as Go does (see [`crate::x509v1`]).
+pub fn certified_key(
+    cert: &Path,
+    key: &Path,
+    provider: &CryptoProvider,
+) -> Result<Arc<CertifiedKey>, TlsError> {
+    let chain = load_certs(cert)?;
+    let signing = provider
+        .key_provider
+        .load_private_key(load_key(key)?)
+        .map_err(|e| TlsError::BadKey {
+            path: key.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    let leaf = chain.first().ok_or_else(|| TlsError::NoCertificate {
+        path: cert.to_path_buf(),
+    })?;
+    let (_, parsed) =
+        <x509_parser::prelude::X509Certificate<'_> as x509_parser::prelude::FromDer<'_, _>>::from_der(
+            leaf.as_ref(),
+        )
+        .map_err(|e| TlsError::BadCertificate {
+            path: cert.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if let Some(public) = signing.public_key()
+        && public.as_ref() != parsed.public_key().raw
+    {
+        return Err(TlsError::KeyMismatch {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+        });
+    }
+    Ok(Arc::new(CertifiedKey::new(chain, signing)))
+}
+
+/// Presents one certificate, whatever the peer asks for.
+#[derive(Debug)]
+struct OneCert(Arc<CertifiedKey>);
+
+impl rustls::server::ResolvesServerCert for OneCert {
+    fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+}
+
+impl rustls::client::ResolvesClientCert for OneCert {
+    fn resolve(&self, _: &[&[u8]], _: &[rustls::SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
 }
 
 /// A client configuration trusting `ca`, presenting `identity` (cert, key) if given.
@@ -239,12 +310,23 @@ pub fn client_config(
     identity: Option<(&Path, &Path)>,
     alpn: &[Vec<u8>],
 ) -> Result<ClientConfig, TlsError> {
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_protocol_versions(rustls::DEFAULT_VERSIONS)?
-            .with_root_certificates(load_roots(ca)?);
+    client_config_for(ca, identity, alpn, rustls::DEFAULT_VERSIONS)
+}
+
+/// [`client_config`] limited to some TLS versions.
+pub fn client_config_for(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    alpn: &[Vec<u8>],
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Result<ClientConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(versions)?
+        .with_root_certificates(load_roots(ca)?);
     let mut config = match identity {
-        Some((cert, key)) => builder.with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
+        Some((cert, key)) => builder
+            .with_client_cert_resolver(Arc::new(OneCert(certified_key(cert, key, &provider)?))),
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = alpn.to_vec();
