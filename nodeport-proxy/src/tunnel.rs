@@ -20,6 +20,25 @@ use crate::names::ConnectAuthority;
 use crate::table::Route;
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_HEADER: usize = 9;
+/// HTTP/2's initial SETTINGS_MAX_FRAME_SIZE: the largest first frame a client
+/// may send before it has seen ours.
+const MAX_FIRST_FRAME: usize = 16 * 1024;
+/// Magic, frame header and the largest SETTINGS payload: the most read while
+/// waiting for the client preface.
+const MAX_CLIENT_PREFACE: usize = 24 + FRAME_HEADER + MAX_FIRST_FRAME;
+
+/// Whether `buf` (starting with the magic) holds the whole client preface:
+/// the magic and the first frame, which must be SETTINGS (RFC 9113 §3.4).
+/// Anything else counts as complete: HTTP/2 itself refuses it then.
+fn client_preface_complete(buf: &[u8]) -> bool {
+    let Some(header) = buf.get(H2_PREFACE.len()..H2_PREFACE.len() + FRAME_HEADER) else {
+        return false;
+    };
+    let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+    let settings = header[3] == 0x4;
+    !settings || len > MAX_FIRST_FRAME || buf.len() >= H2_PREFACE.len() + FRAME_HEADER + len
+}
 
 /// Why a tunnel was not opened; each has one status.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +115,21 @@ pub async fn handle(client: TcpStream, l: Arc<TunnelListener>) {
         }
     }
     if buf.starts_with(H2_PREFACE) {
+        // The client's preface ends with its SETTINGS frame; until that is in,
+        // the connection is still opening and the head deadline applies.
+        while !client_preface_complete(&buf) {
+            let room = (MAX_CLIENT_PREFACE.saturating_sub(buf.len())).max(1) as u64;
+            let mut chunk = (&mut client).take(room);
+            match tokio::time::timeout_at(deadline, chunk.read_buf(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(_)) => {}
+                Err(_) => {
+                    http.downstream_rq_header_timeout.increment(1);
+                    l.stats.reject("request_header_timeout");
+                    return;
+                }
+            }
+        }
         let _h2 = Active::new(&http.downstream_cx_http2_active);
         let io = PrefixedIo::new(buf.freeze(), client);
         crate::tunnel_h2::serve(io, l.clone(), deadline).await;
@@ -255,4 +289,34 @@ async fn reply_h1(client: &mut TcpStream, status: u16) {
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_preface_needs_the_whole_settings_frame() {
+        let mut p = H2_PREFACE.to_vec();
+        assert!(!client_preface_complete(&p));
+        // SETTINGS with one 6-byte entry.
+        p.extend_from_slice(&[0, 0, 6, 4, 0, 0, 0, 0, 0]);
+        for _ in 0..5 {
+            assert!(!client_preface_complete(&p));
+            p.push(1);
+        }
+        p.push(1);
+        assert!(client_preface_complete(&p));
+        // An empty SETTINGS frame completes it too.
+        let mut empty = H2_PREFACE.to_vec();
+        empty.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        assert!(client_preface_complete(&empty));
+        // Not SETTINGS, or too long: complete, for HTTP/2 to refuse.
+        let mut ping = H2_PREFACE.to_vec();
+        ping.extend_from_slice(&[0, 0, 8, 6, 0, 0, 0, 0, 0]);
+        assert!(client_preface_complete(&ping));
+        let mut huge = H2_PREFACE.to_vec();
+        huge.extend_from_slice(&[0xff, 0xff, 0xff, 4, 0, 0, 0, 0, 0]);
+        assert!(client_preface_complete(&huge));
+    }
 }

@@ -19,6 +19,8 @@ use crate::tunnel::{TunnelError, TunnelListener, counters, open, record_refusal}
 const STREAM_WINDOW: u32 = 256 * 1024;
 const CONNECTION_WINDOW: u32 = 1024 * 1024;
 
+/// `deadline` bounded the client preface (read before this is called); it
+/// also bounds our side of the handshake.
 pub async fn serve<T>(io: T, l: Arc<TunnelListener>, deadline: Instant)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -49,21 +51,15 @@ where
     };
     let streams = Arc::new(watch::Sender::new(0usize));
     let idle = shared.config.connection.tunneling_connection_idle_timeout;
-    // Until the first request arrives the header timeout applies; then the
-    // connection idle timeout.
-    let mut first_deadline = Some(deadline);
+    // The request-head deadline ended with the preface: an open connection
+    // waiting for its next stream is idle, not slow (tunnel-agent keeps one
+    // such connection per node), and only the connection idle timeout
+    // applies to it, as with KKP's Envoy, which sets no header timeout.
     let mut going_away = false;
     loop {
-        let first = async {
-            match first_deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((req, respond))) => {
-                    first_deadline = None;
                     streams.send_modify(|n| *n += 1);
                     let l = l.clone();
                     let streams = streams.clone();
@@ -72,7 +68,7 @@ where
                         streams.send_modify(|n| *n = n.saturating_sub(1));
                     });
                 }
-                Some(Err(e)) => {
+            Some(Err(e)) => {
                     if !e.is_go_away() && !e.is_io() {
                         http.downstream_cx_protocol_error.increment(1);
                     }
@@ -81,11 +77,6 @@ where
                 }
                 None => break,
             },
-            _ = first, if !going_away => {
-                http.downstream_rq_header_timeout.increment(1);
-                l.stats.reject("request_header_timeout");
-                break;
-            }
             _ = idle_for(streams.subscribe(), idle), if !going_away => {
                 tracing::debug!("HTTP/2 connection idle; going away");
                 conn.graceful_shutdown();

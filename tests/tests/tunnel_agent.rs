@@ -213,3 +213,141 @@ async fn unanswered_ping_drops_the_connection_and_redials() {
     );
     agent.shutdown().await;
 }
+
+/// Reads one counter or gauge value from a Prometheus text body.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn idle_agent_keeps_one_connection_past_the_head_deadline() {
+    // Scaled down: a 300 ms request-head deadline on the proxy (the old code
+    // closed an idle agent connection when it passed) and a 100 ms PING
+    // interval; the pair then idles for 2 s, more than six deadlines and
+    // twenty PINGs. The real-time check with KKP's settings (≥ 60 s) is in
+    // scripts/soak (section kkp).
+    let echo = dest::echo().await;
+    let inv = inventory(
+        vec![service(
+            "cluster-a",
+            "openvpn-server",
+            "Tunneling",
+            "ClusterIP",
+            &[("secure", 1194, 0)],
+        )],
+        vec![slices(
+            "cluster-a",
+            "openvpn-server",
+            "secure",
+            &[(echo, true)],
+        )],
+    );
+    let mut cfg = test_config();
+    cfg.request_header_timeout = Duration::from_millis(300);
+    let p = start_proxy(&inv, vec![], cfg).await;
+    let local = loopback().await;
+    let local_addr = local.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: p.tunnel.port(),
+        listeners: vec![spec(
+            &local,
+            "openvpn-server.cluster-a.svc.cluster.local:1194",
+        )],
+        keepalive_interval: Duration::from_millis(100),
+        keepalive_timeout: Duration::from_secs(1),
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = TunnelAgent::start(
+        config,
+        AgentListeners {
+            tunnels: vec![local],
+            stats: None,
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), agent.connected())
+        .await
+        .expect("agent never connected");
+    // The idle period is what is under test, not a wait for readiness.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut s = TcpStream::connect(local_addr).await.unwrap();
+    s.write_all(b"still here").await.unwrap();
+    let mut back = [0u8; 10];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
+        .await
+        .expect("no answer after idling")
+        .unwrap();
+    assert_eq!(&back, b"still here");
+    let proxy = p.proxy.metrics_text();
+    let prefix = "{envoy_http_conn_manager_prefix=\"ingress_http\"}";
+    assert_eq!(
+        sample(&proxy, &format!("envoy_http_downstream_cx_total{prefix}")),
+        Some(1.0),
+        "the proxy saw more than one agent connection: {proxy}"
+    );
+    assert_eq!(
+        sample(
+            &proxy,
+            &format!("envoy_http_downstream_rq_header_timeout{prefix}")
+        ),
+        Some(0.0),
+        "{proxy}"
+    );
+    let text = agent.metrics_text();
+    let cluster = "{envoy_cluster_name=\"proxy_cluster\"}";
+    assert_eq!(
+        sample(&text, &format!("envoy_cluster_upstream_cx_total{cluster}")),
+        Some(1.0),
+        "{text}"
+    );
+    drop(s);
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_seed_that_drops_every_connection_is_retried_with_growing_backoff() {
+    // Accepts, completes the HTTP/2 handshake, then closes at once: never a
+    // healthy connection, so the back-off (100 ms doubling, jitter ±20 %)
+    // must keep growing instead of resetting after every dial.
+    let seed = loopback().await;
+    let seed_port = seed.local_addr().unwrap().port();
+    let dials = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = dials.clone();
+    tokio::spawn(async move {
+        while let Ok((io, _)) = seed.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Ok(mut conn) = h2::server::handshake(io).await {
+                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                let _ = futures::future::poll_fn(|cx| conn.poll_closed(cx)).await;
+            }
+        }
+    });
+    let local = loopback().await;
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: seed_port,
+        listeners: vec![spec(&local, "x.ns.svc.cluster.local:1")],
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = TunnelAgent::start(
+        config,
+        AgentListeners {
+            tunnels: vec![local],
+            stats: None,
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let n = dials.load(std::sync::atomic::Ordering::Relaxed);
+    // Dials at 0 and after ≥ 80, 240, 560 and 1200 ms: at most 5 in 1.5 s
+    // (a reset after each dial would give about 15).
+    assert!((2..=5).contains(&n), "{n} dials in 1.5 s");
+    agent.shutdown().await;
+}

@@ -51,18 +51,23 @@ pub async fn maintain(
     loop {
         match dial(&config).await {
             Ok((send, conn)) => {
-                backoff = config.backoff_initial;
                 metrics.cx_total.increment(1);
                 metrics.cx_active.set(1.0);
                 tracing::info!(proxy = %config.proxy_host, "connected to seed proxy");
                 current.send_replace(Some(send));
-                let why = drive(conn, &config, &metrics, &drain).await;
+                let end = drive(conn, &config, &metrics, &drain).await;
                 current.send_replace(None);
                 metrics.cx_active.set(0.0);
                 if drain.is_stopping() {
                     return;
                 }
-                tracing::warn!(reason = %why, "seed proxy connection lost; reconnecting");
+                // Only a connection that proved healthy (a PING answered)
+                // resets the back-off: a seed that accepts and then drops
+                // every connection is retried ever more slowly, not in a loop.
+                if end.healthy {
+                    backoff = config.backoff_initial;
+                }
+                tracing::warn!(reason = %end.reason, retry_in = ?backoff, "seed proxy connection lost; reconnecting");
             }
             Err(e) => {
                 metrics.cx_connect_fail.increment(1);
@@ -116,23 +121,35 @@ async fn dial(
         .map_err(|_| SeedError::Timeout)?
 }
 
+/// How a seed connection ended.
+struct End {
+    reason: String,
+    /// At least one PING was answered on it.
+    healthy: bool,
+}
+
 /// Runs the connection until it fails, a PING times out, or the agent stops.
+/// The connection is kept however long it idles: only a failure ends it.
 async fn drive(
     mut conn: h2::client::Connection<TcpStream, Bytes>,
     config: &AgentConfig,
     metrics: &AgentMetrics,
     drain: &Drain,
-) -> String {
+) -> End {
     let Some(mut pings) = conn.ping_pong() else {
-        return "PING handle unavailable".into();
+        return End {
+            reason: "PING handle unavailable".into(),
+            healthy: false,
+        };
     };
+    let healthy = std::sync::atomic::AtomicBool::new(false);
     let keepalive = async {
         loop {
             tokio::time::sleep(config.keepalive_interval).await;
             match tokio::time::timeout(config.keepalive_timeout, pings.ping(h2::Ping::opaque()))
                 .await
             {
-                Ok(Ok(_)) => {}
+                Ok(Ok(_)) => healthy.store(true, std::sync::atomic::Ordering::Relaxed),
                 Ok(Err(e)) => return format!("PING failed: {e}"),
                 Err(_) => {
                     metrics.cx_destroy_keepalive.increment(1);
@@ -141,13 +158,17 @@ async fn drive(
             }
         }
     };
-    tokio::select! {
+    let reason = tokio::select! {
         r = &mut conn => match r {
             Ok(()) => "closed by the seed proxy".into(),
             Err(e) => e.to_string(),
         },
         why = keepalive => why,
         _ = drain.stopping() => "agent stopping".into(),
+    };
+    End {
+        reason,
+        healthy: healthy.load(std::sync::atomic::Ordering::Relaxed),
     }
 }
 
