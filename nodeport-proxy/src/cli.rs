@@ -8,7 +8,7 @@ use std::time::Duration;
 use daemon::flags::{FlagSet, Values};
 use daemon::keepalive::TcpKeepalive;
 
-use crate::config::{ConnectionSettings, DEFAULT_KEEPALIVE, ProxyConfig, TableSource};
+use crate::config::{ConnectionSettings, ProxyConfig, TableSource};
 use crate::source;
 
 /// The command line, parsed and validated.
@@ -30,9 +30,7 @@ pub struct Cli {
 }
 
 pub fn flag_set() -> FlagSet {
-    let d = ConnectionSettings::default();
     let p = ProxyConfig::default();
-    let ka = DEFAULT_KEEPALIVE;
     FlagSet::new(
         "nodeport-proxy",
         "Exposes Services annotated nodeport-proxy.k8s.io/expose on NodePort, SNI and HTTP CONNECT listeners.",
@@ -44,15 +42,15 @@ pub fn flag_set() -> FlagSet {
     .int("envoy-stats-port", 8002, "port of /healthz and /stats/prometheus")
     .int("envoy-sni-port", 0, "SNI passthrough listener port (KKP seed: 6443); 0 disables SNI")
     .int("envoy-tunneling-port", 0, "HTTP CONNECT tunneling listener port (KKP seed: 8088); 0 disables tunneling")
-    .duration("sni-listener-idle-timeout", d.sni_idle_timeout, "close SNI connections idle this long (0: default)")
-    .duration("tunneling-connection-idle-timeout", d.tunneling_connection_idle_timeout, "close tunneling connections without open tunnels this long (0: default)")
-    .duration("tunneling-stream-idle-timeout", d.tunneling_stream_idle_timeout, "close CONNECT tunnels idle this long (0: default)")
-    .duration("downstream-tcp-keepalive-time", ka.time.unwrap_or_default(), "client socket keepalive idle time (0: default)")
-    .duration("downstream-tcp-keepalive-interval", ka.interval.unwrap_or_default(), "client socket keepalive probe interval (0: default)")
-    .int("downstream-tcp-keepalive-probes", i64::from(ka.probes.unwrap_or(0)), "client socket keepalive probes (0: default)")
-    .duration("upstream-tcp-keepalive-time", ka.time.unwrap_or_default(), "upstream socket keepalive idle time (0: default)")
-    .duration("upstream-tcp-keepalive-interval", ka.interval.unwrap_or_default(), "upstream socket keepalive probe interval (0: default)")
-    .int("upstream-tcp-keepalive-probes", i64::from(ka.probes.unwrap_or(0)), "upstream socket keepalive probes (0: default)")
+    .duration("sni-listener-idle-timeout", Duration::ZERO, "close SNI connections idle this long (0: Envoy's default, 1h)")
+    .duration("tunneling-connection-idle-timeout", Duration::ZERO, "close tunneling connections without open tunnels this long (0: Envoy's default, 1h)")
+    .duration("tunneling-stream-idle-timeout", Duration::ZERO, "close CONNECT tunnels idle this long (0: Envoy's default, 5m)")
+    .duration("downstream-tcp-keepalive-time", Duration::ZERO, "client socket keepalive idle time (0: unset; keepalive is on only when one of the three is set)")
+    .duration("downstream-tcp-keepalive-interval", Duration::ZERO, "client socket keepalive probe interval (0: unset)")
+    .int("downstream-tcp-keepalive-probes", 0, "client socket keepalive probes (0: unset)")
+    .duration("upstream-tcp-keepalive-time", Duration::ZERO, "upstream socket keepalive idle time (0: unset; keepalive is on only when one of the three is set)")
+    .duration("upstream-tcp-keepalive-interval", Duration::ZERO, "upstream socket keepalive probe interval (0: unset)")
+    .int("upstream-tcp-keepalive-probes", 0, "upstream socket keepalive probes (0: unset)")
     .string("namespace", "", "only expose Services in this namespace (empty: all)")
     .string("expose-annotation-key", crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")
     .bool("log-debug", false, "accepted for compatibility; use -v=4 for debug logs")
@@ -65,6 +63,7 @@ pub fn flag_set() -> FlagSet {
     .duration("sni-client-hello-timeout", p.client_hello_timeout, "close SNI clients that have not sent a ClientHello within this")
     .duration("tunneling-request-header-timeout", p.request_header_timeout, "close tunneling clients that have not sent a request head within this")
     .duration("upstream-connect-timeout", p.upstream_connect_timeout, "per-endpoint upstream connect timeout")
+    .int("upstream-connect-attempts", p.upstream_connect_attempts as i64, "endpoints tried in round-robin order before a connection is refused (Envoy's tcp_proxy: 1)")
     .duration("drain-timeout", p.drain_timeout, "how long connections on removed routes, and at shutdown all connections, may continue")
     .duration("shutdown-delay", p.shutdown_delay, "after SIGTERM, how long /healthz fails while traffic is still served")
     .int("max-connections-per-listener", p.max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener")
@@ -96,16 +95,12 @@ fn keepalive(v: &Values, side: &str) -> Result<TcpKeepalive, String> {
     let probes = v.int(&name("probes"));
     let probes =
         u32::try_from(probes).map_err(|_| format!("-{}: {probes} is not valid", name("probes")))?;
-    let given = TcpKeepalive {
+    // As KKP's envoy-manager: only the fields given are set (no backfill),
+    // and with none given keepalive stays off.
+    Ok(TcpKeepalive {
         time: dur("time")?,
         interval: dur("interval")?,
         probes: Some(probes).filter(|p| *p > 0),
-    };
-    // Fields left at 0 take the built-in default, so keepalive is never off.
-    Ok(TcpKeepalive {
-        time: given.time.or(DEFAULT_KEEPALIVE.time),
-        interval: given.interval.or(DEFAULT_KEEPALIVE.interval),
-        probes: given.probes.or(DEFAULT_KEEPALIVE.probes),
     })
 }
 
@@ -180,7 +175,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             p.request_header_timeout,
         ),
         upstream_connect_timeout: nonzero("upstream-connect-timeout", p.upstream_connect_timeout),
-        upstream_connect_attempts: p.upstream_connect_attempts,
+        upstream_connect_attempts: positive(v, "upstream-connect-attempts")?,
         drain_timeout: v.duration("drain-timeout"),
         shutdown_delay: v.duration("shutdown-delay"),
         max_connections_per_listener: positive(v, "max-connections-per-listener")?,
@@ -252,10 +247,16 @@ mod tests {
             ConnectionSettings::default().tunneling_connection_idle_timeout
         );
         assert_eq!(c.tunneling_stream_idle_timeout, Duration::from_secs(120));
-        assert_eq!(c.downstream_keepalive.time, Some(Duration::from_secs(30)));
-        assert_eq!(c.downstream_keepalive.interval, DEFAULT_KEEPALIVE.interval);
-        assert_eq!(c.downstream_keepalive.probes, Some(3));
-        assert_eq!(c.upstream_keepalive, DEFAULT_KEEPALIVE);
+        // A partial setting is not back-filled (KKP's TestConnectionSettings).
+        assert_eq!(
+            c.downstream_keepalive,
+            TcpKeepalive {
+                time: Some(Duration::from_secs(30)),
+                interval: None,
+                probes: Some(3),
+            }
+        );
+        assert!(!c.upstream_keepalive.is_set());
         assert_eq!(cli.config.namespace.as_deref(), Some("cluster-abc"));
         assert_eq!(
             cli.config.expose_annotation_key,
@@ -264,23 +265,42 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_never_zero() {
+    fn unset_settings_take_envoys_defaults() {
         let cli = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
         let c = &cli.config.connection;
-        for d in [
-            c.sni_idle_timeout,
+        assert_eq!(c.sni_idle_timeout, Duration::from_secs(3600));
+        assert_eq!(
             c.tunneling_connection_idle_timeout,
-            c.tunneling_stream_idle_timeout,
-        ] {
-            assert!(d >= Duration::from_secs(60), "{d:?}");
-        }
-        assert!(c.downstream_keepalive.time.is_some() && c.upstream_keepalive.probes.is_some());
+            Duration::from_secs(3600)
+        );
+        assert_eq!(c.tunneling_stream_idle_timeout, Duration::from_secs(300));
+        assert!(!c.downstream_keepalive.is_set() && !c.upstream_keepalive.is_set());
+        assert_eq!(cli.config.upstream_connect_timeout, Duration::from_secs(1));
+        assert_eq!(cli.config.upstream_connect_attempts, 1);
+        assert_eq!(cli.config.client_hello_timeout, Duration::from_secs(15));
         assert_eq!((cli.sni_port, cli.tunneling_port), (0, 0));
+        // KKP's seed passes every setting as 0; that means the same.
+        let zeros = parse(&[
+            "-sni-listener-idle-timeout=0s",
+            "-tunneling-connection-idle-timeout=0s",
+            "-tunneling-stream-idle-timeout=0s",
+            "-downstream-tcp-keepalive-time=0s",
+            "-downstream-tcp-keepalive-interval=0s",
+            "-downstream-tcp-keepalive-probes=0",
+            "-upstream-tcp-keepalive-time=0s",
+            "-upstream-tcp-keepalive-interval=0s",
+            "-upstream-tcp-keepalive-probes=0",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(zeros.config.connection, cli.config.connection);
     }
 
     #[test]
     fn rejects_sub_second_settings_and_bad_values() {
+        // KKP's Seed validation: 0 or at least 1s.
         assert!(parse(&["-sni-listener-idle-timeout=500ms"]).is_err());
+        assert!(parse(&["-tunneling-stream-idle-timeout=999ms"]).is_err());
+        assert!(parse(&["-tunneling-stream-idle-timeout=1s"]).is_ok());
         assert!(parse(&["-upstream-tcp-keepalive-interval=10ms"]).is_err());
         assert!(parse(&["-downstream-tcp-keepalive-probes=-1"]).is_err());
         assert!(parse(&["-envoy-sni-port=70000"]).is_err());

@@ -18,8 +18,8 @@ pub enum TableSource {
     Inline(Inventory),
 }
 
-/// KKP's nine connection settings (Seed `connectionSettings`), with the
-/// defaults KKP issue #15607 asks for instead of Envoy's.
+/// KKP's nine connection settings (Seed `connectionSettings`). Where KKP
+/// leaves one at 0, Envoy's default applies, as it did under KKP.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConnectionSettings {
     /// `-sni-listener-idle-timeout`.
@@ -34,23 +34,16 @@ pub struct ConnectionSettings {
     pub upstream_keepalive: TcpKeepalive,
 }
 
-/// Keepalive that keeps connection-tracking state alive behind NATs and load
-/// balancers (AWS NLB forgets idle flows after 350 s) and finds dead peers
-/// within about two minutes (KKP #15461: CLOSE_WAIT pile-up without it).
-pub const DEFAULT_KEEPALIVE: TcpKeepalive = TcpKeepalive {
-    time: Some(Duration::from_secs(60)),
-    interval: Some(Duration::from_secs(10)),
-    probes: Some(6),
-};
-
 impl Default for ConnectionSettings {
+    /// Envoy's defaults: tcp_proxy idle timeout 1 h, HTTP connection manager
+    /// idle timeout 1 h, stream idle timeout 5 min, no TCP keepalive.
     fn default() -> Self {
         ConnectionSettings {
             sni_idle_timeout: Duration::from_secs(3600),
             tunneling_connection_idle_timeout: Duration::from_secs(3600),
-            tunneling_stream_idle_timeout: Duration::from_secs(3600),
-            downstream_keepalive: DEFAULT_KEEPALIVE,
-            upstream_keepalive: DEFAULT_KEEPALIVE,
+            tunneling_stream_idle_timeout: Duration::from_secs(300),
+            downstream_keepalive: TcpKeepalive::default(),
+            upstream_keepalive: TcpKeepalive::default(),
         }
     }
 }
@@ -67,14 +60,16 @@ pub struct ProxyConfig {
     pub connection: ConnectionSettings,
     /// NodePort connections idle this long are closed (Envoy's tcp_proxy default).
     pub node_port_idle_timeout: Duration,
-    /// A client on the SNI port must send its whole ClientHello within this.
+    /// A client on the SNI port must send its whole ClientHello within this
+    /// (Envoy's listener-filter timeout, 15 s).
     pub client_hello_timeout: Duration,
     /// A client on the tunneling port must send its request head (or the
     /// HTTP/2 preface and first request) within this.
     pub request_header_timeout: Duration,
     /// KKP clusters: 1 s.
     pub upstream_connect_timeout: Duration,
-    /// Endpoints tried per connection before giving up (round robin).
+    /// Endpoints tried per connection before giving up (round robin);
+    /// Envoy's tcp_proxy makes one attempt.
     pub upstream_connect_attempts: usize,
     /// How long connections on removed routes and, at shutdown, all
     /// connections may keep running.
@@ -100,10 +95,10 @@ impl Default for ProxyConfig {
             node_port_bind_address: IpAddr::from([0, 0, 0, 0]),
             connection: ConnectionSettings::default(),
             node_port_idle_timeout: Duration::from_secs(3600),
-            client_hello_timeout: Duration::from_secs(10),
+            client_hello_timeout: Duration::from_secs(15),
             request_header_timeout: Duration::from_secs(10),
             upstream_connect_timeout: Duration::from_secs(1),
-            upstream_connect_attempts: 3,
+            upstream_connect_attempts: 1,
             drain_timeout: Duration::from_secs(30),
             shutdown_delay: Duration::from_secs(5),
             max_connections_per_listener: 10_000,

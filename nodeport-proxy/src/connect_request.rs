@@ -28,7 +28,9 @@ pub enum RequestError {
     Malformed(String),
     #[error("request head larger than {MAX_HEAD} bytes")]
     TooLarge,
-    #[error("method {0} not allowed; only CONNECT")]
+    /// Envoy answers these 404: KKP's routes match CONNECT only, so no
+    /// route matches anything else.
+    #[error("no route for method {0}; only CONNECT is routed")]
     NotConnect(String),
     #[error("CONNECT target {0:?} is not host:port")]
     BadTarget(String),
@@ -41,7 +43,7 @@ impl RequestError {
         match self {
             RequestError::Malformed(_) | RequestError::BadTarget(_) => 400,
             RequestError::TooLarge => 431,
-            RequestError::NotConnect(_) => 405,
+            RequestError::NotConnect(_) => 404,
             RequestError::Version => 505,
         }
     }
@@ -102,7 +104,7 @@ mod tests {
     #[test]
     fn refusals_have_clear_statuses() {
         let status = |b: &[u8]| parse(b).err().map(|e| e.status());
-        assert_eq!(status(b"GET / HTTP/1.1\r\n\r\n"), Some(405));
+        assert_eq!(status(b"GET / HTTP/1.1\r\n\r\n"), Some(404));
         assert_eq!(status(b"CONNECT /path HTTP/1.1\r\n\r\n"), Some(400));
         assert_eq!(status(b"CONNECT host HTTP/1.1\r\n\r\n"), Some(400));
         assert_eq!(status(b"CONNECT host:80 HTTP/9.9\r\n\r\n"), Some(505));

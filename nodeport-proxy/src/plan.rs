@@ -130,18 +130,24 @@ pub fn build(inventory: &Inventory, options: &PlanOptions) -> (Plan, Vec<String>
             match port_mapping(svc) {
                 Err(e) => warnings.push(format!("{name}: SNI skipped: {e}")),
                 Ok(mapping) => {
-                    for (port_name, host) in mapping {
-                        let Some((i, p)) = tcp_ports().find(|(_, p)| p.name == port_name) else {
-                            continue;
-                        };
-                        if let Some(owner) = plan.sni.get(&host) {
-                            warnings.push(format!(
-                                "{name}: SNI host {host} already belongs to older {owner}, skipped"
-                            ));
-                            continue;
+                    // As KKP's envoy-manager: one host already taken by an
+                    // older Service skips every SNI route of this one.
+                    if let Some((host, owner)) = mapping
+                        .values()
+                        .find_map(|h| plan.sni.get(h).map(|o| (h, o)))
+                    {
+                        warnings.push(format!(
+                            "{name}: SNI skipped: host {host} already belongs to older {owner}"
+                        ));
+                    } else {
+                        for (port_name, host) in mapping {
+                            let Some((i, p)) = tcp_ports().find(|(_, p)| p.name == port_name)
+                            else {
+                                continue;
+                            };
+                            plan.sni.insert(host, cluster(p));
+                            used.insert(i);
                         }
-                        plan.sni.insert(host, cluster(p));
-                        used.insert(i);
                     }
                 }
             }

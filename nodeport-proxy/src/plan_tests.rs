@@ -261,6 +261,32 @@ fn older_service_wins_sni_conflict() {
 }
 
 #[test]
+fn one_conflicting_host_skips_every_sni_route_of_the_newer_service() {
+    // KKP's envoy-manager skips the newer Service's whole SNI mapping, not
+    // only the host in conflict.
+    let (older, e1) = sni_svc("older", 100, r#"{"https":"same.example.com"}"#);
+    let (newer, e2) = sni_svc(
+        "newer",
+        200,
+        r#"{"https":"same.example.com","http":"free.example.com"}"#,
+    );
+    let inv = Inventory {
+        services: vec![newer, older],
+        endpoint_slices: vec![e1, e2],
+    };
+    let (plan, warnings) = build(&inv, &PlanOptions::default());
+    assert_eq!(plan.sni.len(), 1, "{:?}", plan.sni);
+    assert!(!plan.sni.contains_key(&host("free.example.com")));
+    assert!(!plan.clusters.contains_key(&cn("t/newer-http")));
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("t/newer") && w.contains("same.example.com")),
+        "{warnings:?}"
+    );
+}
+
+#[test]
 fn tunneling_every_tcp_port_and_with_sni() {
     let mut s = svc(
         "cluster-x",

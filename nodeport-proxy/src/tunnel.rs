@@ -67,7 +67,7 @@ impl TunnelError {
 
     fn reason(&self) -> &'static str {
         match self {
-            TunnelError::Request(RequestError::NotConnect(_)) => "method_not_allowed",
+            TunnelError::Request(RequestError::NotConnect(_)) => "not_connect",
             TunnelError::Request(RequestError::TooLarge) => "request_too_large",
             TunnelError::Request(_) => "bad_request",
             TunnelError::HeaderTimeout => "request_header_timeout",
@@ -266,13 +266,9 @@ async fn reply_h1(client: &mut TcpStream, status: u16) {
         .unwrap_or("Error");
     let body = format!("{status} {reason}\n");
     let mut head = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n",
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     );
-    if status == 405 {
-        head.push_str("allow: CONNECT\r\n");
-    }
-    head.push_str("\r\n");
     head.push_str(&body);
     if client.write_all(head.as_bytes()).await.is_err() {
         return;

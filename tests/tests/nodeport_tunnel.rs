@@ -168,7 +168,8 @@ async fn malformed_requests_get_clear_statuses() {
     }
     many.push_str("\r\n");
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("GET", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), "405"),
+        // Envoy: no route matches anything but CONNECT.
+        ("GET", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), "404"),
         (
             "no port",
             b"CONNECT echo.cluster-a.svc.cluster.local HTTP/1.1\r\n\r\n".to_vec(),
@@ -249,4 +250,46 @@ async fn slow_and_broken_clients_do_not_disturb_others() {
     let mut back = [0u8; 9];
     tunnel.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"and after");
+}
+
+#[tokio::test]
+async fn one_connect_attempt_per_tunnel_as_envoy() {
+    // Two endpoints, one refusing: round robin sends every other tunnel to
+    // it, and (Envoy's tcp_proxy default, max_connect_attempts 1) that
+    // tunnel gets 503 instead of a silent retry on the other endpoint.
+    let echo = dest::echo().await;
+    let (_refused_sock, refused) = dest::refused();
+    let inv = inventory(
+        vec![service(
+            "cluster-a",
+            "half",
+            "Tunneling",
+            "ClusterIP",
+            &[("tcp", 7000, 0)],
+        )],
+        vec![slices(
+            "cluster-a",
+            "half",
+            "tcp",
+            &[(echo, true), (refused, true)],
+        )],
+    );
+    let p = start_proxy(&inv, vec![], test_config()).await;
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        codes.push(
+            connect_h1(p.tunnel, "half.cluster-a.svc.cluster.local:7000")
+                .await
+                .0,
+        );
+    }
+    codes.sort_unstable();
+    assert_eq!(codes, [200, 200, 200, 503, 503, 503]);
+    let (_, metrics) = p.stats_get("/stats/prometheus").await;
+    assert!(
+        metrics.contains(
+            "envoy_cluster_upstream_cx_connect_fail{envoy_cluster_name=\"cluster-a/half-tcp\"} 3\n"
+        ),
+        "{metrics}"
+    );
 }
