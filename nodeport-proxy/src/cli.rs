@@ -64,7 +64,8 @@ pub fn flag_set() -> FlagSet {
     .duration("tunneling-request-header-timeout", p.request_header_timeout, "close tunneling clients that have not sent a request head within this")
     .duration("upstream-connect-timeout", p.upstream_connect_timeout, "per-endpoint upstream connect timeout")
     .int("upstream-connect-attempts", p.upstream_connect_attempts as i64, "endpoints tried in round-robin order before a connection is refused (Envoy's tcp_proxy: 1)")
-    .duration("drain-timeout", p.drain_timeout, "how long connections on removed routes, and at shutdown all connections, may continue")
+    .duration("route-drain-timeout", p.route_drain_timeout, "how long connections on a removed route (Service gone or without a ready endpoint) may continue; Envoy's --drain-time-s")
+    .duration("drain-timeout", p.drain_timeout, "after SIGTERM, how long connections may continue")
     .duration("shutdown-delay", p.shutdown_delay, "after SIGTERM, how long /healthz fails while traffic is still served")
     .int("max-connections-per-listener", p.max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener")
     .int("buffer-size", p.buffer_size as i64, "bytes per direction buffered for each proxied connection")
@@ -176,6 +177,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         ),
         upstream_connect_timeout: nonzero("upstream-connect-timeout", p.upstream_connect_timeout),
         upstream_connect_attempts: positive(v, "upstream-connect-attempts")?,
+        route_drain_timeout: v.duration("route-drain-timeout"),
         drain_timeout: v.duration("drain-timeout"),
         shutdown_delay: v.duration("shutdown-delay"),
         max_connections_per_listener: positive(v, "max-connections-per-listener")?,

@@ -71,8 +71,10 @@ pub struct ProxyConfig {
     /// Endpoints tried per connection before giving up (round robin);
     /// Envoy's tcp_proxy makes one attempt.
     pub upstream_connect_attempts: usize,
-    /// How long connections on removed routes and, at shutdown, all
-    /// connections may keep running.
+    /// How long connections on a removed route (its Service gone, or
+    /// without a ready endpoint) keep running: Envoy's `--drain-time-s`.
+    pub route_drain_timeout: Duration,
+    /// At shutdown, how long all connections may keep running.
     pub drain_timeout: Duration,
     /// After SIGTERM, how long `/healthz` fails while traffic is still served,
     /// so load balancers stop sending new connections first.
@@ -99,6 +101,7 @@ impl Default for ProxyConfig {
             request_header_timeout: Duration::from_secs(10),
             upstream_connect_timeout: Duration::from_secs(1),
             upstream_connect_attempts: 1,
+            route_drain_timeout: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(30),
             shutdown_delay: Duration::from_secs(5),
             max_connections_per_listener: 10_000,

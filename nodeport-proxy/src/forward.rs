@@ -1,7 +1,8 @@
 //! The part every listener shares once a route is chosen: connect upstream,
 //! replay what the client already sent, relay until either side ends, the
-//! connection idles out, its route or endpoint expires after removal, or the
-//! process stops.
+//! connection idles out, its route expires after removal, or the process
+//! stops. An endpoint leaving its cluster ends nothing (Envoy keeps such
+//! connections too).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,7 +94,6 @@ where
     let stop = async {
         tokio::select! {
             _ = route.life.expired() => {}
-            _ = endpoint.life.expired() => {}
             _ = shared.drain.stopping() => {}
         }
     };

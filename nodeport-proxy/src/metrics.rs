@@ -407,7 +407,7 @@ fn describe(r: &Registry) {
     );
     r.describe_gauge(
         "nodeport_proxy_draining_routes",
-        "Removed routes and endpoints whose connections are draining.",
+        "Removed routes whose connections are draining.",
     );
     r.describe_counter(
         "nodeport_proxy_rejected_connections_total",

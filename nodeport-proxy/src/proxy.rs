@@ -80,7 +80,7 @@ impl NodePortProxy {
         };
         let store = Arc::new(TableStore::new(
             options,
-            config.drain_timeout,
+            config.route_drain_timeout,
             drain.clone(),
             metrics.clone(),
         ));

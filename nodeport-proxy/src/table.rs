@@ -1,8 +1,11 @@
 //! The routing table connections look routes up in. It is an immutable
 //! snapshot built from a [`Plan`]; a new one replaces it atomically. Routes
-//! and endpoints that survive a rebuild keep their [`Lifetime`], so their
-//! connections never notice; those that disappear are retired and their
-//! connections get the drain timeout to finish.
+//! that survive a rebuild keep their [`Lifetime`], so their connections never
+//! notice; routes that disappear are retired and their connections get the
+//! route drain timeout to finish. Each route has its own lifetime, so a change
+//! to one Service never touches another's connections. Endpoints have none:
+//! as with Envoy's tcp_proxy, a connection to an endpoint that left its
+//! cluster (not ready any more) runs on until it ends.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -15,7 +18,7 @@ use crate::metrics::{ClusterStats, Metrics};
 use crate::names::{ClusterName, ConnectAuthority, RouteKey, SniHost};
 use crate::plan::Plan;
 
-/// Whether a route or endpoint is still in the table. `retired` fires when it
+/// Whether a route is still in the table. `retired` fires when it
 /// leaves the table, `expired` when its connections must end.
 #[derive(Debug, Default)]
 pub struct Lifetime {
@@ -45,7 +48,6 @@ impl Lifetime {
 #[derive(Debug)]
 pub struct UpstreamEndpoint {
     pub addr: SocketAddr,
-    pub life: Arc<Lifetime>,
 }
 
 pub struct Cluster {
@@ -106,13 +108,7 @@ impl RoutingTable {
             let old = previous.clusters.get(name);
             let endpoints = addrs
                 .iter()
-                .map(|addr| {
-                    let life = old
-                        .and_then(|c| c.endpoints.iter().find(|e| e.addr == *addr))
-                        .map(|e| e.life.clone())
-                        .unwrap_or_default();
-                    Arc::new(UpstreamEndpoint { addr: *addr, life })
-                })
+                .map(|addr| Arc::new(UpstreamEndpoint { addr: *addr }))
                 .collect::<Vec<_>>();
             let stats = old
                 .map(|c| c.stats.clone())
@@ -172,17 +168,11 @@ impl RoutingTable {
     }
 
     fn lifetimes(&self) -> impl Iterator<Item = &Arc<Lifetime>> {
-        let routes = self
-            .node_ports
+        self.node_ports
             .values()
             .chain(self.sni.values())
             .chain(self.tunnels.values())
-            .map(|r| &r.life);
-        let endpoints = self
-            .clusters
-            .values()
-            .flat_map(|c| c.endpoints.iter().map(|e| &e.life));
-        routes.chain(endpoints)
+            .map(|r| &r.life)
     }
 
     /// Lifetimes in `self` that `next` no longer carries.

@@ -85,6 +85,7 @@ pub fn test_config() -> ProxyConfig {
     ProxyConfig {
         node_port_bind_address: [127, 0, 0, 1].into(),
         shutdown_delay: Duration::ZERO,
+        route_drain_timeout: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),
         ..ProxyConfig::default()
     }

@@ -1,6 +1,8 @@
 //! Table changes: 200 live connections across NodePort, SNI and tunneling
 //! listeners survive a reload; connections on removed routes drain until the
-//! drain timeout while new ones are refused.
+//! route drain timeout while new ones are refused; an endpoint going not
+//! ready closes nothing; a change to one Service never touches another's
+//! connections, even on the same HTTP/2 connection.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -189,7 +191,7 @@ async fn removed_routes_drain_then_close() {
     let np = loopback().await;
     let port = np.local_addr().unwrap().port();
     let mut cfg = test_config();
-    cfg.drain_timeout = Duration::from_secs(2);
+    cfg.route_drain_timeout = Duration::from_secs(2);
     let p = start_proxy(&table(port, &[echo], false), vec![np], cfg).await;
     let mut live = vec![open_node_port(port).await, open_sni(&p).await];
     let (code, s) = connect_h1(p.tunnel, AUTHORITY).await;
@@ -237,4 +239,116 @@ async fn removed_routes_drain_then_close() {
         started.elapsed() >= Duration::from_millis(1500),
         "closed before the drain timeout"
     );
+}
+
+/// A Service `name` tunneled on port 7000 with one slice per endpoint.
+fn tunneled(name: &str, endpoints: &[(std::net::SocketAddr, bool)]) -> (Value, Vec<Value>) {
+    (
+        service(
+            "cluster-a",
+            name,
+            "Tunneling",
+            "ClusterIP",
+            &[("tcp", 7000, 0)],
+        ),
+        slices("cluster-a", name, "tcp", endpoints),
+    )
+}
+
+fn authority(name: &str) -> String {
+    format!("{name}.cluster-a.svc.cluster.local:7000")
+}
+
+#[tokio::test]
+async fn an_endpoint_going_not_ready_keeps_its_connections() {
+    let (a, b) = (dest::echo().await, dest::echo().await);
+    let mut cfg = test_config();
+    cfg.route_drain_timeout = Duration::from_millis(300);
+    let (svc, sl) = tunneled("pair", &[(a, true), (b, true)]);
+    let p = start_proxy(&inventory(vec![svc], vec![sl]), vec![], cfg).await;
+    // Round robin: two tunnels on each endpoint.
+    let mut live = Vec::new();
+    for _ in 0..4 {
+        let (code, s) = connect_h1(p.tunnel, &authority("pair")).await;
+        assert_eq!(code, 200);
+        live.push(Conn::Tcp(s));
+    }
+    let (svc, sl) = tunneled("pair", &[(a, false), (b, true)]);
+    p.rewrite(&inventory(vec![svc], vec![sl])).await;
+    // Well past the route drain timeout, every tunnel still works, the two
+    // on the endpoint that left included (Envoy keeps them as well).
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    for (i, c) in live.iter_mut().enumerate() {
+        assert!(c.echo(b"kept").await, "tunnel {i} closed");
+    }
+    // New tunnels go to the ready endpoint only, and work.
+    let (code, mut s) = connect_h1(p.tunnel, &authority("pair")).await;
+    assert_eq!(code, 200);
+    s.write_all(b"x").await.unwrap();
+    let mut one = [0u8; 1];
+    s.read_exact(&mut one).await.unwrap();
+    let (_, metrics) = p.stats_get("/stats/prometheus").await;
+    assert!(
+        metrics.contains(
+            "envoy_cluster_membership_healthy{envoy_cluster_name=\"cluster-a/pair-tcp\"} 1\n"
+        ),
+        "{metrics}"
+    );
+    // The last ready endpoint going away removes the route: its tunnels
+    // drain for the route drain timeout, then close.
+    let (svc, sl) = tunneled("pair", &[(a, false), (b, false)]);
+    p.rewrite(&inventory(vec![svc], vec![sl])).await;
+    assert_eq!(connect_h1(p.tunnel, &authority("pair")).await.0, 404);
+    live.push(Conn::Tcp(s));
+    for (i, c) in live.into_iter().enumerate() {
+        let Conn::Tcp(mut s) = c else { unreachable!() };
+        let (_, closed) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+        assert!(
+            closed,
+            "tunnel {i} not closed after the route drain timeout"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_change_to_one_service_never_touches_another() {
+    // KKP's Envoy puts every tunneled Service in one filter chain, so any
+    // change drains every 8088 connection; here each route drains alone,
+    // even when both tunnels share one HTTP/2 connection.
+    let echo = dest::echo().await;
+    let mut cfg = test_config();
+    cfg.route_drain_timeout = Duration::from_millis(300);
+    let (sa, la) = tunneled("stay", &[(echo, true)]);
+    let (sb, lb) = tunneled("go", &[(echo, true)]);
+    let p = start_proxy(
+        &inventory(vec![sa.clone(), sb], vec![la.clone(), lb]),
+        vec![],
+        cfg,
+    )
+    .await;
+    let client = h2_client(p.tunnel).await;
+    let (code, stay_h2) = connect_h2(&client, &authority("stay")).await;
+    assert_eq!(code, 200);
+    let (code, go_h2) = connect_h2(&client, &authority("go")).await;
+    assert_eq!(code, 200);
+    let (code, stay_h1) = connect_h1(p.tunnel, &authority("stay")).await;
+    assert_eq!(code, 200);
+    let mut go_h2 = go_h2.unwrap();
+    let mut stay = [Conn::H2(stay_h2.unwrap()), Conn::Tcp(stay_h1)];
+    // Service "go" is deleted; "stay" is changed too (a second endpoint).
+    let other = dest::echo().await;
+    let (sa2, la2) = tunneled("stay", &[(echo, true), (other, true)]);
+    p.rewrite(&inventory(vec![sa2], vec![la2])).await;
+    let (_, closed) = read_until_closed(&mut go_h2, Duration::from_secs(10)).await;
+    assert!(closed, "the removed Service's tunnel did not end");
+    // Past its drain, "stay"'s tunnels, on the same HTTP/2 connection and
+    // on their own, are untouched.
+    for (i, c) in stay.iter_mut().enumerate() {
+        assert!(
+            c.echo(b"untouched").await,
+            "tunnel {i} of the other Service"
+        );
+    }
+    assert_eq!(connect_h2(&client, &authority("stay")).await.0, 200);
+    drop((sa, la));
 }
