@@ -115,6 +115,15 @@ impl AgentHandle {
         self.drain.live_tasks()
     }
 
+    /// Resolves once no destination connection and no dial is left on any
+    /// stream. Only shutdown waits on it, so it looks every 50 ms rather
+    /// than taking a notification on every connection's path.
+    pub async fn idle(&self) {
+        while self.open_connections() + self.pending_dials() > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until at most `n` tracked tasks are running.
     pub async fn wait_tasks_at_most(&self, n: usize) {
         self.drain.wait_tasks_at_most(n).await
@@ -219,6 +228,8 @@ impl Agent {
 
         tokio::pin!(drain, stop);
         tokio::select! {
+            // A `stop` that follows the drain signal must not skip the DRAIN.
+            biased;
             _ = &mut drain => {
                 tracing::info!("draining: no new servers; telling connected servers to route new dials elsewhere");
                 clients.drain_all().await;

@@ -1,4 +1,6 @@
-//! `proxy-agent`: parse flags, bind, run; first SIGTERM drains, second exits.
+//! `proxy-agent`: parse flags, bind, run. The first SIGTERM drains: the agent
+//! exits as soon as no connection is left, at most
+//! `--graceful-shutdown-timeout` later; a second one exits at once.
 
 use anyhow::Context;
 use daemon::flags::usage_error;
@@ -13,25 +15,41 @@ async fn main() -> anyhow::Result<()> {
     let (config, addrs) = proxy_agent::options::parse(&values).unwrap_or_else(|e| usage_error(&e));
     let lease_counting =
         proxy_agent::options::lease_counting(&values).unwrap_or_else(|e| usage_error(&e));
+    let grace = values.duration("graceful-shutdown-timeout");
     let listeners = proxy_agent::bind(&addrs)
         .await
         .context("binding health and admin ports")?;
     let mut signals =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let drain = async move {
-        signals.next().await;
-        tokio::spawn(async move {
+    // How many termination signals have arrived.
+    let (count_tx, count) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        loop {
             signals.next().await;
-            let _ = stop_tx.send(());
-        });
+            count_tx.send_modify(|n| *n += 1);
+        }
+    });
+    let agent = proxy_agent::Agent::new(config).with_lease_counting(lease_counting);
+    let handle = agent.handle();
+    let mut first = count.clone();
+    let drain = async move {
+        let _ = first.wait_for(|n| *n >= 1).await;
     };
+    let mut signalled = count;
     let stop = async move {
-        let _ = stop_rx.await;
+        let _ = signalled.wait_for(|n| *n >= 1).await;
+        tokio::select! {
+            _ = handle.idle() => tracing::info!("no connection left: exiting"),
+            _ = signalled.wait_for(|n| *n >= 2) => {
+                tracing::info!("second termination signal: exiting now");
+            }
+            _ = tokio::time::sleep(grace) => tracing::warn!(
+                connections = handle.open_connections(),
+                "--graceful-shutdown-timeout ({}) is over: closing the connections left",
+                daemon::duration::format(grace)
+            ),
+        }
     };
-    proxy_agent::Agent::new(config)
-        .with_lease_counting(lease_counting)
-        .run(listeners, drain, stop)
-        .await;
+    agent.run(listeners, drain, stop).await;
     Ok(())
 }

@@ -17,6 +17,10 @@ use crate::session::SessionConfig;
 /// come more often than every 30 s with GOAWAY `too_many_pings`.
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upstream's agent waits for a second signal (or SIGKILL) however idle it
+/// is; ours leaves once its connections are gone, and by this long after the
+/// first signal at most: inside Kubernetes' default 30 s grace period.
+pub const GRACEFUL_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub fn flags() -> FlagSet {
     FlagSet::new("proxy-agent", "Konnectivity proxy agent: connects out to proxy servers and dials destinations for them.")
@@ -47,6 +51,7 @@ pub fn flags() -> FlagSet {
         .int("xfr-channel-size", 150, "Packets queued per destination connection.")
         .duration("destination-stall-timeout", Duration::from_secs(10), "How long a destination may leave its queue full before only its connection is closed (protects the shared stream).")
         .string("allowed-destinations", "", "Ours: comma-separated CIDRs the agent may dial for its servers, each optionally with :PORT or :FIRST-LAST (IPv6 with ports: [CIDR]:PORT). Empty allows every destination, as upstream.")
+        .duration("graceful-shutdown-timeout", GRACEFUL_SHUTDOWN_TIMEOUT, "Ours: after the first SIGTERM, how long connections still open may continue before the agent closes them and exits; with none open it exits at once. Keep it below the pod's terminationGracePeriodSeconds.")
         .int("flow-control-window", konnectivity_proto::flow::DEFAULT_WINDOW, "Per-connection flow-control window (bytes) offered to servers of this project; 0 turns it off. Upstream servers ignore the offer.")
         .bool("count-server-leases", false, "Enables lease counting system to determine the number of proxy servers to connect to.")
         .string("lease-namespace", "kube-system", "Namespace where lease objects are managed.")

@@ -78,13 +78,20 @@ async fn bind(port: u16, what: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("binding 127.0.0.1:{port} for {what} (is another copy running?)"))
 }
 
+/// The directory the keys go in: readable by its owner only (0700).
+fn private_dir() -> anyhow::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt as _;
+    tempfile::Builder::new()
+        .prefix("local-stack-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .context("creating a private temporary directory for the keys")
+}
+
 /// Starts everything; returns once every component is listening and the
 /// agents are connected.
 pub async fn start(ports: Ports) -> anyhow::Result<Running> {
-    let dir = tempfile::Builder::new()
-        .prefix("local-stack-")
-        .tempdir()
-        .context("creating a temporary directory")?;
+    let dir = private_dir()?;
     let pki = pki::Pki::create(dir.path())?;
     let apiserver_cert = pki.server("demo-apiserver", &[DEMO_SNI_HOST, DEMO_AUTHORITY_HOST])?;
     let server_cert = pki.server("proxy-server", &[])?;
@@ -329,5 +336,26 @@ impl Running {
         for t in self.tasks.drain(..) {
             let _ = t.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    /// Keys and certificates are written 0600 into a 0700 directory.
+    #[test]
+    fn keys_are_private() -> anyhow::Result<()> {
+        let dir = super::private_dir()?;
+        let mode = |p: &std::path::Path| -> anyhow::Result<u32> {
+            Ok(std::fs::metadata(p)?.permissions().mode() & 0o777)
+        };
+        assert_eq!(mode(dir.path())?, 0o700);
+        let pki = super::pki::Pki::create(dir.path())?;
+        let id = pki.server("s", &[])?;
+        for f in [pki.ca(), id.cert, id.key] {
+            assert_eq!(mode(&f)?, 0o600, "{}", f.display());
+        }
+        Ok(())
     }
 }

@@ -35,16 +35,27 @@ pub struct Identity {
     pub key: PathBuf,
 }
 
+/// Writes a file only its owner may read (0600 from the start, so a key is
+/// never readable by others, whatever the umask).
 fn write(path: PathBuf, contents: String) -> Result<PathBuf, PkiError> {
-    std::fs::write(&path, contents).map_err(|source| PkiError::Write {
-        path: path.clone(),
-        source,
-    })?;
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(contents.as_bytes()))
+        .map_err(|source| PkiError::Write {
+            path: path.clone(),
+            source,
+        })?;
     Ok(path)
 }
 
 impl Pki {
-    /// Creates a CA in `dir` (which must exist).
+    /// Creates a CA in `dir` (which must exist; keep it private: 0700).
     pub fn create(dir: &Path) -> Result<Pki, PkiError> {
         let ca_key = KeyPair::generate()?;
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;

@@ -55,8 +55,8 @@ pub fn flag_set() -> FlagSet {
     .string("expose-annotation-key", crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")
     .bool("log-debug", false, "accepted for compatibility; use -v=4 for debug logs")
     .string("log-format", "json", "accepted for compatibility")
-    .string("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (empty: the embedded demo table)")
-    .string("source", "", "where Services and EndpointSlices come from: kubernetes (watch the apiserver), file (-config) or demo; empty: file with -config, else kubernetes with -kubeconfig or inside a cluster, else demo")
+    .string("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (needed outside a cluster unless -kubeconfig or -source=demo is given)")
+    .string("source", "", "where Services and EndpointSlices come from: kubernetes (watch the apiserver), file (-config) or demo; empty: file with -config, else kubernetes with -kubeconfig or inside a cluster, else an error (demo is only ever chosen by name)")
     .string("kubeconfig", "", "kubeconfig for the kubernetes source (empty: in-cluster configuration)")
     .string("bind-address", "::", "address every listener binds (::, the default: every interface, IPv4 and IPv6)")
     .duration("node-port-idle-timeout", p.node_port_idle_timeout, "close NodePort connections idle this long")
@@ -138,7 +138,14 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
     let kind = match source_flag.as_str() {
         "" if !config_path.is_empty() => "file",
         "" if kubeconfig.is_some() || in_cluster => "kubernetes",
-        "" => "demo",
+        "" => {
+            return Err(
+                "no routing source: pass -config=FILE (a table of Services and EndpointSlices), \
+                 -kubeconfig=FILE or run inside a cluster (-source=kubernetes); \
+                 -source=demo serves the embedded demo table"
+                    .into(),
+            );
+        }
         k @ ("file" | "kubernetes" | "demo") => k,
         other => {
             return Err(format!(
@@ -209,11 +216,16 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Cli, String> {
+    fn parse_raw(args: &[&str]) -> Result<Cli, String> {
         let v = flag_set()
             .parse(args.iter().copied())
             .map_err(|e| e.to_string())?;
         from_values(&v)
+    }
+
+    /// With a routing source (the demo), which these tests are not about.
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        parse_raw(&[&["-source=demo"], args].concat())
     }
 
     #[test]
@@ -308,5 +320,22 @@ mod tests {
         assert!(parse(&["-envoy-sni-port=70000"]).is_err());
         assert!(parse(&["-max-connections-per-listener=0"]).is_err());
         assert!(parse(&["-bind-address=nowhere"]).is_err());
+    }
+
+    #[test]
+    fn demo_only_by_name() {
+        let demo = parse(&["-source=demo"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(demo.kubernetes.is_none());
+        assert!(
+            matches!(&demo.config.source, TableSource::Inline(inv) if *inv != crate::model::Inventory::default()),
+            "-source=demo serves the embedded table"
+        );
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+            let e = parse_raw(&[]).err().unwrap_or_default();
+            assert!(
+                e.contains("-config=FILE") && e.contains("-source=demo"),
+                "{e}"
+            );
+        }
     }
 }

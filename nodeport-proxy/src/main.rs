@@ -47,7 +47,7 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
     if cli.kubernetes.is_none()
         && matches!(cli.config.source, nodeport_proxy::TableSource::Inline(_))
     {
-        tracing::warn!("no -config given: serving the embedded demo routing table");
+        tracing::warn!("-source=demo: serving the embedded demo routing table");
     }
     let listeners = Listeners {
         stats: bind(&cli, cli.stats_port, "stats").await?,

@@ -186,6 +186,16 @@ func runLifecycle(t *testing.T, p pair) {
 				logTails(t, srv, []*agent{a})
 			}
 		}()
+		// A connection held open across the signal: ours exits as soon as
+		// nothing is left to drain, so the drain is watched while it lives.
+		d := newTCPDest(t, echoHandler)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		hold, err := srv.dial(ctx, d.addr, false)
+		if err != nil {
+			x.fatalf("dial: %v", err)
+		}
+		defer hold.Close()
 		from, afrom := srv.p.Mark(), a.p.Mark()
 		if err := a.p.Signal(syscall.SIGTERM); err != nil {
 			x.fatalf("SIGTERM: %v", err)
@@ -213,6 +223,24 @@ func runLifecycle(t *testing.T, p pair) {
 		}
 		// A draining agent is still used when it is the only one.
 		basic(x, "after the agent drained")
+		if err := roundtrip(hold, []byte("held across the drain")); err != nil {
+			x.fatalf("echo on the connection held across SIGTERM: %v", err)
+		}
+		if p.agent != ours {
+			return // upstream's agent waits for a second signal, however idle
+		}
+		// Ours leaves once its last connection is gone; a new one takes over.
+		hold.Close()
+		if _, _, err := a.p.WaitLine(afrom, 20*time.Second, "no connection left: exiting"); err != nil {
+			x.fatalf("want the drained agent to exit once its last connection closed: %v", err)
+		}
+		if err := srv.waitBackends(0); err != nil {
+			x.fatalf("want the server to drop the agent that exited: %v", err)
+		}
+		a = startAgent(outer, p.agent, srv.agentPort, "agent-life")
+		if err := srv.waitBackends(1); err != nil {
+			x.fatalf("after starting a new agent, want the server to count it: %v", err)
+		}
 	})
 
 	t.Run("agent killed with an established connection", func(t *testing.T) {

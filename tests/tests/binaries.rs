@@ -1,6 +1,8 @@
 //! The `proxy-server` and `proxy-agent` binaries: upstream's flag spellings,
-//! clear errors with exit code 2, the Unix socket's mode, health endpoints and
-//! the signal sequence (first SIGTERM drains, second exits).
+//! clear errors with exit code 2, the Unix socket's mode, health endpoints,
+//! the signal sequence (the first SIGTERM drains, the agent exits once no
+//! connection is left or its grace period is over, a second SIGTERM exits)
+//! and nodeport-proxy's refusal to start without a routing source.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -215,14 +217,11 @@ async fn upstream_flag_spellings_start_a_working_pair() {
         "{metrics}"
     );
 
-    // First SIGTERM: the agent drains and the server hears about it; the
-    // agent keeps running.
+    // SIGTERM: with no connection to wait for, the agent exits at once
+    // (its DRAIN may or may not reach the server first); the server sees
+    // the stream go.
     agent.signal(15);
-    server.wait_line("agent is draining").await;
-    assert_eq!(http_get(agent_health, "/healthz").await.0, 200);
-    // Second SIGTERM: the agent exits, and the server sees the stream go.
-    agent.signal(15);
-    agent.wait_exit().await;
+    assert_eq!(agent.wait_exit().await, Some(0));
     server.wait_line("agent stream closed").await;
     assert_eq!(
         http_get(server_health, "/readyz").await,
@@ -258,4 +257,130 @@ async fn every_binary_answers_version_and_bad_flags_as_its_original() {
         let (code, out) = run(bin, &["--no-such-flag"]).await;
         assert_eq!(code, Some(bad_flag_exit), "{bin} --no-such-flag: {out}");
     }
+}
+
+/// A server on a Unix socket and its agent port, for the signal tests.
+async fn server_on_socket(pki: &Pki, dir: &std::path::Path) -> (Proc, std::path::PathBuf, u16) {
+    let cert = pki.server("server", &[]);
+    let sock = dir.join("konnectivity-server.socket");
+    let mut server = Proc::spawn(
+        "proxy-server",
+        &[
+            format!("--uds-name={}", sock.display()),
+            "--server-port=0".into(),
+            format!("--cluster-cert={}", cert.cert.display()),
+            format!("--cluster-key={}", cert.key.display()),
+            "--agent-port=0".into(),
+            "--agent-bind-address=127.0.0.1".into(),
+            "--health-port=0".into(),
+            "--health-bind-address=127.0.0.1".into(),
+            "--admin-port=0".into(),
+        ],
+    );
+    let addrs = server.listening(4).await;
+    let agent_port = loopback(&addrs["agent"]).port();
+    (server, sock, agent_port)
+}
+
+fn agent_args(pki: &Pki, port: u16, grace: &str) -> Vec<String> {
+    vec![
+        format!("--ca-cert={}", pki.ca().display()),
+        "--proxy-server-host=127.0.0.1".into(),
+        format!("--proxy-server-port={port}"),
+        "--health-server-host=127.0.0.1".into(),
+        "--health-server-port=0".into(),
+        "--admin-server-port=0".into(),
+        "--sync-interval=100ms".into(),
+        format!("--graceful-shutdown-timeout={grace}"),
+    ]
+}
+
+/// An agent whose server cannot be reached has nothing to drain: one
+/// SIGTERM ends it, long before its (hour-long) grace period.
+#[tokio::test]
+async fn agent_without_a_server_exits_on_one_sigterm() {
+    let pki = Pki::new();
+    let (_refusing, addr) = integration_tests::dest::refused();
+    let mut agent = Proc::spawn("proxy-agent", &agent_args(&pki, addr.port(), "1h"));
+    agent.listening(2).await;
+    agent.wait_line("cannot connect to proxy server").await;
+    agent.signal(15);
+    assert_eq!(agent.wait_exit().await, Some(0));
+    assert!(
+        agent.log.iter().all(|l| !l.contains("second termination")),
+        "{:?}",
+        agent.log
+    );
+}
+
+/// With a tunnel open, the first SIGTERM drains: the tunnel keeps working
+/// and the agent exits once it is closed; a tunnel that outlives
+/// --graceful-shutdown-timeout is closed and the agent exits then.
+#[tokio::test]
+async fn agent_drains_its_tunnels_within_the_grace_period() {
+    use integration_tests::client::{Frontend, grpc_dial};
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, sock, port) = server_on_socket(&pki, dir.path()).await;
+    let frontend = Frontend::Uds(sock);
+    let echo = integration_tests::dest::echo().await.to_string();
+
+    // Grace of an hour: only the tunnel's end lets the agent go.
+    let mut agent = Proc::spawn("proxy-agent", &agent_args(&pki, port, "1h"));
+    let health = loopback(&agent.listening(2).await["health"]);
+    agent.wait_line("connected to proxy server").await;
+    let mut tunnel = grpc_dial(&frontend, &echo).await.unwrap();
+    agent.signal(15);
+    server.wait_line("agent is draining").await;
+    tunnel.write(b"still here").await;
+    assert_eq!(tunnel.read_exact(10).await, b"still here");
+    assert_eq!(
+        http_get(health, "/healthz").await.0,
+        200,
+        "agent left early"
+    );
+    assert_eq!(tunnel.close().await.as_deref(), Some(""));
+    assert_eq!(agent.wait_exit().await, Some(0));
+    agent.wait_line("no connection left").await;
+    server.wait_line("agent stream closed").await;
+
+    // A tunnel that stays open is closed when the grace period ends.
+    let mut agent = Proc::spawn("proxy-agent", &agent_args(&pki, port, "300ms"));
+    agent.listening(2).await;
+    agent.wait_line("connected to proxy server").await;
+    let mut tunnel = grpc_dial(&frontend, &echo).await.unwrap();
+    tunnel.write(b"ping").await;
+    assert_eq!(tunnel.read_exact(4).await, b"ping");
+    agent.signal(15);
+    assert_eq!(agent.wait_exit().await, Some(0));
+    agent
+        .wait_line("--graceful-shutdown-timeout (300ms) is over")
+        .await;
+    assert_eq!(tunnel.read().await, None, "the tunnel ends with the agent");
+
+    server.signal(15);
+    assert_eq!(server.wait_exit().await, Some(0));
+}
+
+/// nodeport-proxy outside a cluster with neither -config nor -kubeconfig
+/// refuses to start, naming the flags, and opens no listener (the demo
+/// table by name: `cli::tests::demo_only_by_name`).
+#[tokio::test]
+async fn nodeport_proxy_without_a_routing_source_refuses_to_start() {
+    let out = tokio::process::Command::new(integration_tests::procs::binary("nodeport-proxy"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    for flag in ["-config=FILE", "-kubeconfig=FILE", "-source=demo"] {
+        assert!(text.contains(flag), "want {flag} in: {text}");
+    }
+    assert!(!text.contains("listening"), "{text}");
 }
