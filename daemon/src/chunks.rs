@@ -31,6 +31,8 @@ thread_local! {
 pub struct ChunkReader {
     /// Size of the next direct read; 0 while reads go through the scratch.
     direct: usize,
+    /// Largest chunk this reader hands out.
+    max: usize,
 }
 
 impl Default for ChunkReader {
@@ -41,7 +43,15 @@ impl Default for ChunkReader {
 
 impl ChunkReader {
     pub fn new() -> Self {
-        ChunkReader { direct: 0 }
+        Self::with_max(MAX_CHUNK)
+    }
+
+    /// A reader whose chunks are at most `max` bytes (1 KiB to [`MAX_CHUNK`]).
+    pub fn with_max(max: usize) -> Self {
+        ChunkReader {
+            direct: 0,
+            max: max.clamp(1024, MAX_CHUNK),
+        }
     }
 
     /// The next chunk of `rd`; empty at EOF.
@@ -60,9 +70,13 @@ impl ChunkReader {
             match tokio_util::io::poll_read_buf(rd, cx, &mut buf) {
                 Poll::Ready(Ok(n)) => {
                     if n >= want {
-                        self.direct = (want * 2).min(MAX_CHUNK);
+                        self.direct = (want * 2).min(self.max);
                     } else if n < want / 2 {
-                        self.direct = if n < MIN_CHUNK { 0 } else { want / 2 };
+                        self.direct = if n < MIN_CHUNK.min(self.max) {
+                            0
+                        } else {
+                            want / 2
+                        };
                         // Do not let a few bytes keep a large buffer alive.
                         return Poll::Ready(Ok(Bytes::copy_from_slice(&buf)));
                     }
@@ -81,7 +95,7 @@ impl ChunkReader {
                 if s.len() < MAX_CHUNK {
                     s.resize(MAX_CHUNK, 0);
                 }
-                let mut rb = ReadBuf::new(&mut s[..]);
+                let mut rb = ReadBuf::new(&mut s[..self.max]);
                 match rd.poll_read(cx, &mut rb) {
                     Poll::Ready(Ok(())) => Poll::Ready(Ok(Bytes::copy_from_slice(rb.filled()))),
                     Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
@@ -90,8 +104,8 @@ impl ChunkReader {
             }))?;
             // Data that was there at once and filled a good part of the
             // scratch: a transfer is under way, read directly from now on.
-            if chunk.len() >= MAX_CHUNK / 2 {
-                self.direct = MAX_CHUNK;
+            if chunk.len() >= self.max / 2 {
+                self.direct = self.max;
             }
             Poll::Ready(Ok(chunk))
         }

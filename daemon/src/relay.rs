@@ -1,5 +1,6 @@
-//! Copies bytes both ways between a client and an upstream with one fixed-size
-//! buffer per direction, keeps half-closes (EOF one way shuts down the write
+//! Copies bytes both ways between a client and an upstream, holding a buffer
+//! only while data is in flight (a quiet connection holds none; see
+//! [`crate::chunks`]), keeps half-closes (EOF one way shuts down the write
 //! side of the other peer and the opposite direction keeps flowing), ends on an
 //! idle timeout, and says which side failed.
 
@@ -9,7 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::chunks::ChunkReader;
 use tokio::time::Instant;
 
 /// Receives byte counts as they flow, for live metrics.
@@ -25,7 +28,7 @@ impl Tally for () {
 
 #[derive(Clone, Copy, Debug)]
 pub struct RelayOptions {
-    /// Size of each of the two buffers.
+    /// Largest chunk read at once in each direction (1 KiB to 64 KiB).
     pub buffer_size: usize,
     /// Ends the relay when no byte moved either way for this long.
     pub idle_timeout: Option<Duration>,
@@ -172,24 +175,25 @@ where
         Side::Client => (RelayEnd::ClientError, RelayEnd::UpstreamError),
         Side::Upstream => (RelayEnd::UpstreamError, RelayEnd::ClientError),
     };
-    let mut buf = vec![0u8; size];
+    let mut reader = ChunkReader::with_max(size);
     loop {
-        let n = r.read(&mut buf).await.map_err(read_err)?;
-        if n == 0 {
+        let chunk = reader.read(&mut r).await.map_err(read_err)?;
+        if chunk.is_empty() {
             // Half-close: the peer sees EOF, the other direction goes on.
             let _ = w.shutdown().await;
             return Ok(());
         }
-        w.write_all(&buf[..n]).await.map_err(write_err)?;
+        w.write_all(&chunk).await.map_err(write_err)?;
         w.flush().await.map_err(write_err)?;
         activity.touch();
-        count(n as u64);
+        count(chunk.len() as u64);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
 
     #[tokio::test]
     async fn copies_both_ways_and_keeps_half_close() {

@@ -6,9 +6,7 @@
 
 use crate::names::SniHost;
 
-/// Largest ClientHello handshake message accepted. Post-quantum key shares
-/// make real ones about 2 KiB; 16 KiB leaves room for many PSK identities.
-pub const MAX_CLIENT_HELLO: usize = 16 * 1024;
+pub use crate::limits::MAX_CLIENT_HELLO;
 
 const RECORD_HEADER: usize = 5;
 const CONTENT_HANDSHAKE: u8 = 22;
@@ -105,6 +103,49 @@ pub fn parse_with_limit(buf: &[u8], limit: usize) -> Result<Hello, HelloError> {
     let total = need.unwrap_or(0);
     let sni = client_hello_sni(hs.get(4..total).unwrap_or_default())?;
     Ok(Hello::Complete { sni })
+}
+
+/// The shortest buffer, beginning with `buf`, in which [`parse`] could find
+/// a complete ClientHello: at least one byte more than `buf` while the
+/// handshake message length is not in yet, then at least one byte per
+/// handshake byte still missing. Only record headers are looked at.
+///
+/// A client trickling its ClientHello a byte (or a record) at a time would
+/// otherwise have it re-parsed on every read: parsing only once the buffer
+/// reaches this length keeps the work per connection a small multiple of
+/// its bytes.
+pub fn min_complete_len(buf: &[u8]) -> usize {
+    let mut pos = 0;
+    let mut payload = 0usize;
+    let mut first = [0u8; 4];
+    while let Some(header) = buf.get(pos..pos + RECORD_HEADER) {
+        if header[0] != CONTENT_HANDSHAKE {
+            // Not something a parse would wait on: let it say why.
+            return buf.len();
+        }
+        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        let body = &buf[pos + RECORD_HEADER..];
+        let have = body.len().min(len);
+        for (i, b) in body[..have].iter().enumerate() {
+            if let Some(slot) = first.get_mut(payload + i) {
+                *slot = *b;
+            } else {
+                break;
+            }
+        }
+        payload += have;
+        if have < len || len == 0 {
+            break;
+        }
+        pos += RECORD_HEADER + len;
+    }
+    if payload < 4 {
+        return buf.len() + 1;
+    }
+    let msg_len =
+        (usize::from(first[1]) << 16) | (usize::from(first[2]) << 8) | usize::from(first[3]);
+    let need = 4 + msg_len;
+    buf.len() + need.saturating_sub(payload)
 }
 
 /// A bounds-checked reader over the ClientHello body.
@@ -292,6 +333,35 @@ pub(crate) mod tests {
                     "size {size} prefix {n}"
                 );
             }
+        }
+    }
+
+    /// The length a trickled ClientHello is next parsed at never passes the
+    /// length at which it completes.
+    #[test]
+    fn min_complete_len_is_a_lower_bound() {
+        let one = hello(Some("trickle.example.com"), 200);
+        let hs = one[RECORD_HEADER..].to_vec();
+        for size in [1, 2, 5, 64, MAX_RECORD] {
+            let multi = records(&hs, size);
+            for n in 0..multi.len() {
+                let at = min_complete_len(&multi[..n]);
+                assert!(at > n, "size {size} prefix {n}: {at}");
+                assert!(
+                    at <= multi.len(),
+                    "size {size} prefix {n}: {at} > {}",
+                    multi.len()
+                );
+            }
+            assert_eq!(min_complete_len(&multi), multi.len());
+            // Parsing only at those lengths takes few parses.
+            let (mut at, mut parses) = (0, 0);
+            while at < multi.len() {
+                parses += 1;
+                assert_eq!(parse(&multi[..at]), Ok(Hello::Incomplete));
+                at = min_complete_len(&multi[..at]);
+            }
+            assert!(parses <= 80, "records of {size}: {parses} parses");
         }
     }
 

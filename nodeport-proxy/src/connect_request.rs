@@ -2,11 +2,9 @@
 //! answer if it is not a usable CONNECT. The head must fit in a fixed buffer;
 //! what follows it is early tunnel data.
 
+pub use crate::limits::MAX_CONNECT_HEAD as MAX_HEAD;
+use crate::limits::MAX_CONNECT_HEADERS as MAX_HEADERS;
 use crate::names::ConnectAuthority;
-
-/// Largest request head accepted.
-pub const MAX_HEAD: usize = 8 * 1024;
-const MAX_HEADERS: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectHead {

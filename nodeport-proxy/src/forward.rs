@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use daemon::drain::Drain;
 use daemon::relay::{RelayEnd, RelayOptions, Tally, relay};
 use metrics::{Counter, Gauge};
@@ -22,6 +23,7 @@ use crate::upstream::ConnectOptions;
 /// What every connection handler needs.
 pub struct Shared {
     pub config: ProxyConfig,
+    pub health: Arc<crate::health::Health>,
     pub table: Arc<TableStore>,
     pub metrics: Arc<Metrics>,
     pub drain: Drain,
@@ -65,11 +67,12 @@ impl Tally for ByteCounters {
 }
 
 /// Relays `client` and `upstream` (already connected to `endpoint`) after
-/// writing `early` (bytes the client sent while the route was chosen).
+/// writing `early` (bytes the client sent while the route was chosen, given
+/// up once written).
 #[allow(clippy::too_many_arguments)]
 pub async fn forward<C>(
     client: C,
-    early: &[u8],
+    early: Bytes,
     route: &Route,
     mut upstream: TcpStream,
     endpoint: Arc<UpstreamEndpoint>,
@@ -82,11 +85,12 @@ where
 {
     let _active = Active::new(&route.cluster.stats.upstream_cx_active);
     if !early.is_empty() {
-        if let Err(e) = upstream.write_all(early).await {
+        if let Err(e) = upstream.write_all(&early).await {
             return RelayEnd::UpstreamError(e);
         }
         bytes.client_bytes(early.len() as u64);
     }
+    drop(early);
     let options = RelayOptions {
         buffer_size: shared.config.buffer_size,
         idle_timeout: Some(idle).filter(|d| !d.is_zero()),
@@ -107,4 +111,71 @@ where
         "connection closed"
     );
     end
+}
+
+#[cfg(test)]
+pub(crate) fn test_shared() -> Arc<Shared> {
+    let config = ProxyConfig::default();
+    let metrics = Metrics::new();
+    let drain = Drain::new();
+    let table = Arc::new(TableStore::new(
+        crate::plan::PlanOptions::default(),
+        config.drain_timeout,
+        drain.clone(),
+        metrics.clone(),
+    ));
+    Arc::new(Shared {
+        health: Arc::new(crate::health::Health::new(table.subscribe())),
+        connect: ConnectOptions {
+            timeout: config.upstream_connect_timeout,
+            attempts: config.upstream_connect_attempts,
+            keepalive: config.connection.upstream_keepalive,
+        },
+        config,
+        table,
+        metrics,
+        drain,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a connection that has not sent its first byte costs in task
+    /// state: a listener holds up to -max-connections-per-listener of them.
+    #[tokio::test]
+    async fn a_silent_connection_is_a_small_task() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let shared = test_shared();
+        let stats = shared.metrics.listener("test");
+        let sni = crate::sni::handle(
+            TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            shared.clone(),
+            stats.clone(),
+        );
+        let tl = Arc::new(crate::tunnel::TunnelListener {
+            shared: shared.clone(),
+            stats,
+            tunnels: Arc::new(tokio::sync::Semaphore::new(1)),
+        });
+        let tunnel = crate::tunnel::handle(
+            TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            tl,
+        );
+        let (sni, tunnel) = (size_of_val(&sni), size_of_val(&tunnel));
+        eprintln!("SNI {sni} bytes, tunneling {tunnel} bytes");
+        assert!(sni <= 1024, "SNI connection future: {sni} bytes");
+        assert!(
+            tunnel <= 1024,
+            "tunneling connection future: {tunnel} bytes"
+        );
+    }
 }

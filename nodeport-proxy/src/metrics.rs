@@ -33,6 +33,9 @@ pub struct Metrics {
     reloads_applied: Counter,
     reloads_unchanged: Counter,
     reloads_failed: Counter,
+    last_reload_success: Gauge,
+    pub node_ports_unbound: Gauge,
+    pub node_port_bind_failures: Counter,
     routes_node_port: Gauge,
     routes_sni: Gauge,
     routes_tunnel: Gauge,
@@ -172,6 +175,12 @@ impl Metrics {
                 "nodeport_proxy_table_reloads_total",
                 &[("result", "failed")],
             ),
+            last_reload_success: r.gauge(
+                "nodeport_proxy_table_last_reload_success_timestamp_seconds",
+                &[],
+            ),
+            node_ports_unbound: r.gauge("nodeport_proxy_node_ports_unbound", &[]),
+            node_port_bind_failures: r.counter("nodeport_proxy_node_port_bind_failures_total", &[]),
             routes_node_port: r.gauge("nodeport_proxy_routes", &[("kind", "nodeport")]),
             routes_sni: r.gauge("nodeport_proxy_routes", &[("kind", "sni")]),
             routes_tunnel: r.gauge("nodeport_proxy_routes", &[("kind", "tunnel")]),
@@ -228,6 +237,12 @@ impl Metrics {
             ReloadResult::Applied => self.reloads_applied.increment(1),
             ReloadResult::Unchanged => self.reloads_unchanged.increment(1),
             ReloadResult::Failed => self.reloads_failed.increment(1),
+        }
+        if !matches!(result, ReloadResult::Failed) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            self.last_reload_success.set(now.as_secs_f64());
         }
     }
 
@@ -400,6 +415,18 @@ fn describe(r: &Registry) {
     r.describe_counter(
         "nodeport_proxy_table_reloads_total",
         "Routing table loads, by result.",
+    );
+    r.describe_gauge(
+        "nodeport_proxy_table_last_reload_success_timestamp_seconds",
+        "When the routing table source was last loaded successfully (Unix seconds), changed or not.",
+    );
+    r.describe_gauge(
+        "nodeport_proxy_node_ports_unbound",
+        "Node ports in the routing table whose listener could not be bound (retried with back-off).",
+    );
+    r.describe_counter(
+        "nodeport_proxy_node_port_bind_failures_total",
+        "Failed attempts to bind a NodePort listener.",
     );
     r.describe_gauge(
         "nodeport_proxy_routes",

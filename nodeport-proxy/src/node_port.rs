@@ -5,22 +5,40 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use daemon::listen::{AcceptOptions, accept_loop};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::forward::{Active, ByteCounters, Shared, forward};
 use crate::metrics::ListenerStats;
 
-/// Runs until the drain starts, keeping one listener per node port in the table.
+/// First wait before binding a node port again, doubled per failure up to
+/// [`BIND_RETRY_MAX`].
+const BIND_RETRY_FIRST: Duration = Duration::from_secs(1);
+const BIND_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// A node port in the table that could not be bound.
+struct Unbound {
+    failures: u32,
+    retry_at: Instant,
+    error: String,
+}
+
+/// Runs until the drain starts, keeping one listener per node port in the
+/// table. A port that cannot be bound (taken by another process, say) is
+/// retried with back-off, listed in `/healthz` and counted in metrics, and
+/// logged as an error once per distinct cause.
 pub async fn manage(shared: Arc<Shared>, prebound: Vec<TcpListener>) {
     let mut prebound: HashMap<u16, TcpListener> = prebound
         .into_iter()
         .filter_map(|l| l.local_addr().ok().map(|a| (a.port(), l)))
         .collect();
     let mut running: BTreeMap<u16, CancellationToken> = BTreeMap::new();
+    let mut unbound: BTreeMap<u16, Unbound> = BTreeMap::new();
     let mut status = shared.table.subscribe();
     loop {
         let table = shared.table.current();
@@ -32,36 +50,79 @@ pub async fn manage(shared: Arc<Shared>, prebound: Vec<TcpListener>) {
             }
             keep
         });
+        unbound.retain(|port, _| {
+            let keep = table.node_ports.contains_key(port);
+            if !keep {
+                shared.health.set_unbound(*port, None);
+            }
+            keep
+        });
+        let now = Instant::now();
         for port in table.node_ports.keys() {
-            if running.contains_key(port) {
+            if running.contains_key(port) || unbound.get(port).is_some_and(|u| u.retry_at > now) {
                 continue;
             }
-            let listener = match prebound.remove(port) {
-                Some(l) => l,
-                None => {
-                    let addr = SocketAddr::new(shared.config.node_port_bind_address, *port);
-                    match daemon::listen::bind_tcp(&addr.ip().to_string(), *port).await {
-                        Ok(l) => l,
-                        Err(e) => {
-                            // Retried on the next table change.
-                            tracing::error!(%addr, error = %e, "cannot bind NodePort listener");
-                            continue;
-                        }
-                    }
-                }
+            let addr = SocketAddr::new(shared.config.node_port_bind_address, *port);
+            let bound = match prebound.remove(port) {
+                Some(l) => Ok(l),
+                None => daemon::listen::bind_tcp(&addr.ip().to_string(), *port).await,
             };
-            let stop = CancellationToken::new();
-            running.insert(*port, stop.clone());
-            tokio::spawn(serve(listener, *port, shared.clone(), stop));
+            match bound {
+                Ok(listener) => {
+                    if let Some(u) = unbound.remove(port) {
+                        tracing::info!(%addr, failures = u.failures, "NodePort listener bound after earlier failures");
+                        shared.health.set_unbound(*port, None);
+                    }
+                    let stop = CancellationToken::new();
+                    running.insert(*port, stop.clone());
+                    tokio::spawn(serve(listener, *port, shared.clone(), stop));
+                }
+                Err(e) => {
+                    shared.metrics.node_port_bind_failures.increment(1);
+                    let u = unbound.entry(*port).or_insert(Unbound {
+                        failures: 0,
+                        retry_at: now,
+                        error: String::new(),
+                    });
+                    u.failures += 1;
+                    let wait = BIND_RETRY_FIRST
+                        .saturating_mul(1 << (u.failures - 1).min(10))
+                        .min(BIND_RETRY_MAX);
+                    u.retry_at = now + wait;
+                    let error = e.to_string();
+                    if u.error != error {
+                        tracing::error!(%addr, %error, retry_in = ?wait, "cannot bind NodePort listener; retrying with back-off");
+                    } else {
+                        tracing::debug!(%addr, %error, retry_in = ?wait, failures = u.failures, "NodePort listener still not bound");
+                    }
+                    shared.health.set_unbound(
+                        *port,
+                        Some(format!(
+                            "binding {addr}: {error} ({} attempts so far; retrying)",
+                            u.failures
+                        )),
+                    );
+                    u.error = error;
+                }
+            }
         }
+        shared.metrics.node_ports_unbound.set(unbound.len() as f64);
+        let retry = unbound.values().map(|u| u.retry_at).min();
         drop(table);
         tokio::select! {
             r = status.changed() => if r.is_err() { break },
             _ = shared.drain.draining() => break,
+            _ = sleep_until(retry), if retry.is_some() => {}
         }
     }
     for stop in running.values() {
         stop.cancel();
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
     }
 }
 
@@ -124,7 +185,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     };
     let end = forward(
         client,
-        &[],
+        bytes::Bytes::new(),
         &route,
         upstream,
         endpoint,

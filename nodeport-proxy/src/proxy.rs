@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use daemon::drain::Drain;
 use daemon::listen::{AcceptOptions, accept_loop};
@@ -14,6 +14,7 @@ use tokio::sync::{Notify, Semaphore, watch};
 
 use crate::config::ProxyConfig;
 use crate::forward::Shared;
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::model::Inventory;
 use crate::plan::PlanOptions;
@@ -46,8 +47,10 @@ pub struct BoundAddrs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
+    // Not `#[from]`: the cause is already in the message, and a chain
+    // printed with `{:#}` would say it twice.
     #[error("initial routing table: {0}")]
-    Source(#[from] SourceError),
+    Source(SourceError),
     #[error("listener: {0}")]
     Listener(#[from] std::io::Error),
 }
@@ -55,7 +58,6 @@ pub enum ProxyError {
 pub struct NodePortProxy {
     shared: Arc<Shared>,
     reload: Arc<Notify>,
-    failing: Arc<AtomicBool>,
     stats_drain: Drain,
     addrs: BoundAddrs,
 }
@@ -84,7 +86,8 @@ impl NodePortProxy {
             drain.clone(),
             metrics.clone(),
         ));
-        store.apply(&source::load(&config.source)?);
+        let (follower, first) = source::Follower::start(config.source.clone());
+        store.apply(&first.map_err(ProxyError::Source)?);
         let addrs = BoundAddrs {
             stats: listeners.stats.as_ref().and_then(|l| l.local_addr().ok()),
             sni: listeners.sni.as_ref().and_then(|l| l.local_addr().ok()),
@@ -93,7 +96,9 @@ impl NodePortProxy {
                 .as_ref()
                 .and_then(|l| l.local_addr().ok()),
         };
+        let health = Arc::new(Health::new(store.subscribe()));
         let shared = Arc::new(Shared {
+            health: health.clone(),
             connect: ConnectOptions {
                 timeout: config.upstream_connect_timeout,
                 attempts: config.upstream_connect_attempts,
@@ -104,32 +109,19 @@ impl NodePortProxy {
             metrics: metrics.clone(),
             drain: drain.clone(),
         });
-        let failing = Arc::new(AtomicBool::new(false));
         let stats_drain = Drain::new();
         if let Some(l) = listeners.stats {
             tracing::info!(addr = ?addrs.stats, "serving stats and health");
             tokio::spawn(crate::stats::run(
                 l,
                 metrics.clone(),
-                failing.clone(),
+                health,
                 stats_drain.clone(),
             ));
         }
         tokio::spawn(metrics.registry().run_upkeep(stats_drain.clone()));
         let reload = Arc::new(Notify::new());
-        {
-            let (source, store, reload, drain) = (
-                shared.config.source.clone(),
-                shared.table.clone(),
-                reload.clone(),
-                drain.clone(),
-            );
-            tokio::spawn(async move {
-                if let Err(e) = source::follow(source, store, reload, drain).await {
-                    tracing::error!(error = %e, "routing table source not followed; reload with SIGHUP only");
-                }
-            });
-        }
+        tokio::spawn(follower.run(shared.table.clone(), reload.clone(), drain.clone()));
         tokio::spawn(crate::node_port::manage(
             shared.clone(),
             listeners.node_ports,
@@ -182,7 +174,6 @@ impl NodePortProxy {
         Ok(NodePortProxy {
             shared,
             reload,
-            failing,
             stats_drain,
             addrs,
         })
@@ -225,7 +216,7 @@ impl NodePortProxy {
     /// accepting, gives connections the drain timeout, then stops the rest.
     /// Returns whether every connection ended within the drain timeout.
     pub async fn shutdown(&self) -> bool {
-        self.failing.store(true, Ordering::Relaxed);
+        self.shared.health.failing.store(true, Ordering::Relaxed);
         tracing::info!(delay = ?self.shared.config.shutdown_delay, "health failing; still serving");
         tokio::time::sleep(self.shared.config.shutdown_delay).await;
         tracing::info!("stopped accepting; draining connections");

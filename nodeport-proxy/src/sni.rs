@@ -5,13 +5,14 @@
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use crate::client_hello::{self, Hello, HelloError};
+use crate::first_bytes;
 use crate::forward::{Active, ByteCounters, Shared, forward};
+use crate::limits::MAX_SNI_PREFIX;
 use crate::metrics::ListenerStats;
+use crate::table::Route;
 
 /// Why an SNI connection was closed before reaching an upstream.
 #[derive(Debug, thiserror::Error)]
@@ -66,22 +67,25 @@ pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerSt
     }
 }
 
-async fn serve(mut client: TcpStream, shared: &Shared) -> Result<(), SniError> {
-    let limit = client_hello::MAX_CLIENT_HELLO + 1024;
-    let mut buf = BytesMut::with_capacity(2048);
+async fn serve(client: TcpStream, shared: &Shared) -> Result<(), SniError> {
+    // Nothing is buffered until the client sends, and its bytes are parsed
+    // only once enough have come for the ClientHello to be complete.
+    let mut buf = Vec::new();
+    let mut parse_at = 1;
     let host = tokio::time::timeout(shared.config.client_hello_timeout, async {
         loop {
-            match client_hello::parse(&buf)? {
-                Hello::Complete { sni: Some(host) } => return Ok(host),
-                Hello::Complete { sni: None } => return Err(SniError::NoServerName),
-                Hello::Incomplete => {}
+            if buf.len() >= parse_at {
+                match client_hello::parse(&buf)? {
+                    Hello::Complete { sni: Some(host) } => return Ok(host),
+                    Hello::Complete { sni: None } => return Err(SniError::NoServerName),
+                    Hello::Incomplete => {}
+                }
+                parse_at = client_hello::min_complete_len(&buf).max(buf.len() + 1);
             }
-            if buf.len() >= limit {
+            if buf.len() >= MAX_SNI_PREFIX {
                 return Err(SniError::Hello(HelloError::TooLarge(buf.len())));
             }
-            // Never read past the limit, so the buffer stays bounded.
-            let mut chunk = (&mut client).take((limit - buf.len()) as u64);
-            match chunk.read_buf(&mut buf).await {
+            match first_bytes::read_some(&client, &mut buf, MAX_SNI_PREFIX).await {
                 Ok(0) => return Err(SniError::ClientClosed),
                 Ok(_) => {}
                 Err(e) => return Err(SniError::ClientIo(e)),
@@ -90,6 +94,7 @@ async fn serve(mut client: TcpStream, shared: &Shared) -> Result<(), SniError> {
     })
     .await
     .map_err(|_| SniError::Timeout)??;
+    daemon::listen::settle();
     let table = shared.table.current();
     let route = table
         .sni
@@ -97,6 +102,16 @@ async fn serve(mut client: TcpStream, shared: &Shared) -> Result<(), SniError> {
         .cloned()
         .ok_or_else(|| SniError::NoRoute(host.to_string()))?;
     drop(table);
+    // Allocated only for a routed connection, so a silent one stays small.
+    Box::pin(proxy(client, buf, route, shared)).await
+}
+
+async fn proxy(
+    client: TcpStream,
+    hello: Vec<u8>,
+    route: Arc<Route>,
+    shared: &Shared,
+) -> Result<(), SniError> {
     let (upstream, endpoint) = crate::upstream::connect(&route.cluster, &shared.connect).await?;
     let tcp = &shared.metrics.tcp;
     let counters = ByteCounters {
@@ -107,7 +122,7 @@ async fn serve(mut client: TcpStream, shared: &Shared) -> Result<(), SniError> {
     };
     let end = forward(
         client,
-        &buf,
+        hello.into(),
         &route,
         upstream,
         endpoint,

@@ -1,16 +1,19 @@
 //! Loading the inventory from a file (YAML, or JSON by extension) and keeping
 //! the table in step with it: re-read when the file changes (the directory is
-//! watched, so editors' rename-into-place and ConfigMap symlink swaps count)
-//! and when asked (SIGHUP). A file that fails to load leaves the table as it is.
+//! watched, so editors' rename-into-place and ConfigMap symlink swaps count;
+//! see [`daemon::file_watch`]) and when asked (SIGHUP). A file that fails to
+//! load leaves the table as it is, and is reported once per change, not once
+//! per event in its directory. Reading and parsing run on a blocking thread,
+//! never on a runtime worker that serves connections.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use notify::Watcher;
-use tokio::sync::{Notify, mpsc};
+use daemon::file_watch::{FileWatch, read_bounded};
+use tokio::sync::Notify;
 
 use crate::config::TableSource;
+use crate::limits::MAX_TABLE_FILE;
 use crate::model::Inventory;
 use crate::store::TableStore;
 
@@ -26,11 +29,6 @@ pub enum SourceError {
     },
     #[error("parsing {path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("watching {path}: {source}")]
-    Watch {
-        path: PathBuf,
-        source: notify::Error,
-    },
 }
 
 /// Parses inventory text: JSON when `json`, otherwise YAML.
@@ -42,23 +40,32 @@ pub fn parse(text: &str, json: bool) -> Result<Inventory, String> {
     }
 }
 
+/// Parses the bytes of the table file at `path`.
+pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Inventory, SourceError> {
+    let json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let text = std::str::from_utf8(bytes).map_err(|e| SourceError::Parse {
+        path: path.to_path_buf(),
+        message: format!("not UTF-8: {e}"),
+    })?;
+    parse(text, json).map_err(|message| SourceError::Parse {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
 pub fn embedded_default() -> Inventory {
     // The embedded file is checked by a unit test; an empty table is the safe fallback.
     parse(EMBEDDED_DEFAULT, false).unwrap_or_default()
 }
 
 pub fn load_file(path: &Path) -> Result<Inventory, SourceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SourceError::Read {
+    let bytes = read_bounded(path, MAX_TABLE_FILE).map_err(|source| SourceError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    let json = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    parse(&text, json).map_err(|message| SourceError::Parse {
-        path: path.to_path_buf(),
-        message,
-    })
+    parse_file(path, &bytes)
 }
 
 pub fn load(source: &TableSource) -> Result<Inventory, SourceError> {
@@ -68,64 +75,90 @@ pub fn load(source: &TableSource) -> Result<Inventory, SourceError> {
     }
 }
 
-/// Re-applies the source whenever `reload` is notified or (for a file) the
-/// file changes, until the process drains.
-pub async fn follow(
+/// A table source being followed: the file watch starts before the first
+/// read, so no change between the two is missed.
+pub struct Follower {
     source: TableSource,
-    store: Arc<TableStore>,
-    reload: Arc<Notify>,
-    drain: daemon::drain::Drain,
-) -> Result<(), SourceError> {
-    let (tx, mut rx) = mpsc::channel::<()>(1);
-    let _watcher = match &source {
-        TableSource::File(path) => Some(watch_file(path, tx)?),
-        TableSource::Inline(_) => None,
-    };
-    loop {
-        tokio::select! {
-            _ = reload.notified() => {}
-            Some(()) = rx.recv() => {
-                // Editors write in bursts; one re-read after they settle.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                while rx.try_recv().is_ok() {}
-            }
-            _ = drain.draining() => return Ok(()),
-        }
-        match load(&source) {
-            Ok(inv) => {
-                store.apply(&inv);
-            }
-            Err(e) => store.failed(e.to_string()),
-        }
-    }
+    watch: Option<FileWatch>,
 }
 
-fn watch_file(
-    path: &Path,
-    tx: mpsc::Sender<()>,
-) -> Result<notify::RecommendedWatcher, SourceError> {
-    let err = |source| SourceError::Watch {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if let Ok(ev) = ev
-            && !matches!(ev.kind, notify::EventKind::Access(_))
-        {
-            // A full channel already means "re-read"; nothing is lost.
-            let _ = tx.try_send(());
+impl Follower {
+    /// Starts watching `source` and loads it once. Without a watch (the
+    /// directory cannot be watched) reloads happen on SIGHUP only.
+    pub fn start(source: TableSource) -> (Self, Result<Inventory, SourceError>) {
+        let (watch, first) = match &source {
+            TableSource::File(path) => {
+                let mut watch = FileWatch::new(path, MAX_TABLE_FILE)
+                    .map_err(|e| {
+                        tracing::error!(error = %e, "routing table file not watched; reload with SIGHUP");
+                    })
+                    .ok();
+                let read = read_bounded(path, MAX_TABLE_FILE);
+                if let Some(w) = watch.as_mut() {
+                    w.seen(&read);
+                }
+                let first = read
+                    .map_err(|source| SourceError::Read {
+                        path: path.clone(),
+                        source,
+                    })
+                    .and_then(|b| parse_file(path, &b));
+                (watch, first)
+            }
+            TableSource::Inline(inv) => (None, Ok(inv.clone())),
+        };
+        (Follower { source, watch }, first)
+    }
+
+    /// Re-applies the source whenever `reload` is notified or (for a file)
+    /// its content changes, until the process drains.
+    pub async fn run(
+        mut self,
+        store: Arc<TableStore>,
+        reload: Arc<Notify>,
+        drain: daemon::drain::Drain,
+    ) {
+        loop {
+            let changed = async {
+                match self.watch.as_mut() {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let bytes = tokio::select! {
+                _ = reload.notified() => match self.watch.as_mut() {
+                    Some(w) => Some(w.read_now().await),
+                    None => None,
+                },
+                Some(read) = changed => Some(read),
+                _ = drain.draining() => return,
+            };
+            let (source, store) = (self.source.clone(), store.clone());
+            // Parsing and building the table take long at seed scale: not
+            // on a worker that serves connections.
+            let applied = tokio::task::spawn_blocking(move || {
+                let loaded = match (&source, bytes) {
+                    (TableSource::File(path), Some(read)) => read
+                        .map_err(|e| SourceError::Read {
+                            path: path.clone(),
+                            source: e,
+                        })
+                        .and_then(|b| parse_file(path, &b)),
+                    (source, _) => load(source),
+                };
+                match loaded {
+                    Ok(inv) => {
+                        store.apply(&inv);
+                    }
+                    Err(e) => store.failed(e.to_string()),
+                }
+            })
+            .await;
+            if let Err(e) = applied {
+                tracing::error!(error = %e, "routing table reload did not finish");
+            }
         }
-    })
-    .map_err(err)?;
-    watcher
-        .watch(&dir, notify::RecursiveMode::NonRecursive)
-        .map_err(err)?;
-    Ok(watcher)
+    }
 }
 
 #[cfg(test)]

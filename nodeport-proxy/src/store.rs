@@ -3,7 +3,7 @@
 //! running until they end or the drain timeout passes.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use daemon::drain::Drain;
@@ -23,6 +23,8 @@ pub struct TableStatus {
     pub loads: u64,
     /// Why the last load failed, if it did; the previous table stays.
     pub last_error: Option<String>,
+    /// When the source last loaded, changed or not.
+    pub last_success: Option<SystemTime>,
 }
 
 pub struct TableStore {
@@ -91,11 +93,13 @@ impl TableStore {
             s.version = version;
             s.loads += 1;
             s.last_error = None;
+            s.last_success = Some(SystemTime::now());
         });
         changed
     }
 
-    /// Records a load that failed; the current table stays in place.
+    /// Records a load that failed; the current table stays in place. The
+    /// caller reports each failure once (the file source only on a change).
     pub fn failed(&self, error: String) {
         tracing::error!(%error, "routing table not reloaded; keeping the current one");
         self.metrics.reload(ReloadResult::Failed);

@@ -6,15 +6,17 @@
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::Bytes;
 use daemon::prefixed::PrefixedIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::connect_request::{self, Parsed, RequestError};
+use crate::first_bytes;
 use crate::forward::{Active, ByteCounters, Shared, forward};
+use crate::limits::{MAX_CONNECT_HEAD, MAX_REFUSAL_DRAIN, REFUSAL_DRAIN_TIME};
 use crate::metrics::ListenerStats;
 use crate::names::ConnectAuthority;
 use crate::table::Route;
@@ -86,7 +88,7 @@ pub struct TunnelListener {
     pub tunnels: Arc<Semaphore>,
 }
 
-pub async fn handle(client: TcpStream, l: Arc<TunnelListener>) {
+pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
     l.stats.downstream_cx_total.increment(1);
@@ -97,11 +99,12 @@ pub async fn handle(client: TcpStream, l: Arc<TunnelListener>) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
     let deadline = Instant::now() + shared.config.request_header_timeout;
-    let mut client = client;
-    let mut buf = BytesMut::with_capacity(1024);
+    // Nothing is buffered until the client sends.
+    let mut buf = Vec::new();
     // Read until the bytes either are the HTTP/2 preface or cannot be.
     while buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&buf) {
-        match tokio::time::timeout_at(deadline, client.read_buf(&mut buf)).await {
+        let read = first_bytes::read_some(&client, &mut buf, MAX_CONNECT_HEAD);
+        match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(0)) | Ok(Err(_)) => return,
             Ok(Ok(_)) => {}
             Err(_) => {
@@ -114,13 +117,15 @@ pub async fn handle(client: TcpStream, l: Arc<TunnelListener>) {
             }
         }
     }
+    // Each protocol's state is allocated only once it is known, so a
+    // connection that has sent nothing stays small.
     if buf.starts_with(H2_PREFACE) {
         // The client's preface ends with its SETTINGS frame; until that is in,
         // the connection is still opening and the head deadline applies.
         while !client_preface_complete(&buf) {
-            let room = (MAX_CLIENT_PREFACE.saturating_sub(buf.len())).max(1) as u64;
-            let mut chunk = (&mut client).take(room);
-            match tokio::time::timeout_at(deadline, chunk.read_buf(&mut buf)).await {
+            let max = MAX_CLIENT_PREFACE.max(buf.len() + 1);
+            let read = first_bytes::read_some(&client, &mut buf, max);
+            match tokio::time::timeout_at(deadline, read).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
                 Err(_) => {
@@ -131,30 +136,34 @@ pub async fn handle(client: TcpStream, l: Arc<TunnelListener>) {
             }
         }
         let _h2 = Active::new(&http.downstream_cx_http2_active);
-        let io = PrefixedIo::new(buf.freeze(), client);
-        crate::tunnel_h2::serve(io, l.clone(), deadline).await;
+        let io = PrefixedIo::new(buf.into(), client);
+        Box::pin(crate::tunnel_h2::serve(io, l.clone(), deadline)).await;
     } else {
         let _h1 = Active::new(&http.downstream_cx_http1_active);
-        http1(client, buf, deadline, &l).await;
+        Box::pin(http1(client, buf, deadline, &l)).await;
     }
 }
 
-async fn http1(mut client: TcpStream, mut buf: BytesMut, deadline: Instant, l: &TunnelListener) {
+async fn http1(mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant, l: &TunnelListener) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
+    // A head is parsed again only when a line has ended since the last try.
+    let mut unparsed_from = 0;
     let head = loop {
-        match connect_request::parse(&buf) {
-            Ok(Parsed::Connect(head)) => break head,
-            Ok(Parsed::Incomplete) => {}
-            Err(e) => {
-                http.downstream_rq_total.increment(1);
-                http.downstream_cx_protocol_error.increment(1);
-                return refuse_h1(&mut client, TunnelError::Request(e), l).await;
+        if buf[unparsed_from..].contains(&b'\n') || buf.len() >= MAX_CONNECT_HEAD {
+            match connect_request::parse(&buf) {
+                Ok(Parsed::Connect(head)) => break head,
+                Ok(Parsed::Incomplete) => {}
+                Err(e) => {
+                    http.downstream_rq_total.increment(1);
+                    http.downstream_cx_protocol_error.increment(1);
+                    return refuse_h1(&mut client, TunnelError::Request(e), l).await;
+                }
             }
         }
-        let room = (connect_request::MAX_HEAD - buf.len().min(connect_request::MAX_HEAD)) as u64;
-        let mut chunk = (&mut client).take(room.max(1));
-        match tokio::time::timeout_at(deadline, chunk.read_buf(&mut buf)).await {
+        unparsed_from = buf.len();
+        let read = first_bytes::read_some(&client, &mut buf, MAX_CONNECT_HEAD);
+        match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(0)) | Ok(Err(_)) => return,
             Ok(Ok(_)) => {}
             Err(_) => {
@@ -163,6 +172,7 @@ async fn http1(mut client: TcpStream, mut buf: BytesMut, deadline: Instant, l: &
             }
         }
     };
+    daemon::listen::settle();
     http.downstream_rq_total.increment(1);
     let _rq = Active::new(&http.downstream_rq_active);
     let opened = open(&head.authority, l).await;
@@ -174,11 +184,12 @@ async fn http1(mut client: TcpStream, mut buf: BytesMut, deadline: Instant, l: &
         return;
     }
     http.downstream_rq_2xx.increment(1);
-    let early = buf.split_off(head.head_len);
+    let early = Bytes::copy_from_slice(&buf[head.head_len..]);
+    drop(buf);
     let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active);
     forward(
         client,
-        &early,
+        early,
         &route,
         upstream,
         endpoint,
@@ -274,16 +285,10 @@ async fn reply_h1(client: &mut TcpStream, status: u16) {
         return;
     }
     let _ = client.shutdown().await;
-    let mut sink = [0u8; 4096];
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
-        let mut left = 64 * 1024usize;
-        while left > 0 {
-            match client.read(&mut sink).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => left = left.saturating_sub(n),
-            }
-        }
-    })
+    let _ = tokio::time::timeout(
+        REFUSAL_DRAIN_TIME,
+        first_bytes::discard(client, MAX_REFUSAL_DRAIN),
+    )
     .await;
 }
 

@@ -13,11 +13,9 @@ use tokio::time::Instant;
 
 use crate::connect_request::RequestError;
 use crate::forward::{Active, forward};
+use crate::limits;
 use crate::names::ConnectAuthority;
 use crate::tunnel::{TunnelError, TunnelListener, counters, open, record_refusal};
-
-const STREAM_WINDOW: u32 = 256 * 1024;
-const CONNECTION_WINDOW: u32 = 1024 * 1024;
 
 /// `deadline` bounded the client preface (read before this is called); it
 /// also bounds our side of the handshake.
@@ -30,9 +28,13 @@ where
     let mut builder = h2::server::Builder::new();
     builder
         .max_concurrent_streams(shared.config.max_streams_per_connection)
-        .initial_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_header_list_size(16 * 1024)
+        .initial_window_size(limits::STREAM_WINDOW)
+        .initial_connection_window_size(limits::CONNECTION_WINDOW)
+        .max_header_list_size(limits::MAX_HEADER_LIST_SIZE)
+        .header_table_size(limits::HEADER_TABLE_SIZE)
+        .max_frame_size(limits::MAX_FRAME_SIZE)
+        .max_pending_accept_reset_streams(limits::MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(Some(limits::MAX_LOCAL_ERROR_RESET_STREAMS))
         .max_send_buffer_size(shared.config.buffer_size);
     let mut conn = match tokio::time::timeout_at(deadline, builder.handshake::<_, Bytes>(io)).await
     {
@@ -138,7 +140,7 @@ async fn stream(
     let io = H2Io::new(send, req.into_body());
     forward(
         io,
-        &[],
+        bytes::Bytes::new(),
         &route,
         upstream,
         endpoint,

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use integration_tests::dest;
+use integration_tests::konnectivity::metric;
 use integration_tests::nodeport::*;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -351,4 +352,103 @@ async fn a_change_to_one_service_never_touches_another() {
     }
     assert_eq!(connect_h2(&client, &authority("stay")).await.0, 200);
     drop((sa, la));
+}
+
+/// A broken table file is one failure, however busy its directory is; the
+/// proxy keeps its table, says why in /healthz (still 200) and in metrics,
+/// and takes the repaired file.
+#[tokio::test]
+async fn a_broken_file_is_reported_once_and_shown_in_health() {
+    let echo = dest::echo().await;
+    let np = loopback().await;
+    let port = np.local_addr().unwrap().port();
+    let p = start_proxy(&table(port, &[echo], false), vec![np], test_config()).await;
+    let (code, body) = p.stats_get("/healthz").await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let before = p.proxy.status().borrow().clone();
+    let mut status = p.proxy.status();
+    let tmp = p.file.with_extension("tmp");
+    std::fs::write(&tmp, "{\"services\": [").unwrap();
+    std::fs::rename(&tmp, &p.file).unwrap();
+    status
+        .wait_for(|s| s.loads > before.loads && s.last_error.is_some())
+        .await
+        .unwrap();
+    let (code, body) = p.stats_get("/healthz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("routing table: last reload failed: parsing")
+            && body.contains(p.file.to_str().unwrap()),
+        "{body}"
+    );
+    // A busy directory (a log written next to the file) is not a reload.
+    let log = p.file.with_file_name("proxy.log");
+    for i in 0..50 {
+        std::fs::write(&log, format!("line {i}\n")).unwrap();
+    }
+    // Nor is the same broken content written again.
+    std::fs::write(&p.file, "{\"services\": [").unwrap();
+    // The repaired file is taken.
+    let v = p.proxy.table().version;
+    p.rewrite(&table(port, &[echo], true)).await;
+    assert!(p.proxy.table().version > v);
+    let (_, m) = p.stats_get("/stats/prometheus").await;
+    assert_eq!(
+        metric(&m, "nodeport_proxy_table_reloads_total{result=\"failed\"} "),
+        1.0,
+        "{m}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let last = metric(
+        &m,
+        "nodeport_proxy_table_last_reload_success_timestamp_seconds ",
+    );
+    assert!((now - last).abs() < 60.0, "{last} vs {now}");
+    assert_eq!(p.stats_get("/healthz").await.1, "ok\n");
+}
+
+/// A node port that another process holds is retried with back-off, shown
+/// in /healthz and metrics, and served once it is free.
+#[tokio::test]
+async fn a_taken_node_port_is_retried_and_shown() {
+    let echo = dest::echo().await;
+    let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = blocker.local_addr().unwrap().port();
+    let p = start_proxy(&table(port, &[echo], false), Vec::new(), test_config()).await;
+    let unbound = |m: &str| metric(m, "nodeport_proxy_node_ports_unbound ");
+    let wait_metric = |want: f64| {
+        let stats = p.stats;
+        async move {
+            tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    let (_, m) = http_get(stats, "/stats/prometheus").await;
+                    if unbound(&m) == want {
+                        return m;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("node port state not reached")
+        }
+    };
+    let m = wait_metric(1.0).await;
+    assert!(metric(&m, "nodeport_proxy_node_port_bind_failures_total ") >= 1.0);
+    let (code, body) = p.stats_get("/healthz").await;
+    assert_eq!(code, 200);
+    assert!(
+        body.contains(&format!(
+            "node port {port}: not listening: binding 127.0.0.1:{port}"
+        )),
+        "{body}"
+    );
+    // Freed: the retry binds it and connections are served.
+    drop(blocker);
+    wait_metric(0.0).await;
+    let mut c = open_node_port(port).await;
+    assert!(c.echo(b"bound at last").await);
+    assert_eq!(p.stats_get("/healthz").await.1, "ok\n");
 }

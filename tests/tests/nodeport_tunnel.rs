@@ -293,3 +293,30 @@ async fn one_connect_attempt_per_tunnel_as_envoy() {
         "{metrics}"
     );
 }
+
+/// An HTTP/2 CONNECT whose headers pass the advertised header-list bound is
+/// refused with 431 (nodeport_proxy::limits::MAX_HEADER_LIST_SIZE) and the
+/// connection keeps serving.
+#[tokio::test]
+async fn oversize_http2_headers_are_refused_and_the_connection_serves_on() {
+    let s = setup().await;
+    let send = h2_client(s.p.tunnel).await;
+    let mut ready = send.clone().ready().await.unwrap();
+    let big = "x".repeat(nodeport_proxy::limits::MAX_HEADER_LIST_SIZE as usize);
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(ECHO)
+        .header("x-padding", big)
+        .body(())
+        .unwrap();
+    let (resp, _stream) = ready.send_request(req, false).unwrap();
+    let status = resp.await.map(|r| r.status().as_u16());
+    assert_eq!(status.ok(), Some(431));
+    let (code, io) = connect_h2(&send, ECHO).await;
+    assert_eq!(code, 200);
+    let mut io = io.unwrap();
+    io.write_all(b"after").await.unwrap();
+    let mut back = [0u8; 5];
+    io.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"after");
+}

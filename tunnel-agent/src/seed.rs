@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::config::AgentConfig;
+use crate::limits;
 use crate::metrics::AgentMetrics;
 
 const STREAM_WINDOW: u32 = 256 * 1024;
@@ -106,6 +107,9 @@ async fn dial(
                         .initial_window_size(STREAM_WINDOW)
                         .initial_connection_window_size(CONNECTION_WINDOW)
                         .max_send_buffer_size(config.buffer_size)
+                        .max_header_list_size(limits::MAX_HEADER_LIST_SIZE)
+                        .max_pending_accept_reset_streams(limits::MAX_PENDING_ACCEPT_RESET_STREAMS)
+                        .max_local_error_reset_streams(Some(limits::MAX_LOCAL_ERROR_RESET_STREAMS))
                         .handshake(io)
                         .await
                         .map_err(SeedError::Handshake)?;

@@ -1,0 +1,66 @@
+//! Every bound on a length a peer or the table file controls, in one place.
+//!
+//! Clients of the SNI, tunneling and NodePort listeners are peers, and so is
+//! whoever writes the table file or the Services it mirrors: what they send
+//! is parsed or buffered only up to these sizes, and going past one ends that
+//! connection, stream or load with an error, never the process.
+
+use std::time::Duration;
+
+/// Largest ClientHello handshake message accepted on the SNI listener.
+/// Post-quantum key shares make real ones about 2 KiB; 16 KiB leaves room for
+/// many PSK identities.
+pub const MAX_CLIENT_HELLO: usize = 16 << 10;
+
+/// Bytes read from an SNI client before its ClientHello must be complete:
+/// the message, its record headers, and a little early data after it.
+pub const MAX_SNI_PREFIX: usize = MAX_CLIENT_HELLO + 1024;
+
+/// Longest HTTP/1.1 request head on the tunneling listener; a CONNECT head is
+/// a few dozen bytes. Bytes after it in the same read are early tunnel data,
+/// so they are bounded by this too.
+pub const MAX_CONNECT_HEAD: usize = 8 << 10;
+
+/// Most header fields parsed in an HTTP/1.1 CONNECT head (431 past it).
+pub const MAX_CONNECT_HEADERS: usize = 64;
+
+/// SETTINGS_MAX_HEADER_LIST_SIZE on the tunneling listener's HTTP/2
+/// connections: a CONNECT whose decoded header list is larger is refused
+/// (431), and h2 ends a connection sending far more (GOAWAY). h2 decodes
+/// field by field against this bound and buffers at most
+/// `MAX_HEADER_LIST_SIZE / MAX_FRAME_SIZE` CONTINUATION frames of one block.
+pub const MAX_HEADER_LIST_SIZE: u32 = 16 << 10;
+
+/// SETTINGS_HEADER_TABLE_SIZE we advertise (HTTP/2's default): the most a
+/// client's HPACK dynamic table makes us hold per connection.
+pub const HEADER_TABLE_SIZE: u32 = 4096;
+
+/// SETTINGS_MAX_FRAME_SIZE we advertise (HTTP/2's default and minimum).
+pub const MAX_FRAME_SIZE: u32 = 16 << 10;
+
+/// HTTP/2 flow-control windows: the most DATA a client may have in flight
+/// to us per stream and per connection. Received DATA is released only as it
+/// is forwarded, so this is also what a stream or connection can make us
+/// buffer.
+pub const STREAM_WINDOW: u32 = 256 << 10;
+pub const CONNECTION_WINDOW: u32 = 1 << 20;
+
+/// Streams a client may reset before we accept them (the HTTP/2 "rapid
+/// reset" attack, CVE-2023-44487); past it the connection gets GOAWAY. h2's
+/// default, named here.
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+
+/// Streams we may reset because of a client's protocol errors before the
+/// connection is ended with GOAWAY (h2's default, named here).
+pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
+/// After refusing an HTTP/1.1 request, how much of what the client still
+/// sends is read and dropped (so the close does not reset the response
+/// away), and for how long.
+pub const MAX_REFUSAL_DRAIN: usize = 64 << 10;
+pub const REFUSAL_DRAIN_TIME: Duration = Duration::from_secs(1);
+
+/// Largest table file (`-config`) read. A seed with 20,000 exposed Services
+/// and their EndpointSlices writes about 30 MB of YAML; a larger file is
+/// refused with an error naming it, and the current table stays.
+pub const MAX_TABLE_FILE: u64 = 256 << 20;

@@ -1,0 +1,14 @@
+//! Every bound on a length the seed's nodeport-proxy (our one peer besides
+//! local clients, whose bytes are only relayed) controls, in one place.
+
+/// SETTINGS_MAX_HEADER_LIST_SIZE we advertise to the seed: a CONNECT
+/// response's headers are a few bytes. h2's own default is 16 MiB, which
+/// would let one header block (HEADERS and up to a thousand CONTINUATION
+/// frames) be buffered before it is refused.
+pub const MAX_HEADER_LIST_SIZE: u32 = 16 << 10;
+
+/// Streams the seed may reset before we read them, and streams we may reset
+/// for the seed's protocol errors, before the connection is ended (h2's
+/// defaults, named here).
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
