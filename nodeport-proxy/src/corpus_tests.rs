@@ -72,3 +72,29 @@ fn connect_request_corpus() {
         }
     }
 }
+
+/// Every committed input of the entry points in `fuzzing.rs`, which check
+/// their own invariants; `ok-*` table files must parse and `bad-*` ones (a
+/// typo, an out-of-range port, a YAML alias bomb, JSON nested too deep)
+/// must not.
+#[test]
+fn table_file_corpus() {
+    for (name, bytes) in corpus("table_file") {
+        crate::fuzzing::table_file(&bytes);
+        let (_, text) = bytes.split_first().unwrap_or((&0, &[]));
+        let parsed = crate::source::parse_file(std::path::Path::new(&name), text);
+        if name.starts_with("ok-") {
+            assert!(parsed.is_ok(), "{name}: {parsed:?}");
+        }
+        if name.starts_with("bad-") {
+            assert!(parsed.is_err(), "{name} parsed");
+        }
+    }
+}
+
+#[test]
+fn annotations_corpus() {
+    for (_, bytes) in corpus("annotations") {
+        crate::fuzzing::annotations(&bytes);
+    }
+}

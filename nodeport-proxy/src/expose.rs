@@ -101,11 +101,18 @@ pub fn port_mapping(service: &Service) -> Result<BTreeMap<String, SniHost>, Port
         .map(|p| p.name.as_str())
         .collect();
     let mut out = BTreeMap::new();
+    // SNI names compare without case: "A.example" and "a.example" are one
+    // host, and two ports answering to it would be two routes for one name.
+    let mut names = BTreeSet::new();
     for (port, host) in parsed {
         if !tcp_ports.contains(port.as_str()) {
             return Err(PortMappingError::UnknownPort(port));
         }
-        out.insert(port, SniHost::new(&host)?);
+        let name = SniHost::new(&host)?;
+        if !names.insert(name.clone()) {
+            return Err(PortMappingError::DuplicateHost(host));
+        }
+        out.insert(port, name);
     }
     Ok(out)
 }
@@ -193,6 +200,14 @@ mod tests {
         assert!(matches!(
             port_mapping(&svc(
                 Some(r#"{"https":"h","other":"h"}"#),
+                &[("https", Protocol::Tcp), ("other", Protocol::Tcp)]
+            )),
+            Err(PortMappingError::DuplicateHost(_))
+        ));
+        // Names that differ only in case are one SNI host.
+        assert!(matches!(
+            port_mapping(&svc(
+                Some(r#"{"https":"A.Example","other":"a.example"}"#),
                 &[("https", Protocol::Tcp), ("other", Protocol::Tcp)]
             )),
             Err(PortMappingError::DuplicateHost(_))

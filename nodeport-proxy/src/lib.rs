@@ -11,6 +11,8 @@ pub mod connect_request;
 pub mod expose;
 mod first_bytes;
 mod forward;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod health;
 pub mod kube;
 pub mod limits;

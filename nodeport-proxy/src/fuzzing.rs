@@ -1,0 +1,109 @@
+//! Entry points for the fuzz targets that read what the table file (or the
+//! apiserver) says, rather than what a client sends: the file parsers with
+//! the plan built from what they accept, and KKP's annotations. Each takes
+//! arbitrary bytes, must never panic, and checks what its output promises.
+//! The committed corpora replay them in `cargo test` (corpus_tests.rs).
+
+use crate::expose::{ExposeTypes, parse_expose, port_mapping};
+use crate::model::{ObjectMeta, Protocol, Service, ServicePort, ServiceSpec};
+use crate::plan::{PlanOptions, build};
+
+/// The table file: the first byte picks JSON (odd) or YAML (even), the rest
+/// is the file. Whatever parses must build a plan, the same plan twice, and
+/// every route must name a cluster the plan has.
+pub fn table_file(data: &[u8]) {
+    let Some((&kind, text)) = data.split_first() else {
+        return;
+    };
+    let path = std::path::Path::new(if kind % 2 == 1 {
+        "table.json"
+    } else {
+        "table.yaml"
+    });
+    let Ok(inventory) = crate::source::parse_file(path, text) else {
+        return;
+    };
+    for options in [
+        PlanOptions::default(),
+        PlanOptions {
+            namespace: Some("cluster-a".into()),
+            sni: false,
+            ..PlanOptions::default()
+        },
+    ] {
+        let (plan, _) = build(&inventory, &options);
+        let (again, _) = build(&inventory, &options);
+        assert_eq!(plan, again, "the plan must be a function of the inventory");
+        let clusters = plan
+            .node_ports
+            .values()
+            .chain(plan.sni.values())
+            .chain(plan.tunnels.values());
+        for c in clusters {
+            assert!(
+                plan.clusters.contains_key(c),
+                "route to missing cluster {c}"
+            );
+        }
+        if !options.sni {
+            assert!(plan.sni.is_empty());
+        }
+    }
+}
+
+/// The Service ports the annotation inputs are checked against.
+const PORTS: [(&str, Protocol); 4] = [
+    ("https", Protocol::Tcp),
+    ("http", Protocol::Tcp),
+    ("", Protocol::Tcp),
+    ("dns", Protocol::Udp),
+];
+
+/// KKP's annotations: the input is the `port-mapping` JSON and, split at
+/// the first NUL, an `expose` value. An accepted mapping names only TCP
+/// ports of the Service, each host once, each a valid SNI host; an accepted
+/// expose value names at least one way to expose.
+pub fn annotations(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let (mapping, expose) = text.split_once('\0').unwrap_or((&text, ""));
+    if let Some(types) = parse_expose(expose) {
+        assert!(types.any());
+        assert_ne!(types, ExposeTypes::default());
+    }
+    let service = Service {
+        metadata: ObjectMeta {
+            namespace: "ns".into(),
+            name: "svc".into(),
+            annotations: [(
+                crate::expose::PORT_MAPPING_ANNOTATION_KEY.to_string(),
+                mapping.to_string(),
+            )]
+            .into(),
+            ..ObjectMeta::default()
+        },
+        spec: ServiceSpec {
+            ports: PORTS
+                .iter()
+                .map(|(name, protocol)| ServicePort {
+                    name: (*name).into(),
+                    port: 443,
+                    node_port: 0,
+                    protocol: *protocol,
+                })
+                .collect(),
+            ..ServiceSpec::default()
+        },
+    };
+    if let Ok(m) = port_mapping(&service) {
+        let mut hosts = std::collections::BTreeSet::new();
+        for (port, host) in &m {
+            assert!(
+                PORTS.iter().any(|(n, p)| n == port && *p == Protocol::Tcp),
+                "{port:?} is not a TCP port"
+            );
+            assert!(hosts.insert(host.clone()), "host {host} twice");
+            let s = host.to_string();
+            assert!(!s.is_empty() && !s.contains(char::is_whitespace), "{s:?}");
+        }
+    }
+}
