@@ -4,7 +4,7 @@
 //! either newcomers wait while the listener is full, or the oldest connection
 //! not yet settled (routed, past its request head) is shed for each newcomer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -155,26 +155,68 @@ pub struct AcceptOptions {
 /// The connections of one listener, oldest first, for [`AcceptOptions::shed_oldest`].
 pub struct Slots {
     limit: usize,
+    /// Unsettled connections one source address may hold; past it, that
+    /// source's own oldest is shed.
+    per_source: Option<usize>,
     state: parking_lot::Mutex<SlotsState>,
     freed: Notify,
     shed: AtomicU64,
+    on_shed: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 #[derive(Default)]
 struct SlotsState {
     next: u64,
     /// Connections that may still be shed, by admission order.
-    unsettled: BTreeMap<u64, CancellationToken>,
+    unsettled: BTreeMap<u64, (CancellationToken, Option<IpAddr>)>,
     settled: usize,
+    /// Unsettled connections per source, oldest first (only with a
+    /// per-source limit).
+    by_source: HashMap<IpAddr, VecDeque<u64>>,
+}
+
+impl SlotsState {
+    fn forget(&mut self, id: u64, source: Option<IpAddr>) {
+        if let Some(src) = source
+            && let Some(ids) = self.by_source.get_mut(&src)
+        {
+            ids.retain(|i| *i != id);
+            if ids.is_empty() {
+                self.by_source.remove(&src);
+            }
+        }
+    }
 }
 
 impl Slots {
     pub fn new(limit: usize) -> Arc<Slots> {
+        Self::build(limit, None, None)
+    }
+
+    /// Like [`Slots::new`], and each source address may hold at most
+    /// `per_source` unsettled connections (its own oldest is shed for its
+    /// newcomer, whoever else is waiting); `on_shed` runs for every
+    /// connection shed.
+    pub fn with(
+        limit: usize,
+        per_source: Option<usize>,
+        on_shed: Option<Box<dyn Fn() + Send + Sync>>,
+    ) -> Arc<Slots> {
+        Self::build(limit, per_source.filter(|n| *n > 0), on_shed)
+    }
+
+    fn build(
+        limit: usize,
+        per_source: Option<usize>,
+        on_shed: Option<Box<dyn Fn() + Send + Sync>>,
+    ) -> Arc<Slots> {
         Arc::new(Slots {
             limit: limit.max(1),
+            per_source,
             state: parking_lot::Mutex::new(SlotsState::default()),
             freed: Notify::new(),
             shed: AtomicU64::new(0),
+            on_shed,
         })
     }
 
@@ -189,27 +231,51 @@ impl Slots {
         s.unsettled.len() + s.settled
     }
 
-    /// Admits a connection, shedding the oldest unsettled one if full;
-    /// waits while every held connection has settled.
-    async fn admit(self: &Arc<Self>) -> Slot {
+    fn shed_one(&self, token: CancellationToken) {
+        token.cancel();
+        self.shed.fetch_add(1, Ordering::Relaxed);
+        if let Some(f) = &self.on_shed {
+            f();
+        }
+    }
+
+    /// Admits a connection from `source`, shedding the oldest unsettled one
+    /// (of that source, if it is over its own limit) if full; waits while
+    /// every held connection has settled.
+    async fn admit(self: &Arc<Self>, source: Option<IpAddr>) -> Slot {
+        let source = source.filter(|_| self.per_source.is_some());
         loop {
             let freed = self.freed.notified();
             {
                 let mut s = self.state.lock();
-                if s.unsettled.len() + s.settled >= self.limit
-                    && let Some((_, oldest)) = s.unsettled.pop_first()
+                if let (Some(src), Some(max)) = (source, self.per_source)
+                    && let Some(ids) = s.by_source.get(&src)
+                    && ids.len() >= max
+                    && let Some(&oldest) = ids.front()
                 {
-                    oldest.cancel();
-                    self.shed.fetch_add(1, Ordering::Relaxed);
+                    s.forget(oldest, Some(src));
+                    if let Some((token, _)) = s.unsettled.remove(&oldest) {
+                        self.shed_one(token);
+                    }
+                }
+                if s.unsettled.len() + s.settled >= self.limit
+                    && let Some((id, (oldest, src))) = s.unsettled.pop_first()
+                {
+                    s.forget(id, src);
+                    self.shed_one(oldest);
                 }
                 if s.unsettled.len() + s.settled < self.limit {
                     let id = s.next;
                     s.next += 1;
                     let token = CancellationToken::new();
-                    s.unsettled.insert(id, token.clone());
+                    s.unsettled.insert(id, (token.clone(), source));
+                    if let Some(src) = source {
+                        s.by_source.entry(src).or_default().push_back(id);
+                    }
                     return Slot {
                         slots: self.clone(),
                         id,
+                        source,
                         token,
                         settled: std::sync::atomic::AtomicBool::new(false),
                     };
@@ -224,6 +290,7 @@ impl Slots {
 struct Slot {
     slots: Arc<Slots>,
     id: u64,
+    source: Option<IpAddr>,
     token: CancellationToken,
     settled: std::sync::atomic::AtomicBool,
 }
@@ -233,6 +300,7 @@ impl Slot {
         let mut s = self.slots.state.lock();
         // Not there: settled before, or shed and on its way out.
         if s.unsettled.remove(&self.id).is_some() {
+            s.forget(self.id, self.source);
             s.settled += 1;
             self.settled.store(true, Ordering::Relaxed);
         }
@@ -243,7 +311,9 @@ impl Drop for Slot {
     fn drop(&mut self) {
         {
             let mut s = self.slots.state.lock();
-            if s.unsettled.remove(&self.id).is_none() && *self.settled.get_mut() {
+            if s.unsettled.remove(&self.id).is_some() {
+                s.forget(self.id, self.source);
+            } else if *self.settled.get_mut() {
                 s.settled -= 1;
             }
         }
@@ -294,6 +364,7 @@ pub async fn accept_loop<L, F, Fut>(
             Ok((io, peer)) => {
                 backoff = Duration::from_millis(5);
                 let span = tracing::debug_span!("conn", listener = name, peer = %peer);
+                let source = peer.parse::<SocketAddr>().ok().map(|a| a.ip());
                 let conn = handle(io, peer, permit);
                 match &options.shed_oldest {
                     None => {
@@ -302,7 +373,7 @@ pub async fn accept_loop<L, F, Fut>(
                     Some(slots) => {
                         let slot = tokio::select! {
                             _ = drain.draining() => break,
-                            s = slots.admit() => Arc::new(s),
+                            s = slots.admit(source) => Arc::new(s),
                         };
                         let token = slot.token.clone();
                         let conn = SLOT.scope(slot, async move {
@@ -471,6 +542,74 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("not served after a place freed up: {e}"));
         assert_eq!(slots.shed_total(), 3, "nothing settled was shed");
+        drain.start();
+    }
+
+    /// With a per-source limit, a source over it sheds its own oldest
+    /// unsettled connection, not the listener's oldest (another source's).
+    #[tokio::test]
+    async fn a_source_over_its_limit_sheds_its_own_oldest() {
+        use std::sync::atomic::AtomicUsize;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = bind_tcp("127.0.0.1", 0)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let drain = Drain::new();
+        let hook_count = Arc::new(AtomicUsize::new(0));
+        let hc = hook_count.clone();
+        let slots = Slots::with(
+            8,
+            Some(2),
+            Some(Box::new(move || {
+                hc.fetch_add(1, Ordering::Relaxed);
+            })),
+        );
+        let options = AcceptOptions {
+            shed_oldest: Some(slots.clone()),
+            ..AcceptOptions::default()
+        };
+        tokio::spawn(accept_loop(
+            l,
+            "test",
+            drain.clone(),
+            options,
+            |mut io: TcpStream, _, _| async move {
+                let mut b = [0u8; 1];
+                while let Ok(1) = io.read(&mut b).await {
+                    let _ = io.write_all(&b).await;
+                }
+            },
+        ));
+        async fn from(src: [u8; 4], addr: SocketAddr) -> TcpStream {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("{e}"));
+            sock.bind(SocketAddr::from((src, 0)))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut c = sock.connect(addr).await.unwrap_or_else(|e| panic!("{e}"));
+            // Served: the accept loop has admitted it.
+            c.write_all(b"x").await.unwrap_or_else(|e| panic!("{e}"));
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b).await.unwrap_or_else(|e| panic!("{e}"));
+            c
+        }
+        async fn alive(c: &mut TcpStream) -> bool {
+            let mut b = [0u8; 1];
+            c.write_all(b"y").await.is_ok() && matches!(c.read(&mut b).await, Ok(1))
+        }
+        let mut others = [
+            from([127, 0, 0, 3], addr).await,
+            from([127, 0, 0, 3], addr).await,
+        ];
+        let mut first = from([127, 0, 0, 2], addr).await;
+        let _second = from([127, 0, 0, 2], addr).await;
+        let _third = from([127, 0, 0, 2], addr).await;
+        assert!(!alive(&mut first).await, "the source's oldest was not shed");
+        for (i, c) in others.iter_mut().enumerate() {
+            assert!(alive(c).await, "another source's connection {i} was shed");
+        }
+        assert_eq!(slots.shed_total(), 1);
+        assert_eq!(hook_count.load(Ordering::Relaxed), 1);
+        assert_eq!(slots.live(), 4);
         drain.start();
     }
 }

@@ -67,7 +67,8 @@ pub fn flag_set() -> FlagSet {
     .duration("route-drain-timeout", p.route_drain_timeout, "how long connections on a removed route (Service gone or without a ready endpoint) may continue; Envoy's --drain-time-s")
     .duration("drain-timeout", p.drain_timeout, "after SIGTERM, how long connections may continue")
     .duration("shutdown-delay", p.shutdown_delay, "after SIGTERM, how long /healthz fails while traffic is still served")
-    .int("max-connections-per-listener", p.max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener")
+    .int("max-connections-per-listener", p.max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener; when full, the oldest connection without a ClientHello or request head yet is closed for a newcomer")
+    .int("max-pending-connections-per-ip", p.max_pending_connections_per_ip as i64, "connections one client IP may hold on the SNI and tunneling listeners before sending a ClientHello or request head; past it, its oldest is closed (0: no limit)")
     .int("buffer-size", p.buffer_size as i64, "bytes per direction buffered for each proxied connection")
     .int("tunneling-max-concurrent-streams", i64::from(p.max_streams_per_connection), "CONNECT streams per HTTP/2 connection")
     .int("worker-threads", 0, "runtime worker threads (0: one per core)")
@@ -188,6 +189,8 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         drain_timeout: v.duration("drain-timeout"),
         shutdown_delay: v.duration("shutdown-delay"),
         max_connections_per_listener: positive(v, "max-connections-per-listener")?,
+        max_pending_connections_per_ip: usize::try_from(v.int("max-pending-connections-per-ip"))
+            .map_err(|_| "-max-pending-connections-per-ip must not be negative".to_string())?,
         buffer_size: positive(v, "buffer-size")?.clamp(1024, 1 << 20),
         max_streams_per_connection: u32::try_from(positive(v, "tunneling-max-concurrent-streams")?)
             .unwrap_or(u32::MAX),

@@ -82,6 +82,10 @@ pub struct ProxyConfig {
     /// Open connections per listener (CONNECT streams count on the tunneling
     /// listener); further ones wait in the kernel backlog.
     pub max_connections_per_listener: usize,
+    /// Connections one client IP address may hold on the SNI or tunneling
+    /// listener before sending its ClientHello or request head; past it,
+    /// that address's oldest such connection is closed. 0: no limit.
+    pub max_pending_connections_per_ip: usize,
     /// Each direction of each proxied connection has one buffer of this size.
     pub buffer_size: usize,
     /// Concurrent CONNECT streams per HTTP/2 connection.
@@ -105,6 +109,7 @@ impl Default for ProxyConfig {
             drain_timeout: Duration::from_secs(30),
             shutdown_delay: Duration::from_secs(5),
             max_connections_per_listener: 10_000,
+            max_pending_connections_per_ip: 0,
             buffer_size: 16 * 1024,
             max_streams_per_connection: 1024,
         }

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use daemon::drain::Drain;
-use daemon::listen::{AcceptOptions, accept_loop};
+use daemon::listen::{AcceptOptions, Slots, accept_loop};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, watch};
 
 use crate::config::ProxyConfig;
 use crate::forward::Shared;
 use crate::health::Health;
-use crate::metrics::Metrics;
+use crate::metrics::{ListenerStats, Metrics};
 use crate::model::Inventory;
 use crate::plan::PlanOptions;
 use crate::source::{self, SourceError};
@@ -126,11 +126,19 @@ impl NodePortProxy {
             shared.clone(),
             listeners.node_ports,
         ));
-        let limit = || AcceptOptions {
-            max_connections: Some(Arc::new(Semaphore::new(
-                shared.config.max_connections_per_listener,
-            ))),
-            ..AcceptOptions::default()
+        // When full, a newcomer closes the oldest connection that has not
+        // sent its ClientHello or request head yet (a flood of half-open
+        // connections cannot keep clients out), not itself.
+        let limit = |stats: &ListenerStats| {
+            let stats = stats.clone();
+            AcceptOptions {
+                shed_oldest: Some(Slots::with(
+                    shared.config.max_connections_per_listener,
+                    Some(shared.config.max_pending_connections_per_ip),
+                    Some(Box::new(move || stats.reject("shed_unrouted"))),
+                )),
+                ..AcceptOptions::default()
+            }
         };
         if let Some(l) = listeners.sni {
             tracing::info!(addr = ?addrs.sni, "serving SNI listener");
@@ -140,7 +148,7 @@ impl NodePortProxy {
                 l,
                 "sni",
                 drain.clone(),
-                limit(),
+                limit(&stats),
                 move |io: TcpStream, _, permit| {
                     let (s, stats) = (s.clone(), stats.clone());
                     async move {
@@ -152,16 +160,18 @@ impl NodePortProxy {
         }
         if let Some(l) = listeners.tunneling {
             tracing::info!(addr = ?addrs.tunneling, "serving tunneling listener");
+            let stats = metrics.listener(&listener_address(&l));
+            let options = limit(&stats);
             let tl = Arc::new(TunnelListener {
                 shared: shared.clone(),
-                stats: metrics.listener(&listener_address(&l)),
+                stats,
                 tunnels: Arc::new(Semaphore::new(shared.config.max_connections_per_listener)),
             });
             tokio::spawn(accept_loop(
                 l,
                 "tunneling",
                 drain.clone(),
-                limit(),
+                options,
                 move |io: TcpStream, _, permit| {
                     let tl = tl.clone();
                     async move {

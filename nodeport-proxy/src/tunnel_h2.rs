@@ -62,6 +62,9 @@ where
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((req, respond))) => {
+                    // A request came: no longer a half-open connection that
+                    // a newcomer may displace when the listener is full.
+                    daemon::listen::settle();
                     streams.send_modify(|n| *n += 1);
                     let l = l.clone();
                     let streams = streams.clone();

@@ -64,29 +64,6 @@ fn table(node_port: u16, echoes: &[std::net::SocketAddr], extra: bool) -> Value 
     inventory(services, slice_list)
 }
 
-fn client_hello(sni: &str) -> Vec<u8> {
-    let mut list = vec![0u8];
-    list.extend_from_slice(&(sni.len() as u16).to_be_bytes());
-    list.extend_from_slice(sni.as_bytes());
-    let mut ext = (list.len() as u16).to_be_bytes().to_vec();
-    ext.extend_from_slice(&list);
-    let mut exts = vec![0, 0];
-    exts.extend_from_slice(&(ext.len() as u16).to_be_bytes());
-    exts.extend_from_slice(&ext);
-    let mut body = vec![3, 3];
-    body.extend_from_slice(&[1u8; 32]);
-    body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
-    body.extend_from_slice(&(exts.len() as u16).to_be_bytes());
-    body.extend_from_slice(&exts);
-    let mut hs = vec![1];
-    hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
-    hs.extend_from_slice(&body);
-    let mut out = vec![22, 3, 1];
-    out.extend_from_slice(&(hs.len() as u16).to_be_bytes());
-    out.extend_from_slice(&hs);
-    out
-}
-
 enum Conn {
     Tcp(TcpStream),
     H2(daemon::h2io::H2Io),
