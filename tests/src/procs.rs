@@ -118,6 +118,17 @@ impl Proc {
         }
     }
 
+    /// The lines logged since the last look, without waiting (they are kept
+    /// in `log` too).
+    pub fn lines_so_far(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(l) = self.lines.try_recv() {
+            self.log.push(l.clone());
+            out.push(l);
+        }
+        out
+    }
+
     /// Waits until `n` `listening` lines were logged; returns listener → address.
     pub async fn listening(&mut self, n: usize) -> HashMap<String, String> {
         let mut out = HashMap::new();

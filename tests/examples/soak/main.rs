@@ -8,11 +8,16 @@
 //! ```
 //!
 //! Sections: `memory` (tunnel cycles through proxy-server and proxy-agent,
-//! HTTP CONNECT and gRPC), `abuse` (header bombs, oversize messages and
-//! heads), `peers` (frozen, killed and restarted peers). Limits that are not
-//! wall-clock figures (memory, counts, "still serving") make the run fail;
-//! times are reported beside their aims.
+//! HTTP CONNECT and gRPC; and through nodeport-proxy and tunnel-agent),
+//! `abuse` (header bombs, oversize messages and heads), `slowloris`
+//! (nodeport-proxy's listeners full of half-open connections, legitimate
+//! clients timed through them), `peers` (frozen, killed and restarted
+//! peers), `config` (a broken table file, a taken node port). Limits that
+//! are not wall-clock figures (memory, counts, "still serving") make the run
+//! fail; times are reported beside their aims.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod nodeport;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -114,6 +119,21 @@ struct Scale {
     cycles: usize,
     /// How long RSS is watched after each cycle's load.
     settle: Duration,
+}
+
+impl Scale {
+    /// The nodeport-proxy sections' scale: the quick run watches RSS for
+    /// less time (jemalloc's decay is 10 s) to stay short.
+    fn nodeport(self) -> Scale {
+        Scale {
+            settle: if self.quick {
+                Duration::from_secs(12)
+            } else {
+                self.settle
+            },
+            ..self
+        }
+    }
 }
 
 impl Scale {
@@ -750,11 +770,20 @@ async fn main() {
         memory(&mut other, scale, true, Some((dir, label))).await;
         report.rows.extend(other.rows);
     }
+    if run("memory") || run("nodeport-memory") {
+        nodeport::memory(&mut report, scale.nodeport(), None).await;
+    }
     if run("abuse") {
         abuse(&mut report).await;
     }
+    if run("slowloris") {
+        nodeport::slowloris(&mut report, scale.nodeport(), None).await;
+    }
     if run("peers") {
         peers(&mut report, scale).await;
+    }
+    if run("config") {
+        nodeport::config(&mut report, scale.nodeport(), None).await;
     }
     println!("soak took {:.0} s", started.elapsed().as_secs_f64());
     if let Some(path) = out {

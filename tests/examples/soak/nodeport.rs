@@ -1,0 +1,678 @@
+//! The soak's nodeport-proxy sections: memory cycles through every kind of
+//! connection (SNI, HTTP/1.1 CONNECT, HTTP/2 CONNECT from tunnel-agent,
+//! NodePort) with half-open connections beside them; slowloris floods at the
+//! listener limit with legitimate clients timed through them; and a broken
+//! table file and a taken node port.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use integration_tests::dest;
+use integration_tests::http_get;
+use integration_tests::k8s::free_port;
+use integration_tests::konnectivity::metric;
+use integration_tests::nodeport::{client_hello, inventory, service, slices, with_mapping};
+use integration_tests::procs::{Proc, status_kib};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{PeakWatch, Report, Scale, lowest, mib, spawn};
+
+const HOST: &str = "echo.seed.example.com";
+const AUTHORITY: &str = "echo.cluster-soak.svc.cluster.local:7000";
+
+/// Where a running proxy (and its tunnel-agent) can be reached.
+#[derive(Clone, Copy)]
+struct Addrs {
+    sni: SocketAddr,
+    tunnel: SocketAddr,
+    stats: SocketAddr,
+    node_port: SocketAddr,
+    agent: Option<SocketAddr>,
+}
+
+struct Rig {
+    proxy: Proc,
+    agent: Option<Proc>,
+    addrs: Addrs,
+    file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// An SNI + tunneling Service and a NodePort one, both to `echo`, plus
+/// `extra` Services.
+fn table(echo: SocketAddr, node_port: u16, extra: &[(Value, Vec<Value>)]) -> Value {
+    let mut services = vec![
+        with_mapping(
+            service(
+                "cluster-soak",
+                "echo",
+                "SNI, Tunneling",
+                "ClusterIP",
+                &[("raw", 7000, 0)],
+            ),
+            &[("raw", HOST)],
+        ),
+        service(
+            "cluster-soak",
+            "np",
+            "NodePort",
+            "NodePort",
+            &[("tcp", 7000, node_port)],
+        ),
+    ];
+    let mut slice_list = vec![
+        slices("cluster-soak", "echo", "raw", &[(echo, true)]),
+        slices("cluster-soak", "np", "tcp", &[(echo, true)]),
+    ];
+    for (s, l) in extra {
+        services.push(s.clone());
+        slice_list.push(l.clone());
+    }
+    inventory(services, slice_list)
+}
+
+/// Replaces the table file the way a ConfigMap update or an editor does.
+fn write_table(file: &Path, text: &str) {
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+async fn wait_healthy(stats: SocketAddr, what: &str, path: &str) {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok((200, _)) =
+            tokio::time::timeout(Duration::from_secs(2), http_get_safe(stats, path)).await
+        {
+            return;
+        }
+        assert!(Instant::now() < end, "{what} not ready within 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `http_get` that reports a refused connection instead of panicking.
+async fn http_get_safe(addr: SocketAddr, path: &str) -> (u16, String) {
+    if TcpStream::connect(addr).await.is_err() {
+        return (0, String::new());
+    }
+    http_get(addr, path).await
+}
+
+impl Rig {
+    async fn start(bins: Option<&Path>, echo: SocketAddr, extra: &[String], agent: bool) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("table.json");
+        let node_port = free_port();
+        std::fs::write(&file, table(echo, node_port, &[]).to_string()).unwrap();
+        let (sni, tunnel, stats) = (free_port(), free_port(), free_port());
+        let mut args: Vec<String> = vec![
+            format!("-config={}", file.display()),
+            "-bind-address=127.0.0.1".into(),
+            format!("-envoy-sni-port={sni}"),
+            format!("-envoy-tunneling-port={tunnel}"),
+            format!("-envoy-stats-port={stats}"),
+        ];
+        args.extend(extra.iter().cloned());
+        let proxy = spawn(bins, "nodeport-proxy", &args);
+        wait_healthy(loopback(stats), "nodeport-proxy", "/healthz").await;
+        let mut addrs = Addrs {
+            sni: loopback(sni),
+            tunnel: loopback(tunnel),
+            stats: loopback(stats),
+            node_port: loopback(node_port),
+            agent: None,
+        };
+        let agent = if agent {
+            let (listen, astats) = (free_port(), free_port());
+            let p = spawn(
+                bins,
+                "tunnel-agent",
+                &[
+                    "-proxy-host=127.0.0.1".into(),
+                    format!("-proxy-port={tunnel}"),
+                    format!("-listener=127.0.0.1:{listen}={AUTHORITY}"),
+                    "-stats-address=127.0.0.1".into(),
+                    format!("-stats-port={astats}"),
+                ],
+            );
+            wait_healthy(loopback(astats), "tunnel-agent", "/ready").await;
+            addrs.agent = Some(loopback(listen));
+            Some(p)
+        } else {
+            None
+        };
+        Rig {
+            proxy,
+            agent,
+            addrs,
+            file,
+            _dir: dir,
+        }
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        let mut p = vec![self.proxy.child.id().unwrap()];
+        if let Some(a) = &self.agent {
+            p.push(a.child.id().unwrap());
+        }
+        p
+    }
+
+    async fn metrics(&self) -> String {
+        http_get(self.addrs.stats, "/stats/prometheus").await.1
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Sni,
+    Connect,
+    Agent,
+    NodePort,
+}
+
+const KINDS: [Kind; 4] = [Kind::Sni, Kind::Connect, Kind::Agent, Kind::NodePort];
+
+/// Opens a connection of `kind` and proves it routed by an echo of
+/// `payload` bytes; also returns how long routing took (connect to the first
+/// byte back through the route).
+async fn open(a: Addrs, kind: Kind, payload: usize) -> Option<(TcpStream, Duration)> {
+    let t0 = Instant::now();
+    let mut s = match kind {
+        Kind::Sni => TcpStream::connect(a.sni).await.ok()?,
+        Kind::Connect => TcpStream::connect(a.tunnel).await.ok()?,
+        Kind::Agent => TcpStream::connect(a.agent?).await.ok()?,
+        Kind::NodePort => TcpStream::connect(a.node_port).await.ok()?,
+    };
+    let routed = match kind {
+        Kind::Sni => {
+            let hello = client_hello(HOST);
+            s.write_all(&hello).await.ok()?;
+            let mut back = vec![0u8; hello.len()];
+            s.read_exact(&mut back).await.ok()?;
+            (back == hello).then(|| t0.elapsed())?
+        }
+        Kind::Connect => {
+            s.write_all(
+                format!("CONNECT {AUTHORITY} HTTP/1.1\r\nHost: {AUTHORITY}\r\n\r\n").as_bytes(),
+            )
+            .await
+            .ok()?;
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                if s.read(&mut b).await.ok()? == 0 {
+                    return None;
+                }
+                head.push(b[0]);
+            }
+            head.starts_with(b"HTTP/1.1 200").then(|| t0.elapsed())?
+        }
+        Kind::Agent | Kind::NodePort => Duration::ZERO,
+    };
+    let data = vec![b'x'; payload];
+    s.write_all(&data).await.ok()?;
+    let mut back = vec![0u8; payload];
+    s.read_exact(&mut back).await.ok()?;
+    let routed = if routed.is_zero() {
+        t0.elapsed()
+    } else {
+        routed
+    };
+    (back == data).then_some((s, routed))
+}
+
+/// Open connections the proxy counts on its listeners.
+fn listener_connections(m: &str) -> f64 {
+    m.lines()
+        .filter(|l| l.starts_with("envoy_listener_downstream_cx_active{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits (bounded) until the proxy holds at most `n` connections.
+async fn wait_connections(rig: &Rig, n: f64) {
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end && listener_connections(&rig.metrics().await) > n {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn silent(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    futures::stream::iter(0..n)
+        .map(|_| async move { TcpStream::connect(addr).await.ok() })
+        .buffer_unordered(256)
+        .filter_map(|s| async move { s })
+        .collect()
+        .await
+}
+
+struct Sizes {
+    held: usize,
+    silent: usize,
+    short: usize,
+}
+
+/// Memory cycles: connections of every kind held and short-lived, with
+/// half-open ones beside them, then all closed; RSS must come back.
+pub async fn memory(report: &mut Report, scale: Scale, bins: Option<&Path>) {
+    let section = "memory";
+    let sizes = if scale.quick {
+        Sizes {
+            held: 200,
+            silent: 200,
+            short: 200,
+        }
+    } else {
+        // Agent tunnels share one HTTP/2 connection of at most 1024
+        // streams: a quarter of the held ones plus the short ones in flight.
+        Sizes {
+            held: 3200,
+            silent: 4000,
+            short: 4000,
+        }
+    };
+    let echo = dest::echo().await;
+    let rig = Rig::start(bins, echo, &[], true).await;
+    let pids = rig.pids();
+    let names = ["nodeport-proxy", "tunnel-agent"];
+    let idle = lowest(&pids, Duration::from_secs(1)).await;
+    let mut peaks = Vec::new();
+    let mut errors = 0;
+    for cycle in 1..=scale.cycles {
+        let watch = PeakWatch::start(&pids);
+        let a = rig.addrs;
+        let mut half_open = silent(a.sni, sizes.silent / 2).await;
+        half_open.extend(silent(a.tunnel, sizes.silent - sizes.silent / 2).await);
+        let held: Vec<_> = futures::stream::iter(0..sizes.held)
+            .map(|i| async move { open(a, KINDS[i % 4], 1024).await.map(|(s, _)| s) })
+            .buffer_unordered(200)
+            .collect()
+            .await;
+        let short: usize = futures::stream::iter(0..sizes.short)
+            .map(|i| async move { usize::from(open(a, KINDS[i % 4], 16 << 10).await.is_none()) })
+            .buffer_unordered(100)
+            .fold(0, |x, y| async move { x + y })
+            .await;
+        errors += short + held.iter().filter(|s| s.is_none()).count();
+        errors += sizes.silent - half_open.len();
+        drop(held);
+        drop(half_open);
+        // The agent's HTTP/2 connection stays.
+        wait_connections(&rig, 1.0).await;
+        let peak = watch.finish().await;
+        let low = lowest(&pids, scale.settle).await;
+        for (i, name) in names.iter().enumerate() {
+            report.figure(
+                section,
+                format!(
+                    "{name}, cycle {cycle}: peak / lowest within {:?} after",
+                    scale.settle
+                ),
+                format!("{} / {}", mib(peak[i]), mib(low[i])),
+                String::new(),
+            );
+            report.limit(
+                section,
+                format!("{name}, cycle {cycle}: lowest RSS after the load"),
+                mib(low[i]),
+                format!("≤ idle ({}) + 10 % + 16 MiB", mib(idle[i])),
+                low[i] <= idle[i] + idle[i] / 10 + 16 * 1024,
+            );
+        }
+        peaks.push(peak);
+    }
+    for (i, name) in names.iter().enumerate() {
+        let first = peaks[0][i];
+        let worst = peaks.iter().map(|p| p[i]).max().unwrap_or(0);
+        report.limit(
+            section,
+            format!("{name}: highest cycle peak / cycle 1 peak"),
+            format!("{:.2}", worst as f64 / first.max(1) as f64),
+            "≤ 1.10".into(),
+            worst as f64 <= first as f64 * 1.1,
+        );
+    }
+    report.limit(
+        section,
+        format!(
+            "nodeport-proxy: failed connections ({} cycles of {} held (SNI, HTTP/1.1 CONNECT, tunnel-agent HTTP/2, NodePort) + {} short + {} half-open)",
+            scale.cycles, sizes.held, sizes.short, sizes.silent
+        ),
+        errors.to_string(),
+        "0".into(),
+        errors == 0,
+    );
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Slowloris at the listener limit (issue 14.4): the listener is filled
+/// with half-open connections and an attacker keeps opening more, while
+/// legitimate clients connect and are timed until routed.
+pub async fn slowloris(report: &mut Report, scale: Scale, bins: Option<&Path>) {
+    let section = "slowloris";
+    let (limit, legit, rate) = if scale.quick {
+        (300usize, 50usize, 100u32)
+    } else {
+        (10_000, 200, 500)
+    };
+    let echo = dest::echo().await;
+    let rig = Rig::start(
+        bins,
+        echo,
+        &[format!("-max-connections-per-listener={limit}")],
+        false,
+    )
+    .await;
+    let pid = rig.proxy.child.id().unwrap();
+    let idle = lowest(&[pid], Duration::from_secs(1)).await[0];
+    let watch = PeakWatch::start(&[pid]);
+    for (name, kind, addr) in [
+        ("6443 (SNI)", Kind::Sni, rig.addrs.sni),
+        ("8088 (tunneling)", Kind::Connect, rig.addrs.tunnel),
+    ] {
+        let before = status_kib(pid, "VmRSS");
+        let flood = silent(addr, limit).await;
+        let full = status_kib(pid, "VmRSS");
+        // The attacker goes on opening half-open connections.
+        let stop = Arc::new(AtomicBool::new(false));
+        let attacker = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut held = std::collections::VecDeque::new();
+                let mut tick = tokio::time::interval(Duration::from_millis(10));
+                let per_tick = (rate / 100).max(1);
+                let mut opened = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    for _ in 0..per_tick {
+                        if let Ok(s) = TcpStream::connect(addr).await {
+                            held.push_back(s);
+                            opened += 1;
+                        }
+                    }
+                    // The proxy sheds the oldest; keep our descriptors bounded too.
+                    while held.len() > 2000 {
+                        held.pop_front();
+                    }
+                }
+                opened
+            })
+        };
+        let a = rig.addrs;
+        let times: Vec<Option<Duration>> = futures::stream::iter(0..legit)
+            .map(|i| async move {
+                tokio::time::sleep(Duration::from_millis(20) * i as u32).await;
+                tokio::time::timeout(Duration::from_secs(30), open(a, kind, 64))
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|(_, t)| t)
+            })
+            .buffer_unordered(legit)
+            .collect()
+            .await;
+        stop.store(true, Ordering::Relaxed);
+        let attacked = attacker.await.unwrap_or(0);
+        let mut ok: Vec<Duration> = times.iter().flatten().copied().collect();
+        ok.sort();
+        let shed = metric(
+            &rig.metrics().await,
+            &format!(
+                "nodeport_proxy_rejected_connections_total{{envoy_listener_address=\"127.0.0.1_{}\",reason=\"shed_unrouted\"}}",
+                addr.port()
+            ),
+        );
+        drop(flood);
+        report.limit(
+            section,
+            format!(
+                "{name}: legitimate connections routed while {limit} half-open held the listener and {attacked} more came"
+            ),
+            format!("{} of {legit}", ok.len()),
+            format!("{legit} of {legit}"),
+            ok.len() == legit,
+        );
+        report.figure(
+            section,
+            format!("{name}: legitimate connection's time to route, p50 / p99 / max"),
+            format!(
+                "{} / {} / {}",
+                ms(percentile(&ok, 0.5)),
+                ms(percentile(&ok, 0.99)),
+                ms(ok.last().copied().unwrap_or_default())
+            ),
+            "p99 < 100 ms (was 6-9 s)".into(),
+        );
+        report.figure(
+            section,
+            format!("{name}: half-open connections shed for newcomers"),
+            format!("{shed}"),
+            String::new(),
+        );
+        report.figure(
+            section,
+            format!("{name}: nodeport-proxy RSS with {limit} half-open connections"),
+            format!(
+                "{} ({:.1} KiB each)",
+                mib(full),
+                full.saturating_sub(before) as f64 / limit as f64
+            ),
+            String::new(),
+        );
+        wait_connections(&rig, 0.0).await;
+    }
+    let peak = watch.finish().await[0];
+    let low = lowest(&[pid], scale.settle).await[0];
+    report.figure(
+        section,
+        format!(
+            "nodeport-proxy: peak / lowest within {:?} after",
+            scale.settle
+        ),
+        format!("{} / {}", mib(peak), mib(low)),
+        "(was 8 → 107 MB, kept)".into(),
+    );
+    report.limit(
+        section,
+        "nodeport-proxy: lowest RSS after the floods".into(),
+        mib(low),
+        format!("≤ idle ({}) + 10 % + 16 MiB", mib(idle)),
+        low <= idle + idle / 10 + 16 * 1024,
+    );
+}
+
+/// Lines the proxy logged since the last look that contain `needle`.
+fn count_lines(p: &mut Proc, needle: &str) -> usize {
+    p.lines_so_far()
+        .iter()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+async fn wait_metric(rig: &Rig, series: &str, want: impl Fn(f64) -> bool, what: &str) -> Duration {
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs(60);
+    loop {
+        if want(metric(&rig.metrics().await, series)) {
+            return t0.elapsed();
+        }
+        assert!(Instant::now() < end, "{what}: not within 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A broken table file and a taken node port (issue 14.7): one error each,
+/// the last good table keeps serving, /healthz and metrics say why.
+pub async fn config(report: &mut Report, scale: Scale, bins: Option<&Path>) {
+    let section = "config";
+    let echo = dest::echo().await;
+    let mut rig = Rig::start(bins, echo, &[], false).await;
+    let node_port = rig.addrs.node_port.port();
+    let good = table(echo, node_port, &[]).to_string();
+    rig.proxy.lines_so_far();
+    // A broken file, then a busy directory and the same bytes again.
+    write_table(&rig.file, "{\"services\": [");
+    let failed = "nodeport_proxy_table_reloads_total{result=\"failed\"} ";
+    wait_metric(&rig, failed, |v| v >= 1.0, "the broken file's failure").await;
+    let log = rig.file.with_file_name("proxy.log");
+    let neighbour_writes = if scale.quick { 50 } else { 500 };
+    for i in 0..neighbour_writes {
+        std::fs::write(&log, format!("line {i}\n")).unwrap();
+        if i % 10 == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    for _ in 0..5 {
+        std::fs::write(&rig.file, "{\"services\": [").unwrap();
+    }
+    let (code, health) = http_get(rig.addrs.stats, "/healthz").await;
+    let serving = open(rig.addrs, Kind::Sni, 64).await.is_some();
+    // Repaired, with one more Service: applied.
+    let extra = (
+        service(
+            "cluster-soak",
+            "extra",
+            "Tunneling",
+            "ClusterIP",
+            &[("tcp", 7001, 0)],
+        ),
+        slices("cluster-soak", "extra", "tcp", &[(echo, true)]),
+    );
+    write_table(&rig.file, &table(echo, node_port, &[extra]).to_string());
+    wait_metric(
+        &rig,
+        "nodeport_proxy_routes{kind=\"tunnel\"} ",
+        |v| v >= 2.0,
+        "the repaired file",
+    )
+    .await;
+    let errors = count_lines(&mut rig.proxy, "routing table not reloaded");
+    let m = rig.metrics().await;
+    report.limit(
+        section,
+        format!(
+            "broken table file, {neighbour_writes} writes to a file beside it and 5 identical rewrites: errors logged"
+        ),
+        errors.to_string(),
+        "1 (was one every 50 ms)".into(),
+        errors == 1,
+    );
+    report.limit(
+        section,
+        "broken table file: reload failures counted".into(),
+        metric(&m, failed).to_string(),
+        "1".into(),
+        metric(&m, failed) == 1.0,
+    );
+    let shown = code == 200 && health.contains("routing table: last reload failed: parsing");
+    report.limit(
+        section,
+        "broken table file: /healthz 200 naming the error".into(),
+        shown.to_string(),
+        "true".into(),
+        shown,
+    );
+    report.limit(
+        section,
+        "broken table file: the last good table still serves".into(),
+        serving.to_string(),
+        "true".into(),
+        serving,
+    );
+    drop(good);
+
+    // A node port another process holds.
+    let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = blocker.local_addr().unwrap().port();
+    let np2 = (
+        service(
+            "cluster-soak",
+            "taken",
+            "NodePort",
+            "NodePort",
+            &[("tcp", 7002, taken)],
+        ),
+        slices("cluster-soak", "taken", "tcp", &[(echo, true)]),
+    );
+    rig.proxy.lines_so_far();
+    write_table(&rig.file, &table(echo, node_port, &[np2]).to_string());
+    wait_metric(
+        &rig,
+        "nodeport_proxy_node_ports_unbound ",
+        |v| v == 1.0,
+        "the taken node port",
+    )
+    .await;
+    let attempts = if scale.quick { 2.0 } else { 4.0 };
+    wait_metric(
+        &rig,
+        "nodeport_proxy_node_port_bind_failures_total ",
+        |v| v >= attempts,
+        "bind retries",
+    )
+    .await;
+    let (code, health) = http_get(rig.addrs.stats, "/healthz").await;
+    let shown = code == 200 && health.contains(&format!("node port {taken}: not listening"));
+    let errors = count_lines(&mut rig.proxy, "cannot bind NodePort listener");
+    report.limit(
+        section,
+        format!("taken node port, {attempts} bind attempts: errors logged"),
+        errors.to_string(),
+        "1".into(),
+        errors == 1,
+    );
+    report.limit(
+        section,
+        "taken node port: /healthz 200 naming it, nodeport_proxy_node_ports_unbound 1".into(),
+        shown.to_string(),
+        "true".into(),
+        shown,
+    );
+    drop(blocker);
+    let took = wait_metric(
+        &rig,
+        "nodeport_proxy_node_ports_unbound ",
+        |v| v == 0.0,
+        "the freed node port",
+    )
+    .await;
+    let mut a = rig.addrs;
+    a.node_port = loopback(taken);
+    let served = open(a, Kind::NodePort, 64).await.is_some();
+    report.limit(
+        section,
+        "taken node port: served once freed".into(),
+        served.to_string(),
+        "true".into(),
+        served,
+    );
+    report.figure(
+        section,
+        "taken node port: time from freed to listening".into(),
+        format!("{:.1} s", took.as_secs_f64()),
+        "≤ 30 s (back-off cap)".into(),
+    );
+}
