@@ -24,6 +24,19 @@ pub struct Reply {
     pub content_type: &'static str,
     pub body: Bytes,
     pub location: Option<String>,
+    /// Makes the body instead, on a blocking thread: for bodies that take
+    /// long to render (metrics at scale), so no runtime worker stalls.
+    pub render: Option<Render>,
+}
+
+/// A body rendered on a blocking thread (see [`Reply::render`]).
+#[derive(Clone)]
+pub struct Render(pub Arc<dyn Fn() -> Bytes + Send + Sync>);
+
+impl std::fmt::Debug for Render {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Render")
+    }
 }
 
 impl Reply {
@@ -33,6 +46,7 @@ impl Reply {
             content_type: "text/plain; charset=utf-8",
             body: body.into(),
             location: None,
+            render: None,
         }
     }
 
@@ -50,6 +64,15 @@ impl Reply {
             content_type: "text/plain; version=0.0.4; charset=utf-8",
             body: body.into(),
             location: None,
+            render: None,
+        }
+    }
+
+    /// Metrics whose text `render` makes on a blocking thread.
+    pub fn metrics_rendered(render: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        Reply {
+            render: Some(Render(Arc::new(move || Bytes::from(render())))),
+            ..Self::metrics(String::new())
         }
     }
 
@@ -59,6 +82,7 @@ impl Reply {
             content_type: "text/html; charset=utf-8",
             body: Bytes::new(),
             location: Some(location),
+            render: None,
         }
     }
 }
@@ -90,7 +114,16 @@ pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler, 
             let local = io.local_addr().ok();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let handler = handler.clone();
-                async move { Ok::<_, Infallible>(respond(&handler, &req, local)) }
+                async move {
+                    let mut resp = respond(&handler, &req, local);
+                    if let Some(Render(make)) = resp.1.take() {
+                        let body = tokio::task::spawn_blocking(move || make())
+                            .await
+                            .unwrap_or_default();
+                        *resp.0.body_mut() = Full::new(body);
+                    }
+                    Ok::<_, Infallible>(resp.0)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -110,11 +143,12 @@ pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler, 
     .await
 }
 
+/// The response, and what renders its body if that is left to do.
 fn respond(
     handler: &Handler,
     req: &Request<Incoming>,
     local: Option<SocketAddr>,
-) -> Response<Full<Bytes>> {
+) -> (Response<Full<Bytes>>, Option<Render>) {
     let head = Head {
         method: req.method(),
         path: req.uri().path(),
@@ -122,6 +156,7 @@ fn respond(
         local,
     };
     let reply = handler(&head);
+    let render = reply.render;
     let mut resp = Response::new(Full::new(reply.body));
     *resp.status_mut() = reply.status;
     if let Ok(v) = http::HeaderValue::from_str(reply.content_type) {
@@ -133,7 +168,7 @@ fn respond(
     {
         resp.headers_mut().insert(http::header::LOCATION, loc);
     }
-    resp
+    (resp, render)
 }
 
 #[cfg(test)]

@@ -1,32 +1,33 @@
 //! The Kubernetes source (what envoy-manager's controller did): watch
 //! Services and EndpointSlices (label `kubernetes.io/service-name`) through
-//! the apiserver with kube-rs, in `-namespace` or everywhere, and apply the
-//! whole picture to the proxy after every change (a short debounce merges
-//! bursts). Only Services carrying the expose annotation, and the slices of
-//! those Services, go into the inventory; the plan keeps Ready endpoints only.
-//! Needs get/list/watch on services and discovery.k8s.io endpointslices,
-//! nothing else.
+//! the apiserver with kube-rs, in `-namespace` or everywhere, and hand every
+//! added, changed or deleted object to the proxy as one change; the proxy's
+//! index re-evaluates only what the change touches. Changes that arrive
+//! while the previous ones are being applied are applied together. After
+//! a (re)list, objects not listed any more are deleted. Objects are not kept
+//! here: only what the plan reads is, in the index. Needs get/list/watch on
+//! services and discovery.k8s.io endpointslices, nothing else.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use kube::Api;
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::Notify;
 
+use crate::index::ObjKey;
 use crate::model::{
-    self, Endpoint, EndpointConditions, EndpointPort, Inventory, ObjectMeta, Protocol,
-    SERVICE_NAME_LABEL, ServicePort, ServiceSpec, ServiceType, Timestamp,
+    self, Endpoint, EndpointConditions, EndpointPort, ObjectMeta, Protocol, SERVICE_NAME_LABEL,
+    ServicePort, ServiceSpec, ServiceType, Timestamp,
 };
+use crate::store::Change;
 
-/// Changes arriving within this are applied together.
-const DEBOUNCE: Duration = Duration::from_millis(30);
+/// Changes applied in one go at most: a relist of a large seed is applied
+/// in slices of this, so one batch never holds everything twice.
+const MAX_BATCH: usize = 4096;
 
 #[derive(Debug, Clone)]
 pub struct KubeSource {
@@ -69,122 +70,150 @@ where
     }
 }
 
-/// Runs one reflector; notifies `changed` on every event and `ready` once
-/// the first list is in.
-async fn reflect<K>(
-    api: Api<K>,
-    cfg: watcher::Config,
-    writer: reflector::store::Writer<K>,
-    changed: Arc<Notify>,
-    what: &'static str,
-) where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    <K as kube::Resource>::DynamicType: Clone + Eq + std::hash::Hash + Default,
-{
-    let events = watcher(api, cfg).default_backoff().reflect(writer);
-    tokio::pin!(events);
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
-            Ok(_) => changed.notify_one(),
-            Err(e) => tracing::warn!(error = %e, "watching {what}; retrying"),
-        }
-    }
+/// One watch event of either kind.
+enum Event {
+    Service(Box<watcher::Event<core::Service>>),
+    Slice(Box<watcher::Event<discovery::EndpointSlice>>),
 }
 
-/// Follows Services and EndpointSlices and applies every change with
-/// `apply` (the proxy's [`crate::NodePortProxy::apply`]) until the returned
-/// future is dropped.
-pub async fn follow(client: kube::Client, source: KubeSource, apply: impl Fn(&Inventory) -> bool) {
-    let ns = source.namespace.as_deref();
-    let (services, svc_writer) = reflector::store::<core::Service>();
-    let (slices, slice_writer) = reflector::store::<discovery::EndpointSlice>();
-    let changed = Arc::new(Notify::new());
-    let svc_task = tokio::spawn(reflect(
-        api::<core::Service>(client.clone(), ns),
-        watcher::Config::default(),
-        svc_writer,
-        changed.clone(),
-        "services",
-    ));
-    let slice_task = tokio::spawn(reflect(
-        api::<discovery::EndpointSlice>(client, ns),
-        watcher::Config::default().labels(SERVICE_NAME_LABEL),
-        slice_writer,
-        changed.clone(),
-        "endpointslices",
-    ));
-    // Abort the watchers when this future is dropped.
-    struct Abort(Vec<tokio::task::JoinHandle<()>>);
-    impl Drop for Abort {
-        fn drop(&mut self) {
-            for t in &self.0 {
-                t.abort();
+/// What one kind's watch has told so far: the names it has listed or
+/// applied (to delete those a relist no longer lists).
+#[derive(Default)]
+struct Known {
+    keys: HashSet<ObjKey>,
+    /// During a relist, the names listed so far.
+    relisting: Option<HashSet<ObjKey>>,
+    synced: bool,
+}
+
+impl Known {
+    /// Turns one event into changes, given how to make one for an object
+    /// (`Some`) or a deletion (`None`).
+    fn changes<K: kube::Resource>(
+        &mut self,
+        ev: watcher::Event<K>,
+        change: impl Fn(ObjKey, Option<&K>) -> Change,
+        out: &mut Vec<Change>,
+    ) {
+        let key_of = |o: &K| {
+            ObjKey::new(
+                o.meta().namespace.as_deref().unwrap_or(""),
+                o.meta().name.as_deref().unwrap_or(""),
+            )
+        };
+        match ev {
+            watcher::Event::Apply(o) => {
+                let k = key_of(&o);
+                self.keys.insert(k.clone());
+                out.push(change(k, Some(&o)));
+            }
+            watcher::Event::Delete(o) => {
+                let k = key_of(&o);
+                self.keys.remove(&k);
+                out.push(change(k, None));
+            }
+            watcher::Event::Init => self.relisting = Some(HashSet::new()),
+            watcher::Event::InitApply(o) => {
+                let k = key_of(&o);
+                self.relisting.get_or_insert_default().insert(k.clone());
+                out.push(change(k, Some(&o)));
+            }
+            watcher::Event::InitDone => {
+                let listed = self.relisting.take().unwrap_or_default();
+                for gone in self.keys.difference(&listed) {
+                    out.push(change(gone.clone(), None));
+                }
+                self.keys = listed;
+                self.synced = true;
             }
         }
     }
-    let _abort = Abort(vec![svc_task, slice_task]);
-
-    if services.wait_until_ready().await.is_err() || slices.wait_until_ready().await.is_err() {
-        tracing::error!("kubernetes watches ended before their first list");
-        return;
-    }
-    let inv = inventory(&services, &slices, &source.expose_annotation_key);
-    tracing::info!(
-        services = inv.services.len(),
-        endpoint_slices = inv.endpoint_slices.len(),
-        "kubernetes source synced"
-    );
-    apply(&inv);
-    loop {
-        changed.notified().await;
-        tokio::time::sleep(DEBOUNCE).await;
-        let inv = inventory(&services, &slices, &source.expose_annotation_key);
-        if apply(&inv) {
-            tracing::debug!(services = inv.services.len(), "applied a kubernetes change");
-        }
-    }
 }
 
-/// The exposed Services and their slices, in the model's shape.
-pub fn inventory(
-    services: &Store<core::Service>,
-    slices: &Store<discovery::EndpointSlice>,
-    key: &str,
-) -> Inventory {
-    let services: Vec<model::Service> = services
-        .state()
-        .iter()
-        .filter(|s| {
+/// Follows Services and EndpointSlices and hands every change to `apply`
+/// (the proxy's [`crate::NodePortProxy::apply_changes`]), waiting for one
+/// batch to be applied before the next, until the returned future is
+/// dropped. The first batch waits until both kinds are listed.
+pub async fn follow<F, Fut>(client: kube::Client, source: KubeSource, apply: F)
+where
+    F: Fn(Vec<Change>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let ns = source.namespace.as_deref();
+    let services = watcher(
+        api::<core::Service>(client.clone(), ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .map(|e| e.map(|e| Event::Service(Box::new(e))));
+    let slices = watcher(
+        api::<discovery::EndpointSlice>(client, ns),
+        watcher::Config::default().labels(SERVICE_NAME_LABEL),
+    )
+    .default_backoff()
+    .map(|e| e.map(|e| Event::Slice(Box::new(e))));
+    let events = futures::stream::select(services, slices);
+    run(events, &source.expose_annotation_key, apply).await;
+}
+
+async fn run<S, F, Fut>(events: S, key: &str, apply: F)
+where
+    S: Stream<Item = Result<Event, watcher::Error>>,
+    F: Fn(Vec<Change>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    tokio::pin!(events);
+    let (mut svcs, mut slices) = (Known::default(), Known::default());
+    let service_change = |k: ObjKey, s: Option<&core::Service>| {
+        // Only exposed Services matter; one that lost the annotation is gone.
+        let s = s.filter(|s| {
             s.metadata
                 .annotations
                 .as_ref()
                 .is_some_and(|a| a.contains_key(key))
-        })
-        .map(|s| service(s))
-        .collect();
-    let wanted: HashSet<(&str, &str)> = services
-        .iter()
-        .map(|s| (s.metadata.namespace.as_str(), s.metadata.name.as_str()))
-        .collect();
-    let endpoint_slices = slices
-        .state()
-        .iter()
-        .map(|s| endpoint_slice(s))
-        .filter(|s| {
-            s.service_name()
-                .is_some_and(|n| wanted.contains(&(s.metadata.namespace.as_str(), n)))
-        })
-        .collect();
-    Inventory {
-        services,
-        endpoint_slices,
+        });
+        Change::Service(k, s.map(service))
+    };
+    let slice_change =
+        |k: ObjKey, s: Option<&discovery::EndpointSlice>| Change::Slice(k, s.map(endpoint_slice));
+    let mut pending = Vec::new();
+    let mut announced = false;
+    loop {
+        // Wait for one event, then take whatever else is ready.
+        let Some(first) = events.next().await else {
+            tracing::error!("kubernetes watches ended");
+            return;
+        };
+        let mut next = Some(first);
+        while let Some(ev) = next.take() {
+            match ev {
+                Ok(Event::Service(e)) => svcs.changes(*e, service_change, &mut pending),
+                Ok(Event::Slice(e)) => slices.changes(*e, slice_change, &mut pending),
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching services and endpointslices; retrying")
+                }
+            }
+            if pending.len() >= MAX_BATCH {
+                break;
+            }
+            next = events.next().now_or_never().flatten();
+        }
+        if !(svcs.synced && slices.synced) || pending.is_empty() {
+            continue;
+        }
+        if !announced {
+            announced = true;
+            tracing::info!(
+                services = svcs.keys.len(),
+                endpoint_slices = slices.keys.len(),
+                "kubernetes source synced"
+            );
+        }
+        let batch = std::mem::take(&mut pending);
+        let n = batch.len();
+        if apply(batch).await {
+            tracing::debug!(changes = n, "applied kubernetes changes");
+        }
     }
 }
 

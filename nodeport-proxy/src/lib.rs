@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod client_hello;
+pub mod cluster_stats;
 pub mod config;
 pub mod connect_request;
 pub mod expose;
@@ -14,6 +15,7 @@ mod forward;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod health;
+pub mod index;
 pub mod kube;
 pub mod limits;
 pub mod metrics;
@@ -22,6 +24,7 @@ pub mod names;
 mod node_port;
 pub mod plan;
 mod proxy;
+mod shards;
 mod sni;
 pub mod source;
 mod stats;

@@ -69,7 +69,7 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
     if let Some((client, source)) = kube {
         let p = proxy.clone();
         tokio::spawn(async move {
-            nodeport_proxy::kube::follow(client, source, |inv| p.apply(inv)).await;
+            nodeport_proxy::kube::follow(client, source, |changes| p.apply_changes(changes)).await;
         });
     } else {
         tokio::spawn(async move {

@@ -8,13 +8,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use daemon::metrics::Registry;
-use metrics::{Counter, Gauge, Histogram};
+use metrics::{Counter, Gauge};
 
-/// Envoy's default histogram buckets, in milliseconds.
-const MS_BUCKETS: &[f64] = &[
-    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
-    60000.0, 300000.0, 600000.0, 1800000.0, 3600000.0,
-];
+use crate::cluster_stats::ClusterSet;
+pub use crate::cluster_stats::ClusterStats;
+use crate::names::ClusterName;
 
 /// The tcp_proxy stat prefix KKP's NodePort and SNI chains use.
 pub const TCP_PREFIX: &str = "ingress_tcp";
@@ -23,6 +21,7 @@ pub const HTTP_PREFIX: &str = "ingress_http";
 
 pub struct Metrics {
     registry: Arc<Registry>,
+    clusters: ClusterSet,
     started: Instant,
     pub server_live: Gauge,
     server_uptime: Gauge,
@@ -90,30 +89,9 @@ impl ListenerStats {
     }
 }
 
-/// Envoy `cluster.<name>.*`.
-#[derive(Clone)]
-pub struct ClusterStats {
-    pub upstream_cx_total: Counter,
-    pub upstream_cx_active: Gauge,
-    pub upstream_cx_connect_fail: Counter,
-    pub upstream_cx_connect_timeout: Counter,
-    pub upstream_cx_none_healthy: Counter,
-    pub upstream_cx_rx_bytes_total: Counter,
-    pub upstream_cx_tx_bytes_total: Counter,
-    pub upstream_cx_connect_ms: Histogram,
-    pub upstream_rq_total: Counter,
-    pub upstream_rq_active: Gauge,
-    pub upstream_rq_time: Histogram,
-    pub membership_healthy: Gauge,
-    pub membership_total: Gauge,
-}
-
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
-        let r = Registry::new(&[
-            ("envoy_cluster_upstream_cx_connect_ms", MS_BUCKETS),
-            ("envoy_cluster_upstream_rq_time", MS_BUCKETS),
-        ]);
+        let r = Registry::new(&[]);
         describe(&r);
         let tcp_l = [("envoy_tcp_prefix", TCP_PREFIX)];
         let http_l = [("envoy_http_conn_manager_prefix", HTTP_PREFIX)];
@@ -186,6 +164,7 @@ impl Metrics {
             routes_tunnel: r.gauge("nodeport_proxy_routes", &[("kind", "tunnel")]),
             draining_routes: r.gauge("nodeport_proxy_draining_routes", &[]),
             registry: Arc::new(r),
+            clusters: ClusterSet::default(),
         };
         m.server_live.set(1.0);
         Arc::new(m)
@@ -212,24 +191,14 @@ impl Metrics {
         }
     }
 
-    pub fn cluster(&self, name: &str) -> ClusterStats {
-        let r = &self.registry;
-        let l = [("envoy_cluster_name", name)];
-        ClusterStats {
-            upstream_cx_total: r.counter("envoy_cluster_upstream_cx_total", &l),
-            upstream_cx_active: r.gauge("envoy_cluster_upstream_cx_active", &l),
-            upstream_cx_connect_fail: r.counter("envoy_cluster_upstream_cx_connect_fail", &l),
-            upstream_cx_connect_timeout: r.counter("envoy_cluster_upstream_cx_connect_timeout", &l),
-            upstream_cx_none_healthy: r.counter("envoy_cluster_upstream_cx_none_healthy", &l),
-            upstream_cx_rx_bytes_total: r.counter("envoy_cluster_upstream_cx_rx_bytes_total", &l),
-            upstream_cx_tx_bytes_total: r.counter("envoy_cluster_upstream_cx_tx_bytes_total", &l),
-            upstream_cx_connect_ms: r.histogram("envoy_cluster_upstream_cx_connect_ms", &l),
-            upstream_rq_total: r.counter("envoy_cluster_upstream_rq_total", &l),
-            upstream_rq_active: r.gauge("envoy_cluster_upstream_rq_active", &l),
-            upstream_rq_time: r.histogram("envoy_cluster_upstream_rq_time", &l),
-            membership_healthy: r.gauge("envoy_cluster_membership_healthy", &l),
-            membership_total: r.gauge("envoy_cluster_membership_total", &l),
-        }
+    /// The stats of a cluster entering the table.
+    pub fn cluster(&self, name: &ClusterName) -> ClusterStats {
+        self.clusters.add(name)
+    }
+
+    /// Drops the series of a cluster that left the table.
+    pub fn remove_cluster(&self, name: &ClusterName) {
+        self.clusters.remove(name);
     }
 
     pub fn reload(&self, result: ReloadResult) {
@@ -252,8 +221,11 @@ impl Metrics {
         self.routes_tunnel.set(tunnels as f64);
     }
 
-    /// The exposition text, with the server gauges brought up to date.
-    pub fn render(&self) -> String {
+    /// The exposition text, with the server gauges brought up to date;
+    /// `used_only`: per-cluster series of clusters that never carried
+    /// traffic are left out, but their membership (see cluster_stats.rs).
+    /// Takes a while at seed scale: call it off the runtime's workers.
+    pub fn render(&self, used_only: bool) -> String {
         self.server_uptime
             .set(self.started.elapsed().as_secs() as f64);
         if let Some(rss) = resident_bytes() {
@@ -261,7 +233,9 @@ impl Metrics {
             self.memory_allocated.set(rss as f64);
             self.memory_heap.set(rss as f64);
         }
-        self.registry.render()
+        let mut text = self.registry.render();
+        self.clusters.render(used_only, &mut text);
+        text
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -359,58 +333,6 @@ fn describe(r: &Registry) {
     r.describe_gauge(
         "envoy_listener_downstream_cx_active",
         "Open connections, per listener.",
-    );
-    r.describe_counter(
-        "envoy_cluster_upstream_cx_total",
-        "Upstream connections opened.",
-    );
-    r.describe_gauge(
-        "envoy_cluster_upstream_cx_active",
-        "Open upstream connections.",
-    );
-    r.describe_counter(
-        "envoy_cluster_upstream_cx_connect_fail",
-        "Upstream connects refused or failed.",
-    );
-    r.describe_counter(
-        "envoy_cluster_upstream_cx_connect_timeout",
-        "Upstream connects that timed out.",
-    );
-    r.describe_counter(
-        "envoy_cluster_upstream_cx_none_healthy",
-        "Connections with no endpoint to try.",
-    );
-    r.describe_counter(
-        "envoy_cluster_upstream_cx_rx_bytes_total",
-        "Bytes received from upstreams.",
-    );
-    r.describe_counter(
-        "envoy_cluster_upstream_cx_tx_bytes_total",
-        "Bytes sent to upstreams.",
-    );
-    r.describe_histogram(
-        "envoy_cluster_upstream_cx_connect_ms",
-        "Upstream connect time in milliseconds.",
-    );
-    r.describe_counter(
-        "envoy_cluster_upstream_rq_total",
-        "CONNECT tunnels routed to the cluster.",
-    );
-    r.describe_gauge(
-        "envoy_cluster_upstream_rq_active",
-        "Open CONNECT tunnels to the cluster.",
-    );
-    r.describe_histogram(
-        "envoy_cluster_upstream_rq_time",
-        "Time to the CONNECT response in milliseconds.",
-    );
-    r.describe_gauge(
-        "envoy_cluster_membership_healthy",
-        "Ready endpoints of the cluster.",
-    );
-    r.describe_gauge(
-        "envoy_cluster_membership_total",
-        "Endpoints of the cluster.",
     );
     r.describe_counter(
         "nodeport_proxy_table_reloads_total",

@@ -19,7 +19,7 @@ use crate::metrics::{ListenerStats, Metrics};
 use crate::model::Inventory;
 use crate::plan::PlanOptions;
 use crate::source::{self, SourceError};
-use crate::store::{TableStatus, TableStore};
+use crate::store::{Change, TableStatus, TableStore};
 use crate::table::RoutingTable;
 use crate::tunnel::TunnelListener;
 use crate::upstream::ConnectOptions;
@@ -87,7 +87,12 @@ impl NodePortProxy {
             metrics.clone(),
         ));
         let (follower, first) = source::Follower::start(config.source.clone());
-        store.apply(&first.map_err(ProxyError::Source)?);
+        let inventory = first.map_err(ProxyError::Source)?;
+        // At seed scale the first table takes a while: not on a worker.
+        let s = store.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || s.apply(&inventory)).await {
+            return Err(ProxyError::Listener(std::io::Error::other(e)));
+        }
         let addrs = BoundAddrs {
             stats: listeners.stats.as_ref().and_then(|l| l.local_addr().ok()),
             sni: listeners.sni.as_ref().and_then(|l| l.local_addr().ok()),
@@ -208,13 +213,30 @@ impl NodePortProxy {
         self.reload.notify_one();
     }
 
-    /// Applies an inventory from another feeder (e.g. a Kubernetes watch).
+    /// Makes the table serve exactly `inventory`, on the calling thread
+    /// (tests, embedding; large inventories want [`Self::apply_changes`]'s
+    /// blocking thread).
     pub fn apply(&self, inventory: &Inventory) -> bool {
         self.shared.table.apply(inventory)
     }
 
+    /// Applies individual changes (a Kubernetes watch's) on a blocking
+    /// thread, off the runtime's workers. Resolves to whether the table
+    /// changed.
+    pub fn apply_changes(
+        &self,
+        changes: Vec<Change>,
+    ) -> impl Future<Output = bool> + Send + 'static {
+        let store = self.shared.table.clone();
+        async move {
+            tokio::task::spawn_blocking(move || store.apply_changes(changes))
+                .await
+                .unwrap_or(false)
+        }
+    }
+
     pub fn metrics_text(&self) -> String {
-        self.shared.metrics.render()
+        self.shared.metrics.render(false)
     }
 
     /// Tracked connections and tunnels still running.

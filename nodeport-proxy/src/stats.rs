@@ -25,7 +25,15 @@ pub async fn run(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Healt
             };
             Reply::text(status, body)
         }
-        "/stats/prometheus" | "/stats" | "/metrics" => Reply::metrics(metrics.render()),
+        "/stats/prometheus" | "/stats" | "/metrics" => {
+            // Envoy's `usedonly`, the default here: `?usedonly=false` adds
+            // the series of clusters that never carried traffic.
+            let used_only = !head
+                .query
+                .is_some_and(|q| q.split('&').any(|p| p == "usedonly=false"));
+            let metrics = metrics.clone();
+            Reply::metrics_rendered(move || metrics.render(used_only))
+        }
         _ => Reply::not_found(),
     });
     serve(listener, "stats", handler, drain).await

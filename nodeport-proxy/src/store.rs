@@ -7,12 +7,21 @@ use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use daemon::drain::Drain;
+use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::index::{Index, ObjKey};
 use crate::metrics::{Metrics, ReloadResult};
-use crate::model::Inventory;
-use crate::plan::{PlanOptions, build};
+use crate::model::{EndpointSlice, Inventory, Service};
+use crate::plan::PlanOptions;
 use crate::table::RoutingTable;
+
+/// One object added, changed (`Some`) or deleted (`None`).
+#[derive(Debug, Clone)]
+pub enum Change {
+    Service(ObjKey, Option<Service>),
+    Slice(ObjKey, Option<EndpointSlice>),
+}
 
 /// What watchers of the table see.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,7 +39,9 @@ pub struct TableStatus {
 pub struct TableStore {
     current: ArcSwap<RoutingTable>,
     status: watch::Sender<TableStatus>,
-    options: PlanOptions,
+    /// What the table is derived from; changes are applied to it one at a
+    /// time, each followed by a table built from the keys it changed.
+    index: Mutex<Index>,
     drain_timeout: Duration,
     drain: Drain,
     metrics: Arc<Metrics>,
@@ -46,7 +57,7 @@ impl TableStore {
         TableStore {
             current: ArcSwap::from_pointee(RoutingTable::default()),
             status: watch::Sender::new(TableStatus::default()),
-            options,
+            index: Mutex::new(Index::new(options)),
             drain_timeout,
             drain,
             metrics,
@@ -61,17 +72,40 @@ impl TableStore {
         self.status.subscribe()
     }
 
-    /// Builds a table from `inventory` and swaps it in if it differs from the
-    /// current one. Returns whether it was swapped.
+    /// Makes the table serve exactly `inventory` (a whole file, say),
+    /// re-evaluating only what differs from the current one. Returns
+    /// whether the table changed. Takes long at seed scale: call it off the
+    /// runtime's workers (`spawn_blocking`).
     pub fn apply(&self, inventory: &Inventory) -> bool {
-        let (plan, warnings) = build(inventory, &self.options);
-        for w in &warnings {
+        let mut index = self.index.lock();
+        index.replace_all(inventory);
+        self.publish(&mut index)
+    }
+
+    /// Applies individual changes (a Kubernetes watch's events) and then
+    /// the table they lead to. Returns whether the table changed.
+    pub fn apply_changes(&self, changes: Vec<Change>) -> bool {
+        let mut index = self.index.lock();
+        for c in &changes {
+            match c {
+                Change::Service(key, s) => index.service(key, s.as_ref()),
+                Change::Slice(key, s) => index.slice(key, s.as_ref()),
+            }
+        }
+        self.publish(&mut index)
+    }
+
+    /// Swaps in the table the index's changes lead to, if any.
+    fn publish(&self, index: &mut Index) -> bool {
+        for w in index.take_warnings() {
             tracing::warn!("{w}");
         }
+        let delta = index.take_delta();
         let old = self.current.load_full();
-        let changed = old.version == 0 || old.plan != plan;
+        let changed = old.version == 0 || !delta.is_empty();
         if changed {
-            let next = Arc::new(RoutingTable::assemble(plan, &old, &self.metrics));
+            let (next, retired) = old.update(index, &delta, &self.metrics);
+            let next = Arc::new(next);
             self.current.store(next.clone());
             self.metrics
                 .routes(next.node_ports.len(), next.sni.len(), next.tunnels.len());
@@ -81,9 +115,10 @@ impl TableStore {
                 sni = next.sni.len(),
                 tunnels = next.tunnels.len(),
                 clusters = next.clusters.len(),
+                services = index.service_count(),
                 "routing table applied"
             );
-            self.retire(old.retired_by(&next));
+            self.retire(retired);
             self.metrics.reload(ReloadResult::Applied);
         } else {
             self.metrics.reload(ReloadResult::Unchanged);

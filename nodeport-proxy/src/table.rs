@@ -1,5 +1,6 @@
 //! The routing table connections look routes up in. It is an immutable
-//! snapshot built from a [`Plan`]; a new one replaces it atomically. Routes
+//! snapshot; the next one is built from it and the keys the [`Index`]
+//! reports changed, sharing everything else, and replaces it atomically. Routes
 //! that survive a rebuild keep their [`Lifetime`], so their connections never
 //! notice; routes that disappear are retired and their connections get the
 //! route drain timeout to finish. Each route has its own lifetime, so a change
@@ -7,16 +8,17 @@
 //! as with Envoy's tcp_proxy, a connection to an endpoint that left its
 //! cluster (not ready any more) runs on until it ends.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::index::{Delta, Index};
 use crate::metrics::{ClusterStats, Metrics};
 use crate::names::{ClusterName, ConnectAuthority, RouteKey, SniHost};
-use crate::plan::Plan;
+use crate::shards::Shards;
 
 /// Whether a route is still in the table. `retired` fires when it
 /// leaves the table, `expired` when its connections must end.
@@ -92,101 +94,106 @@ pub struct Route {
 pub struct RoutingTable {
     /// Bumped on every applied change.
     pub version: u64,
-    pub plan: Plan,
     pub node_ports: BTreeMap<u16, Arc<Route>>,
-    pub sni: HashMap<SniHost, Arc<Route>>,
-    pub tunnels: HashMap<ConnectAuthority, Arc<Route>>,
-    pub clusters: BTreeMap<ClusterName, Arc<Cluster>>,
+    pub sni: Shards<SniHost, Arc<Route>>,
+    pub tunnels: Shards<ConnectAuthority, Arc<Route>>,
+    pub clusters: Shards<ClusterName, Arc<Cluster>>,
 }
 
 impl RoutingTable {
-    /// Builds the table for `plan`, reusing `previous`'s lifetimes (and round
-    /// robin positions) for whatever is unchanged.
-    pub fn assemble(plan: Plan, previous: &RoutingTable, metrics: &Metrics) -> RoutingTable {
-        let mut clusters = BTreeMap::new();
-        for (name, addrs) in &plan.clusters {
-            let old = previous.clusters.get(name);
-            let endpoints = addrs
-                .iter()
-                .map(|addr| Arc::new(UpstreamEndpoint { addr: *addr }))
-                .collect::<Vec<_>>();
-            let stats = old
-                .map(|c| c.stats.clone())
-                .unwrap_or_else(|| metrics.cluster(name.as_str()));
-            stats.membership_total.set(endpoints.len() as f64);
-            stats.membership_healthy.set(endpoints.len() as f64);
-            let cluster = Cluster {
-                name: name.clone(),
-                endpoints,
-                next: old.map(|c| c.next.clone()).unwrap_or_default(),
-                stats,
+    /// The next table: `self` with the keys `delta` names looked up again in
+    /// `index`. Everything else is shared with `self`; routes whose key and
+    /// cluster stay keep their [`Lifetime`], clusters their stats and round
+    /// robin position. Also returns the lifetimes of the routes that left.
+    pub fn update(
+        &self,
+        index: &Index,
+        delta: &Delta,
+        metrics: &Metrics,
+    ) -> (RoutingTable, Vec<Arc<Lifetime>>) {
+        let mut cluster_changes = Vec::new();
+        let mut keys: BTreeSet<RouteKey> = BTreeSet::new();
+        for name in &delta.clusters {
+            let old = self.clusters.get(name);
+            let new = index.cluster(name).map(|addrs| {
+                let endpoints = addrs
+                    .iter()
+                    .map(|addr| Arc::new(UpstreamEndpoint { addr: *addr }))
+                    .collect::<Vec<_>>();
+                let stats = old
+                    .map(|c| c.stats.clone())
+                    .unwrap_or_else(|| metrics.cluster(name));
+                stats.membership_total.set(endpoints.len() as f64);
+                stats.membership_healthy.set(endpoints.len() as f64);
+                Arc::new(Cluster {
+                    name: name.clone(),
+                    endpoints,
+                    next: old.map(|c| c.next.clone()).unwrap_or_default(),
+                    stats,
+                })
+            });
+            if new.is_none() {
+                metrics.remove_cluster(name);
+            }
+            // Routes hold their cluster: those of a changed one are renewed.
+            keys.extend(index.routes_of(name));
+            cluster_changes.push((name.clone(), new));
+        }
+        let clusters = self.clusters.with_changes(cluster_changes);
+        keys.extend(delta.node_ports.iter().map(|p| RouteKey::NodePort(*p)));
+        keys.extend(delta.sni.iter().map(|h| RouteKey::Sni(h.clone())));
+        keys.extend(delta.tunnels.iter().map(|a| RouteKey::Tunnel(a.clone())));
+        let mut retired = Vec::new();
+        let mut node_ports = None;
+        let (mut sni, mut tunnels) = (Vec::new(), Vec::new());
+        for key in keys {
+            let (old, target) = match &key {
+                RouteKey::NodePort(p) => (self.node_ports.get(p), index.node_port(*p)),
+                RouteKey::Sni(h) => (self.sni.get(h), index.sni_host(h)),
+                RouteKey::Tunnel(a) => (self.tunnels.get(a), index.tunnel(a)),
             };
-            clusters.insert(name.clone(), Arc::new(cluster));
+            let cluster = target.and_then(|c| clusters.get(c));
+            let route = cluster.map(|c| {
+                let life = old
+                    .filter(|r| r.cluster.name == c.name)
+                    .map(|r| r.life.clone())
+                    .unwrap_or_default();
+                Arc::new(Route {
+                    key: key.clone(),
+                    cluster: c.clone(),
+                    life,
+                })
+            });
+            if let Some(old) = old
+                && route
+                    .as_ref()
+                    .is_none_or(|r| !Arc::ptr_eq(&r.life, &old.life))
+            {
+                retired.push(old.life.clone());
+            }
+            match key {
+                RouteKey::NodePort(p) => {
+                    let np = node_ports.get_or_insert_with(|| self.node_ports.clone());
+                    match route {
+                        Some(r) => np.insert(p, r),
+                        None => np.remove(&p),
+                    };
+                }
+                RouteKey::Sni(h) => sni.push((h, route)),
+                RouteKey::Tunnel(a) => tunnels.push((a, route)),
+            }
         }
-        let route = |key: RouteKey, cluster: &ClusterName, old: Option<&Arc<Route>>| {
-            let c = clusters.get(cluster)?.clone();
-            let life = old
-                .filter(|r| r.cluster.name == *cluster)
-                .map(|r| r.life.clone())
-                .unwrap_or_default();
-            Some(Arc::new(Route {
-                key,
-                cluster: c,
-                life,
-            }))
-        };
-        let node_ports = plan
-            .node_ports
-            .iter()
-            .filter_map(|(p, c)| {
-                route(RouteKey::NodePort(*p), c, previous.node_ports.get(p)).map(|r| (*p, r))
-            })
-            .collect();
-        let sni = plan
-            .sni
-            .iter()
-            .filter_map(|(h, c)| {
-                route(RouteKey::Sni(h.clone()), c, previous.sni.get(h)).map(|r| (h.clone(), r))
-            })
-            .collect();
-        let tunnels = plan
-            .tunnels
-            .iter()
-            .filter_map(|(a, c)| {
-                route(RouteKey::Tunnel(a.clone()), c, previous.tunnels.get(a))
-                    .map(|r| (a.clone(), r))
-            })
-            .collect();
-        RoutingTable {
-            version: previous.version + 1,
-            plan,
-            node_ports,
-            sni,
-            tunnels,
+        let next = RoutingTable {
+            version: self.version + 1,
+            node_ports: node_ports.unwrap_or_else(|| self.node_ports.clone()),
+            sni: self.sni.with_changes(sni),
+            tunnels: self.tunnels.with_changes(tunnels),
             clusters,
-        }
+        };
+        (next, retired)
     }
 
-    fn lifetimes(&self) -> impl Iterator<Item = &Arc<Lifetime>> {
-        self.node_ports
-            .values()
-            .chain(self.sni.values())
-            .chain(self.tunnels.values())
-            .map(|r| &r.life)
-    }
-
-    /// Lifetimes in `self` that `next` no longer carries.
-    pub fn retired_by(&self, next: &RoutingTable) -> Vec<Arc<Lifetime>> {
-        let kept: std::collections::HashSet<*const Lifetime> =
-            next.lifetimes().map(Arc::as_ptr).collect();
-        let mut gone: Vec<Arc<Lifetime>> = self
-            .lifetimes()
-            .filter(|l| !kept.contains(&Arc::as_ptr(l)))
-            .cloned()
-            .collect();
-        // A lifetime can be listed twice (two routes never share one, but be safe).
-        gone.sort_by_key(|l| Arc::as_ptr(l) as usize);
-        gone.dedup_by_key(|l| Arc::as_ptr(l) as usize);
-        gone
+    pub fn route_count(&self) -> usize {
+        self.node_ports.len() + self.sni.len() + self.tunnels.len()
     }
 }

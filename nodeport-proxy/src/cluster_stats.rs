@@ -1,0 +1,367 @@
+//! Envoy's per-cluster stats (`envoy_cluster_*{envoy_cluster_name}`), kept
+//! outside the Prometheus registry because a seed has tens of thousands of
+//! clusters: each cluster's values are a few atomics (its histograms are
+//! allocated on first use), removed with the cluster, and rendered by hand.
+//! A scrape renders every series of clusters that carried traffic and only
+//! the membership gauges of the others, unless it asks for everything
+//! (`?usedonly=false`): Envoy's `usedonly`, the default here, so a scrape of
+//! 20,000 idle clusters is a few MB, not a hundred.
+//!
+//! The handles given to the data path are the `metrics` crate's, so code
+//! that counts does not know where its counts go.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn};
+use parking_lot::Mutex;
+
+use crate::names::ClusterName;
+
+/// Envoy's default histogram buckets, in milliseconds.
+pub const MS_BUCKETS: &[f64] = &[
+    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
+    60000.0, 300000.0, 600000.0, 1800000.0, 3600000.0,
+];
+
+/// Counters, in the order of [`COUNTERS`].
+const CX_TOTAL: usize = 0;
+const CX_CONNECT_FAIL: usize = 1;
+const CX_CONNECT_TIMEOUT: usize = 2;
+const CX_NONE_HEALTHY: usize = 3;
+const CX_RX_BYTES: usize = 4;
+const CX_TX_BYTES: usize = 5;
+const RQ_TOTAL: usize = 6;
+const COUNTERS: [(&str, &str); 7] = [
+    (
+        "envoy_cluster_upstream_cx_total",
+        "Upstream connections opened.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_connect_fail",
+        "Upstream connects refused or failed.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_connect_timeout",
+        "Upstream connects that timed out.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_none_healthy",
+        "Connections with no endpoint to try.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_rx_bytes_total",
+        "Bytes received from upstreams.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_tx_bytes_total",
+        "Bytes sent to upstreams.",
+    ),
+    (
+        "envoy_cluster_upstream_rq_total",
+        "CONNECT tunnels routed to the cluster.",
+    ),
+];
+
+/// Gauges, in the order of [`GAUGES`]; the membership ones are rendered for
+/// every cluster.
+const CX_ACTIVE: usize = 0;
+const RQ_ACTIVE: usize = 1;
+const MEMBERSHIP_HEALTHY: usize = 2;
+const MEMBERSHIP_TOTAL: usize = 3;
+const GAUGES: [(&str, &str); 4] = [
+    (
+        "envoy_cluster_upstream_cx_active",
+        "Open upstream connections.",
+    ),
+    (
+        "envoy_cluster_upstream_rq_active",
+        "Open CONNECT tunnels to the cluster.",
+    ),
+    (
+        "envoy_cluster_membership_healthy",
+        "Ready endpoints of the cluster.",
+    ),
+    (
+        "envoy_cluster_membership_total",
+        "Endpoints of the cluster.",
+    ),
+];
+
+const CONNECT_MS: usize = 0;
+const RQ_TIME: usize = 1;
+const HISTOGRAMS: [(&str, &str); 2] = [
+    (
+        "envoy_cluster_upstream_cx_connect_ms",
+        "Upstream connect time in milliseconds.",
+    ),
+    (
+        "envoy_cluster_upstream_rq_time",
+        "Time to the CONNECT response in milliseconds.",
+    ),
+];
+
+#[derive(Default)]
+struct Hist {
+    buckets: [AtomicU64; MS_BUCKETS.len()],
+    /// f64 bits.
+    sum: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Hist {
+    fn record(&self, v: f64) {
+        if let Some(i) = MS_BUCKETS.iter().position(|b| v <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        add_f64(&self.sum, v);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn add_f64(cell: &AtomicU64, v: f64) {
+    let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+        Some((f64::from_bits(b) + v).to_bits())
+    });
+}
+
+/// One cluster's values.
+#[derive(Default)]
+struct Cells {
+    counters: [AtomicU64; COUNTERS.len()],
+    /// f64 bits.
+    gauges: [AtomicU64; GAUGES.len()],
+    hists: [OnceLock<Box<Hist>>; HISTOGRAMS.len()],
+    /// Anything but membership was ever updated.
+    used: AtomicBool,
+}
+
+struct CounterCell(Arc<Cells>, usize);
+impl CounterFn for CounterCell {
+    fn increment(&self, value: u64) {
+        self.0.counters[self.1].fetch_add(value, Ordering::Relaxed);
+        self.0.used.store(true, Ordering::Relaxed);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.counters[self.1].fetch_max(value, Ordering::Relaxed);
+        self.0.used.store(true, Ordering::Relaxed);
+    }
+}
+
+struct GaugeCell(Arc<Cells>, usize);
+impl GaugeCell {
+    fn touch(&self) {
+        if self.1 != MEMBERSHIP_HEALTHY && self.1 != MEMBERSHIP_TOTAL {
+            self.0.used.store(true, Ordering::Relaxed);
+        }
+    }
+}
+impl GaugeFn for GaugeCell {
+    fn increment(&self, value: f64) {
+        add_f64(&self.0.gauges[self.1], value);
+        self.touch();
+    }
+    fn decrement(&self, value: f64) {
+        add_f64(&self.0.gauges[self.1], -value);
+        self.touch();
+    }
+    fn set(&self, value: f64) {
+        self.0.gauges[self.1].store(value.to_bits(), Ordering::Relaxed);
+        self.touch();
+    }
+}
+
+struct HistCell(Arc<Cells>, usize);
+impl HistogramFn for HistCell {
+    fn record(&self, value: f64) {
+        self.0.hists[self.1].get_or_init(Box::default).record(value);
+        self.0.used.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Envoy `cluster.<name>.*`, as handles for the data path.
+#[derive(Clone)]
+pub struct ClusterStats {
+    pub upstream_cx_total: Counter,
+    pub upstream_cx_active: Gauge,
+    pub upstream_cx_connect_fail: Counter,
+    pub upstream_cx_connect_timeout: Counter,
+    pub upstream_cx_none_healthy: Counter,
+    pub upstream_cx_rx_bytes_total: Counter,
+    pub upstream_cx_tx_bytes_total: Counter,
+    pub upstream_cx_connect_ms: Histogram,
+    pub upstream_rq_total: Counter,
+    pub upstream_rq_active: Gauge,
+    pub upstream_rq_time: Histogram,
+    pub membership_healthy: Gauge,
+    pub membership_total: Gauge,
+}
+
+/// Every live cluster's values, for rendering.
+#[derive(Default)]
+pub struct ClusterSet {
+    clusters: Mutex<BTreeMap<ClusterName, Arc<Cells>>>,
+}
+
+impl ClusterSet {
+    /// The stats of cluster `name`, starting at zero.
+    pub fn add(&self, name: &ClusterName) -> ClusterStats {
+        let cells = Arc::new(Cells::default());
+        self.clusters.lock().insert(name.clone(), cells.clone());
+        let c = |i| Counter::from_arc(Arc::new(CounterCell(cells.clone(), i)));
+        let g = |i| Gauge::from_arc(Arc::new(GaugeCell(cells.clone(), i)));
+        let h = |i| Histogram::from_arc(Arc::new(HistCell(cells.clone(), i)));
+        ClusterStats {
+            upstream_cx_total: c(CX_TOTAL),
+            upstream_cx_active: g(CX_ACTIVE),
+            upstream_cx_connect_fail: c(CX_CONNECT_FAIL),
+            upstream_cx_connect_timeout: c(CX_CONNECT_TIMEOUT),
+            upstream_cx_none_healthy: c(CX_NONE_HEALTHY),
+            upstream_cx_rx_bytes_total: c(CX_RX_BYTES),
+            upstream_cx_tx_bytes_total: c(CX_TX_BYTES),
+            upstream_cx_connect_ms: h(CONNECT_MS),
+            upstream_rq_total: c(RQ_TOTAL),
+            upstream_rq_active: g(RQ_ACTIVE),
+            upstream_rq_time: h(RQ_TIME),
+            membership_healthy: g(MEMBERSHIP_HEALTHY),
+            membership_total: g(MEMBERSHIP_TOTAL),
+        }
+    }
+
+    /// Drops cluster `name`'s series (the cluster left the table).
+    pub fn remove(&self, name: &ClusterName) {
+        self.clusters.lock().remove(name);
+    }
+
+    /// Appends the exposition text of every cluster's series (`used_only`:
+    /// of clusters never used, the membership gauges only) to `out`.
+    pub fn render(&self, used_only: bool, out: &mut String) {
+        let list: Vec<(ClusterName, Arc<Cells>)> = self
+            .clusters
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if list.is_empty() {
+            return;
+        }
+        let shown = |c: &Cells| !used_only || c.used.load(Ordering::Relaxed);
+        for (i, (name, help)) in COUNTERS.iter().enumerate() {
+            header(out, name, help, "counter");
+            for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
+                let v = c.counters[i].load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "{name}{{envoy_cluster_name=\"{}\"}} {v}",
+                    escape(cluster.as_str())
+                );
+            }
+        }
+        for (i, (name, help)) in GAUGES.iter().enumerate() {
+            header(out, name, help, "gauge");
+            let always = i == MEMBERSHIP_HEALTHY || i == MEMBERSHIP_TOTAL;
+            for (cluster, c) in list.iter().filter(|(_, c)| always || shown(c)) {
+                let v = f64::from_bits(c.gauges[i].load(Ordering::Relaxed));
+                let _ = writeln!(
+                    out,
+                    "{name}{{envoy_cluster_name=\"{}\"}} {v}",
+                    escape(cluster.as_str())
+                );
+            }
+        }
+        for (i, (name, help)) in HISTOGRAMS.iter().enumerate() {
+            header(out, name, help, "histogram");
+            for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
+                let label = escape(cluster.as_str());
+                let h = c.hists[i].get();
+                let mut cumulative = 0;
+                for (j, bound) in MS_BUCKETS.iter().enumerate() {
+                    cumulative += h.map_or(0, |h| h.buckets[j].load(Ordering::Relaxed));
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{{envoy_cluster_name=\"{label}\",le=\"{bound}\"}} {cumulative}"
+                    );
+                }
+                let count = h.map_or(0, |h| h.count.load(Ordering::Relaxed));
+                let sum = h.map_or(0.0, |h| f64::from_bits(h.sum.load(Ordering::Relaxed)));
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{envoy_cluster_name=\"{label}\",le=\"+Inf\"}} {count}"
+                );
+                let _ = writeln!(out, "{name}_sum{{envoy_cluster_name=\"{label}\"}} {sum}");
+                let _ = writeln!(
+                    out,
+                    "{name}_count{{envoy_cluster_name=\"{label}\"}} {count}"
+                );
+            }
+        }
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A label value as the exposition format wants it.
+fn escape(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_used_clusters_whole_and_idle_ones_by_membership() {
+        let set = ClusterSet::default();
+        let busy = set.add(&ClusterName::for_port("ns", "busy", "tcp"));
+        let idle = set.add(&ClusterName::for_port("ns", "idle", ""));
+        busy.membership_total.set(2.0);
+        idle.membership_total.set(1.0);
+        busy.upstream_cx_total.increment(3);
+        busy.upstream_cx_connect_ms.record(7.0);
+        busy.upstream_cx_active.increment(1.0);
+        let mut text = String::new();
+        set.render(true, &mut text);
+        for line in [
+            "envoy_cluster_upstream_cx_total{envoy_cluster_name=\"ns/busy-tcp\"} 3\n",
+            "envoy_cluster_upstream_cx_active{envoy_cluster_name=\"ns/busy-tcp\"} 1\n",
+            "envoy_cluster_membership_total{envoy_cluster_name=\"ns/busy-tcp\"} 2\n",
+            "envoy_cluster_membership_total{envoy_cluster_name=\"ns/idle\"} 1\n",
+            "envoy_cluster_upstream_cx_connect_ms_bucket{envoy_cluster_name=\"ns/busy-tcp\",le=\"5\"} 0\n",
+            "envoy_cluster_upstream_cx_connect_ms_bucket{envoy_cluster_name=\"ns/busy-tcp\",le=\"10\"} 1\n",
+            "envoy_cluster_upstream_cx_connect_ms_count{envoy_cluster_name=\"ns/busy-tcp\"} 1\n",
+            "# TYPE envoy_cluster_upstream_cx_connect_ms histogram\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(
+            !text.contains("upstream_cx_total{envoy_cluster_name=\"ns/idle\"}"),
+            "{text}"
+        );
+        let mut all = String::new();
+        set.render(false, &mut all);
+        assert!(
+            all.contains("envoy_cluster_upstream_cx_total{envoy_cluster_name=\"ns/idle\"} 0\n"),
+            "{all}"
+        );
+        assert!(
+            all.contains(
+                "envoy_cluster_upstream_rq_time_count{envoy_cluster_name=\"ns/idle\"} 0\n"
+            ),
+            "{all}"
+        );
+        set.remove(&ClusterName::for_port("ns", "idle", ""));
+        let mut after = String::new();
+        set.render(false, &mut after);
+        assert!(!after.contains("ns/idle"), "{after}");
+    }
+}
