@@ -27,13 +27,25 @@ impl Netns {
     /// whose `/etc/hosts` (bind-mounted by `ip netns exec`) names both
     /// loopbacks `localhost`, as a kubelet-managed pod's does.
     pub fn ipv6_only() -> Netns {
+        let ns = Self::with_loopback("v6x");
+        ip(&["-n", &ns.name, "addr", "del", "127.0.0.1/8", "dev", "lo"]);
+        ns
+    }
+
+    /// A namespace with nothing but its loopback (127.0.0.1 and ::1, both
+    /// named `localhost`): fixed ports a test must use (a rendered
+    /// configuration's) collide with nothing there.
+    pub fn loopback_only() -> Netns {
+        Self::with_loopback("lo")
+    }
+
+    fn with_loopback(prefix: &str) -> Netns {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("v6x{}x{n}", std::process::id() % 1_000_000);
+        let name = format!("{prefix}x{}x{n}", std::process::id() % 1_000_000);
         ip(&["netns", "add", &name]);
         let ns = Netns { name };
         ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
-        ip(&["-n", &ns.name, "addr", "del", "127.0.0.1/8", "dev", "lo"]);
         let etc = ns.etc();
         std::fs::create_dir_all(&etc).unwrap();
         std::fs::write(

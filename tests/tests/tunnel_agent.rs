@@ -351,3 +351,176 @@ async fn a_seed_that_drops_every_connection_is_retried_with_growing_backoff() {
     assert!((2..=5).contains(&n), "{n} dials in 1.5 s");
     agent.shutdown().await;
 }
+
+/// KKP's rendered bootstrap (tunnel-agent/testdata) with the listener moved
+/// to `listener`, the seed to 127.0.0.1:`seed_port` and the tunnel to
+/// `authority`.
+fn kkp_bootstrap(listener: std::net::SocketAddr, seed_port: u16, authority: &str) -> String {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tunnel-agent/testdata/kkp-envoy-agent.yaml"),
+    )
+    .unwrap();
+    let replace = |text: String, from: &str, to: &str| {
+        assert!(text.contains(from), "fixture lacks {from:?}");
+        text.replacen(from, to, 1)
+    };
+    let text = replace(
+        text,
+        "        address: 127.0.0.1\n        port_value: 6443",
+        &format!(
+            "        address: 127.0.0.1\n        port_value: {}",
+            listener.port()
+        ),
+    );
+    let text = replace(
+        text,
+        "address: localhost\n                      port_value: 8088",
+        &format!("address: 127.0.0.1\n                      port_value: {seed_port}"),
+    );
+    replace(
+        text,
+        "apiserver-external.cluster-abc.svc.cluster.local:443",
+        authority,
+    )
+}
+
+async fn wait_metric(agent: &TunnelAgent, series: &str, want: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = agent.metrics_text();
+        if sample(&text, series) == Some(want) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} never reached {want}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_broken_config_is_reported_once_per_change_and_the_last_good_one_kept() {
+    let (a, b) = (dest::greeter(b"A").await, dest::greeter(b"B").await);
+    let inv = inventory(
+        vec![
+            service("cluster-x", "a", "Tunneling", "ClusterIP", &[("tcp", 1, 0)]),
+            service("cluster-x", "b", "Tunneling", "ClusterIP", &[("tcp", 1, 0)]),
+        ],
+        vec![
+            slices("cluster-x", "a", "tcp", &[(a, true)]),
+            slices("cluster-x", "b", "tcp", &[(b, true)]),
+        ],
+    );
+    let (p1, p2) = (
+        start_proxy(&inv, vec![], test_config()).await,
+        start_proxy(&inv, vec![], test_config()).await,
+    );
+    let local = loopback().await;
+    let local_addr = local.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("envoy.yaml");
+    let write = |text: &str| {
+        let tmp = dir.path().join("envoy.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    };
+    let good = kkp_bootstrap(
+        local_addr,
+        p1.tunnel.port(),
+        "a.cluster-x.svc.cluster.local:1",
+    );
+    write(&good);
+    let flags = tunnel_agent::cli::FlagSettings::default();
+    let (config, _) = flags
+        .resolve(Some(&tunnel_agent::bootstrap::load(&path).unwrap()))
+        .unwrap();
+    let stats_l = loopback().await;
+    let stats = stats_l.local_addr().unwrap();
+    let agent = std::sync::Arc::new(
+        TunnelAgent::start(
+            config,
+            AgentListeners {
+                tunnels: vec![local],
+                stats: Some(stats_l),
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let follower = tokio::spawn(tunnel_agent::reload::follow(
+        agent.clone(),
+        path.clone(),
+        flags,
+        None,
+        None,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let greet = |want: &'static [u8]| async move {
+        let mut s = TcpStream::connect(local_addr).await.unwrap();
+        let mut got = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+            .await
+            .expect("no greeting")
+            .unwrap();
+        assert_eq!(&got, want);
+        s
+    };
+    let mut first = greet(b"A").await;
+
+    let failed = "tunnel_agent_config_reloads_total{result=\"failed\"}";
+    let applied = "tunnel_agent_config_reloads_total{result=\"applied\"}";
+    let broken = good.replace("admin:\n", "admin:\n  profile_path: /x\n");
+    write(&broken);
+    wait_metric(&agent, failed, 1.0).await;
+    // Still serving on the last good configuration, and saying why not the new one.
+    drop(greet(b"A").await);
+    let (code, health) = http_get(stats, "/healthz").await;
+    assert_eq!(code, 200);
+    assert!(
+        health.contains("envoy.yaml") && health.contains("profile_path"),
+        "{health}"
+    );
+    let other_broken = good.replace("connect_timeout: 5s", "connect_timeout: soon");
+    write(&other_broken);
+    wait_metric(&agent, failed, 2.0).await;
+    // The same broken file written again is no new change: nothing logged
+    // or counted (the old code logged an error every 50 ms).
+    write(&other_broken);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A good file naming another seed and another authority applies
+    // without a restart.
+    write(&kkp_bootstrap(
+        local_addr,
+        p2.tunnel.port(),
+        "b.cluster-x.svc.cluster.local:1",
+    ));
+    wait_metric(&agent, applied, 1.0).await;
+    assert_eq!(sample(&agent.metrics_text(), failed), Some(2.0));
+    assert_eq!(http_get(stats, "/healthz").await.1, "ok");
+    let mut second = greet(b"B").await;
+    // The tunnel opened before runs on over the old seed connection.
+    first.write_all(b"old").await.unwrap();
+    let mut back = [0u8; 3];
+    first.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"old");
+    second.write_all(b"new").await.unwrap();
+    second.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"new");
+    let prefix = "{envoy_http_conn_manager_prefix=\"ingress_http\"}";
+    assert_eq!(
+        sample(
+            &p2.proxy.metrics_text(),
+            &format!("envoy_http_downstream_cx_total{prefix}")
+        ),
+        Some(1.0)
+    );
+    drop((first, second));
+    let _ = stop.send(());
+    follower.await.unwrap();
+    agent.shutdown().await;
+}

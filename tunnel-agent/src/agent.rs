@@ -1,10 +1,14 @@
 //! The agent: local listeners whose connections become CONNECT streams on the
-//! shared seed connection, plus health and stats.
+//! shared seed connection, plus health and stats. A new configuration is
+//! applied without a restart: listeners that appear are bound, listeners that
+//! go stop accepting (their tunnels run on), a changed authority applies to
+//! new connections, a changed seed gets a new connection.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use daemon::authority::ConnectAuthority;
 use daemon::drain::Drain;
@@ -15,8 +19,9 @@ use daemon::relay::{RelayOptions, relay};
 use http::{Method, Request, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
 
-use crate::config::{AgentConfig, ConfigError};
+use crate::config::{AgentConfig, ConfigError, ListenerSpec};
 use crate::metrics::{AgentMetrics, ListenerStats};
 use crate::seed::{self, Current};
 
@@ -53,35 +58,49 @@ enum TunnelError {
     Refused(StatusCode, ConnectAuthority),
 }
 
-pub struct TunnelAgent {
-    config: Arc<AgentConfig>,
-    drain: Drain,
-    stats_drain: Drain,
-    failing: Arc<AtomicBool>,
-    connected: Current,
-    metrics: Arc<AgentMetrics>,
-    addrs: Vec<SocketAddr>,
+/// One running tunnel listener.
+struct Running {
+    authority: watch::Sender<ConnectAuthority>,
+    stop: CancellationToken,
 }
 
-struct Ctx {
-    config: Arc<AgentConfig>,
+struct Inner {
+    config: watch::Sender<Arc<AgentConfig>>,
     metrics: Arc<AgentMetrics>,
     current: Current,
     drain: Drain,
+    /// By configured address.
+    listeners: tokio::sync::Mutex<BTreeMap<SocketAddr, Running>>,
+    /// Bound addresses, in configuration order.
+    addrs: Mutex<Vec<SocketAddr>>,
+    /// Why the last configuration reload failed, while it stands.
+    reload_error: Mutex<Option<String>>,
+}
+
+pub struct TunnelAgent {
+    inner: Arc<Inner>,
+    stats_drain: Drain,
+    failing: Arc<AtomicBool>,
+}
+
+fn key(l: &ListenerSpec) -> SocketAddr {
+    SocketAddr::new(l.bind_address, l.bind_port)
+}
+
+async fn bind(l: &ListenerSpec) -> Result<TcpListener, AgentError> {
+    let addr = key(l);
+    daemon::listen::bind_tcp(&l.bind_address.to_string(), l.bind_port)
+        .await
+        .map_err(|source| AgentError::Bind { addr, source })
 }
 
 impl TunnelAgent {
     pub async fn start(config: AgentConfig, listeners: AgentListeners) -> Result<Self, AgentError> {
         config.validate()?;
-        let config = Arc::new(config);
         let mut tunnels = listeners.tunnels;
         if tunnels.is_empty() {
             for l in &config.listeners {
-                let addr = SocketAddr::new(l.bind_address, l.bind_port);
-                let bound = daemon::listen::bind_tcp(&l.bind_address.to_string(), l.bind_port)
-                    .await
-                    .map_err(|source| AgentError::Bind { addr, source })?;
-                tunnels.push(bound);
+                tunnels.push(bind(l).await?);
             }
         }
         if tunnels.len() != config.listeners.len() {
@@ -97,116 +116,219 @@ impl TunnelAgent {
         let stats_drain = Drain::new();
         let failing = Arc::new(AtomicBool::new(false));
         let (tx, current) = watch::channel(None);
+        let specs = config.listeners.clone();
+        let (config_tx, config_rx) = watch::channel(Arc::new(config));
         tokio::spawn(seed::maintain(
-            config.clone(),
+            config_rx,
             tx,
             metrics.clone(),
             drain.clone(),
         ));
         tokio::spawn(metrics.registry().run_upkeep(stats_drain.clone()));
+        let inner = Arc::new(Inner {
+            config: config_tx,
+            metrics: metrics.clone(),
+            current,
+            drain,
+            listeners: tokio::sync::Mutex::new(BTreeMap::new()),
+            addrs: Mutex::new(Vec::new()),
+            reload_error: Mutex::new(None),
+        });
         if let Some(l) = listeners.stats {
-            let (m, f, c) = (metrics.clone(), failing.clone(), current.clone());
-            let handler: Handler = Arc::new(move |head| match head.path {
-                "/healthz" if f.load(Ordering::Relaxed) => {
-                    Reply::text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-                }
-                "/healthz" => Reply::ok(),
-                "/ready" if c.borrow().is_some() => Reply::ok(),
-                "/ready" => Reply::text(StatusCode::SERVICE_UNAVAILABLE, "not connected\n"),
-                "/stats/prometheus" | "/stats" | "/metrics" => Reply::metrics(m.render()),
-                _ => Reply::not_found(),
-            });
             tokio::spawn(daemon::endpoints::serve(
                 l,
                 "stats",
-                handler,
+                stats_handler(inner.clone(), failing.clone()),
                 stats_drain.clone(),
             ));
         }
-        let ctx = Arc::new(Ctx {
-            config: config.clone(),
-            metrics: metrics.clone(),
-            current: current.clone(),
-            drain: drain.clone(),
-        });
-        let mut addrs = Vec::new();
-        for (spec, l) in config.listeners.iter().zip(tunnels) {
-            let local = l.local_addr().ok();
-            addrs.extend(local);
-            let name = local
-                .map(|a| format!("{}_{}", a.ip(), a.port()))
-                .unwrap_or_default();
-            let stats = metrics.listener(&name);
-            let addr = local.map(|a| a.to_string()).unwrap_or_default();
-            tracing::info!(addr = %addr, authority = %spec.authority, "tunneling listener");
-            let options = AcceptOptions {
-                max_connections: Some(Arc::new(Semaphore::new(
-                    config.max_connections_per_listener,
-                ))),
-                ..AcceptOptions::default()
-            };
-            let (ctx, authority) = (ctx.clone(), spec.authority.clone());
-            tokio::spawn(accept_loop(
-                l,
-                "tunnel",
-                drain.clone(),
-                options,
-                move |io: TcpStream, _, permit| {
-                    let (ctx, authority, stats) = (ctx.clone(), authority.clone(), stats.clone());
-                    async move {
-                        let _permit = permit;
-                        handle(io, &authority, &ctx, &stats).await;
-                    }
-                },
-            ));
+        {
+            let mut running = inner.listeners.lock().await;
+            for (spec, l) in specs.iter().zip(tunnels) {
+                running.insert(key(spec), serve_listener(&inner, spec, l));
+            }
         }
         Ok(TunnelAgent {
-            config,
-            drain,
+            inner,
             stats_drain,
             failing,
-            connected: current,
-            metrics,
-            addrs,
         })
     }
 
-    /// Where the tunnel listeners are bound, in configuration order.
-    pub fn local_addrs(&self) -> &[SocketAddr] {
-        &self.addrs
+    /// Where the tunnel listeners are bound, in the order they were opened.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.inner
+            .addrs
+            .lock()
+            .map(|a| a.clone())
+            .unwrap_or_default()
     }
 
     /// Resolves once the shared connection to the seed proxy is up.
     pub async fn connected(&self) {
-        let mut c = self.connected.clone();
+        let mut c = self.inner.current.clone();
         let _ = c.wait_for(Option::is_some).await;
     }
 
     pub fn is_connected(&self) -> bool {
-        self.connected.borrow().is_some()
+        self.inner.current.borrow().is_some()
     }
 
     pub fn metrics_text(&self) -> String {
-        self.metrics.render()
+        self.inner.metrics.render()
+    }
+
+    pub fn config(&self) -> Arc<AgentConfig> {
+        self.inner.config.borrow().clone()
+    }
+
+    /// Applies a new configuration. Returns whether anything changed. On an
+    /// error (invalid, or a new listener cannot be bound) the running
+    /// configuration stays as it was.
+    pub async fn apply(&self, config: AgentConfig) -> Result<bool, AgentError> {
+        config.validate()?;
+        let inner = &self.inner;
+        let mut running = inner.listeners.lock().await;
+        let old = inner.config.borrow().clone();
+        if *old == config {
+            return Ok(false);
+        }
+        let wanted: BTreeMap<SocketAddr, ListenerSpec> = config
+            .listeners
+            .iter()
+            .map(|l| (key(l), l.clone()))
+            .collect();
+        // Bind every new listener first, so a failure changes nothing.
+        let mut fresh = Vec::new();
+        for (addr, spec) in &wanted {
+            if !running.contains_key(addr) {
+                fresh.push((spec, bind(spec).await?));
+            }
+        }
+        running.retain(|addr, r| {
+            let keep = wanted.contains_key(addr);
+            if !keep {
+                tracing::info!(%addr, "tunneling listener removed; its open tunnels run on");
+                r.stop.cancel();
+            }
+            keep
+        });
+        for (addr, r) in running.iter() {
+            if let Some(spec) = wanted.get(addr)
+                && *r.authority.borrow() != spec.authority
+            {
+                tracing::info!(%addr, authority = %spec.authority, "tunneling listener now tunnels to a new authority");
+                r.authority.send_replace(spec.authority.clone());
+            }
+        }
+        inner.config.send_replace(Arc::new(config));
+        for (spec, l) in fresh {
+            running.insert(key(spec), serve_listener(inner, spec, l));
+        }
+        Ok(true)
+    }
+
+    /// Records the outcome of a configuration reload for `/healthz`.
+    pub fn set_reload_error(&self, error: Option<String>) {
+        if let Ok(mut e) = self.inner.reload_error.lock() {
+            *e = error;
+        }
+    }
+
+    pub(crate) fn metrics(&self) -> &Arc<AgentMetrics> {
+        &self.inner.metrics
     }
 
     /// Fails health, stops accepting, lets tunnels finish within the drain
     /// timeout, then closes the seed connection.
     pub async fn shutdown(&self) -> bool {
         self.failing.store(true, Ordering::Relaxed);
-        let clean = self.drain.shutdown(self.config.drain_timeout).await;
-        self.metrics.live.set(0.0);
+        let timeout = self.inner.config.borrow().drain_timeout;
+        let clean = self.inner.drain.shutdown(timeout).await;
+        self.inner.metrics.live.set(0.0);
         self.stats_drain.start();
         clean
     }
 }
 
-async fn handle(client: TcpStream, authority: &ConnectAuthority, ctx: &Ctx, stats: &ListenerStats) {
+fn stats_handler(inner: Arc<Inner>, failing: Arc<AtomicBool>) -> Handler {
+    Arc::new(move |head| match head.path {
+        "/healthz" if failing.load(Ordering::Relaxed) => {
+            Reply::text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        }
+        "/healthz" => match inner.reload_error.lock().ok().and_then(|e| e.clone()) {
+            // Still serving, on the last good configuration.
+            Some(e) => Reply::text(
+                StatusCode::OK,
+                format!("ok\nconfiguration reload failed, serving the previous one: {e}\n"),
+            ),
+            None => Reply::ok(),
+        },
+        "/ready" if inner.current.borrow().is_some() => Reply::ok(),
+        "/ready" => Reply::text(StatusCode::SERVICE_UNAVAILABLE, "not connected\n"),
+        "/stats/prometheus" | "/stats" | "/metrics" => Reply::metrics(inner.metrics.render()),
+        _ => Reply::not_found(),
+    })
+}
+
+/// Starts accepting on `l` for `spec`.
+fn serve_listener(inner: &Arc<Inner>, spec: &ListenerSpec, l: TcpListener) -> Running {
+    let local = l.local_addr().ok();
+    if let (Some(a), Ok(mut addrs)) = (local, inner.addrs.lock()) {
+        addrs.push(a);
+    }
+    let name = local
+        .map(|a| format!("{}_{}", a.ip(), a.port()))
+        .unwrap_or_default();
+    let stats = inner.metrics.listener(&name);
+    let shown = local.map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(addr = %shown, authority = %spec.authority, "tunneling listener");
+    let limit = inner.config.borrow().max_connections_per_listener;
+    let options = AcceptOptions {
+        max_connections: Some(Arc::new(Semaphore::new(limit))),
+        ..AcceptOptions::default()
+    };
+    let (authority, authority_rx) = watch::channel(spec.authority.clone());
+    let stop = CancellationToken::new();
+    let (inner2, inner3, stop2) = (inner.clone(), inner.clone(), stop.clone());
+    let drain = inner.drain.clone();
+    tokio::spawn(async move {
+        let accepting = accept_loop(
+            l,
+            "tunnel",
+            drain,
+            options,
+            move |io: TcpStream, _, permit| {
+                let (inner, stats) = (inner2.clone(), stats.clone());
+                let authority = authority_rx.borrow().clone();
+                async move {
+                    let _permit = permit;
+                    handle(io, &authority, &inner, &stats).await;
+                }
+            },
+        );
+        tokio::select! {
+            _ = accepting => {}
+            _ = stop2.cancelled() => {}
+        }
+        if let (Some(a), Ok(mut addrs)) = (local, inner3.addrs.lock()) {
+            addrs.retain(|x| *x != a);
+        }
+    });
+    Running { authority, stop }
+}
+
+async fn handle(
+    client: TcpStream,
+    authority: &ConnectAuthority,
+    inner: &Inner,
+    stats: &ListenerStats,
+) {
     stats.downstream_cx_total.increment(1);
     stats.downstream_cx_active.increment(1.0);
-    ctx.metrics.downstream_cx_total.increment(1);
-    if let Err(e) = tunnel(client, authority, ctx).await {
-        ctx.metrics.rq_failed.increment(1);
+    inner.metrics.downstream_cx_total.increment(1);
+    if let Err(e) = tunnel(client, authority, inner).await {
+        inner.metrics.rq_failed.increment(1);
         tracing::warn!(%authority, error = %e, "local connection closed");
     }
     stats.downstream_cx_active.decrement(1.0);
@@ -215,10 +337,11 @@ async fn handle(client: TcpStream, authority: &ConnectAuthority, ctx: &Ctx, stat
 async fn tunnel(
     client: TcpStream,
     authority: &ConnectAuthority,
-    ctx: &Ctx,
+    inner: &Inner,
 ) -> Result<(), TunnelError> {
-    let timeout = ctx.config.connect_timeout;
-    let mut current = ctx.current.clone();
+    let config = inner.config.borrow().clone();
+    let timeout = config.connect_timeout;
+    let mut current = inner.current.clone();
     let mut send = seed::ready(&mut current, timeout)
         .await
         .ok_or(TunnelError::NoSeed(timeout))?;
@@ -227,7 +350,8 @@ async fn tunnel(
     *req.uri_mut() = http::Uri::try_from(authority.to_string())
         .map_err(|_| TunnelError::Refused(StatusCode::BAD_REQUEST, authority.clone()))?;
     let (answer, stream) = send.send_request(req, false).map_err(TunnelError::Open)?;
-    ctx.metrics.rq_total.increment(1);
+    drop(send);
+    inner.metrics.rq_total.increment(1);
     let resp = tokio::time::timeout(timeout, answer)
         .await
         .map_err(|_| TunnelError::AnswerTimeout(timeout))?
@@ -235,21 +359,21 @@ async fn tunnel(
     if resp.status() != StatusCode::OK {
         return Err(TunnelError::Refused(resp.status(), authority.clone()));
     }
-    ctx.metrics.rq_active.increment(1.0);
+    inner.metrics.rq_active.increment(1.0);
     let io = H2Io::new(stream, resp.into_body());
     let options = RelayOptions {
-        buffer_size: ctx.config.buffer_size,
-        idle_timeout: Some(ctx.config.idle_timeout).filter(|d| !d.is_zero()),
+        buffer_size: config.buffer_size,
+        idle_timeout: Some(config.idle_timeout).filter(|d| !d.is_zero()),
     };
     let (end, bytes) = relay(
         client,
         io,
         options,
-        ctx.metrics.as_ref(),
-        ctx.drain.stopping(),
+        inner.metrics.as_ref(),
+        inner.drain.stopping(),
     )
     .await;
-    ctx.metrics.rq_active.decrement(1.0);
+    inner.metrics.rq_active.decrement(1.0);
     tracing::debug!(%authority, reason = end.reason(), from_client = bytes.from_client, from_upstream = bytes.from_upstream, "tunnel closed");
     Ok(())
 }

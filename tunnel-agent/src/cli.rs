@@ -1,20 +1,69 @@
-//! Command line: a config file in envoy-agent's shape, or the same settings
-//! as flags.
+//! Command line: envoy-agent's (`--config-path /etc/envoy/envoy.yaml
+//! --use-dynamic-base-id`, the Envoy bootstrap KKP renders), and this agent's
+//! own flags, which can give the same settings or override the file's.
 
-use std::net::IpAddr;
-use std::path::Path;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use daemon::flags::{FlagSet, Values};
 
-use crate::config::{AgentConfig, DEFAULT_AGENT_IP, ListenerSpec, load_file};
+use crate::bootstrap::Bootstrap;
+use crate::config::{AgentConfig, DEFAULT_AGENT_IP, ListenerSpec};
+
+/// The stats port KKP reserves (envoy-agent's `StatsPort`).
+pub const DEFAULT_STATS_PORT: u16 = 8002;
 
 #[derive(Debug, Clone)]
 pub struct Cli {
     pub config: AgentConfig,
-    pub stats_address: IpAddr,
-    /// 0 disables the stats listener.
-    pub stats_port: u16,
+    /// Where `/healthz`, `/ready` and the stats are served; `None`: nowhere.
+    pub stats: Option<SocketAddr>,
     pub worker_threads: usize,
+    /// The bootstrap file, followed for changes.
+    pub config_path: Option<PathBuf>,
+    /// The flags, to lay over the file again when it changes.
+    pub flags: FlagSettings,
+}
+
+/// What the command line sets, laid over the bootstrap at start and on every
+/// reload: a flag given explicitly wins over the file. The default is no
+/// flag given.
+#[derive(Debug, Clone)]
+pub struct FlagSettings {
+    proxy_host: Option<String>,
+    proxy_port: Option<u16>,
+    listeners: Vec<ListenerSpec>,
+    /// The KKP default listener, used when nothing else names one.
+    default_listener: Option<ListenerSpec>,
+    stats_address: Option<IpAddr>,
+    stats_port: Option<u16>,
+    keepalive_interval: Option<Duration>,
+    keepalive_timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+    idle_timeout: Duration,
+    drain_timeout: Duration,
+    max_connections_per_listener: usize,
+}
+
+impl Default for FlagSettings {
+    fn default() -> Self {
+        let d = AgentConfig::default();
+        FlagSettings {
+            proxy_host: None,
+            proxy_port: None,
+            listeners: Vec::new(),
+            default_listener: None,
+            stats_address: None,
+            stats_port: None,
+            keepalive_interval: None,
+            keepalive_timeout: None,
+            connect_timeout: None,
+            idle_timeout: d.idle_timeout,
+            drain_timeout: d.drain_timeout,
+            max_connections_per_listener: d.max_connections_per_listener,
+        }
+    }
 }
 
 pub fn flag_set() -> FlagSet {
@@ -23,85 +72,184 @@ pub fn flag_set() -> FlagSet {
         "tunnel-agent",
         "Tunnels local TCP listeners to the seed nodeport-proxy as HTTP/2 CONNECT streams over one connection.",
     )
-    .compatible_with("KKP envoy-agent")
-    .string("config", "", "YAML file in envoy-agent's shape (proxyHost, proxyPort, listeners[{bindAddress, bindPort, authority}])")
-    .string("proxy-host", "", "seed proxy host (KKP: the cluster URL's host)")
-    .int("proxy-port", i64::from(d.proxy_port), "seed proxy tunneling port")
-    .strings("listener", &[], "address:port=authority; repeatable")
+    .compatible_with("KKP envoy-agent (Envoy with the bootstrap KKP renders)")
+    .string("config-path", "", "Envoy v3 bootstrap YAML as KKP's envoy-agent ConfigMap holds it (/etc/envoy/envoy.yaml); followed for changes")
+    .short('c')
+    .string("config", "", "same as --config-path")
+    .deprecated("use --config-path")
+    .bool("use-dynamic-base-id", false, "accepted for Envoy compatibility; no shared memory is used")
+    .int("base-id", 0, "accepted for Envoy compatibility; no shared memory is used")
+    .string("proxy-host", "", "seed proxy host (KKP: the cluster URL's host); overrides the bootstrap's cluster")
+    .int("proxy-port", i64::from(d.proxy_port), "seed proxy tunneling port; overrides the bootstrap's cluster")
+    .strings("listener", &[], "address:port=authority; repeatable; added to the bootstrap's listeners")
     .string("cluster-id", "", "without listeners: tunnel <tunneling-agent-ip>:6443 to apiserver-external.cluster-<id>.svc.cluster.local:443")
     .string("tunneling-agent-ip", &DEFAULT_AGENT_IP.to_string(), "bind address of the default listener")
-    .string("stats-address", "::", "address of the health and stats listener (::, the default: every interface, IPv4 and IPv6)")
-    .int("stats-port", 8002, "port of /healthz, /ready and /stats/prometheus (0: off)")
-    .duration("keepalive-interval", d.keepalive_interval, "HTTP/2 PING interval on the seed connection")
+    .string("stats-address", "::", "address of the health and stats listener (::, the default: every interface, IPv4 and IPv6); overrides the bootstrap's")
+    .int("stats-port", i64::from(DEFAULT_STATS_PORT), "port of /healthz, /ready and /stats/prometheus (0: off); overrides the bootstrap's")
+    .duration("keepalive-interval", d.keepalive_interval, "HTTP/2 PING interval on the seed connection; overrides the bootstrap's connection_keepalive")
     .duration("keepalive-timeout", d.keepalive_timeout, "an unanswered PING after this drops the seed connection")
-    .duration("connect-timeout", d.connect_timeout, "seed connect and CONNECT answer timeout")
-    .duration("idle-timeout", d.idle_timeout, "close tunnels idle this long")
+    .duration("connect-timeout", d.connect_timeout, "seed connect and CONNECT answer timeout; overrides the bootstrap's connect_timeout")
+    .duration("idle-timeout", d.idle_timeout, "close tunnels idle this long (Envoy's tcp_proxy default: 1h)")
     .duration("drain-timeout", d.drain_timeout, "how long tunnels may continue after SIGTERM")
     .int("max-connections-per-listener", d.max_connections_per_listener as i64, "open connections per listener")
     .int("worker-threads", 1, "runtime worker threads; fixed so memory and threads do not grow with the core count")
     .with_klog(0)
 }
 
-pub fn from_values(v: &Values) -> Result<Cli, String> {
-    let mut config = AgentConfig::default();
-    let mut stats_port = v.port("stats-port")?;
-    let file = v.string("config");
-    let file_stats_port = if file.is_empty() {
-        None
+fn set<T>(
+    v: &Values,
+    name: &str,
+    value: impl FnOnce() -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    if v.is_set(name) {
+        value().map(Some)
     } else {
-        load_file(Path::new(&file), &mut config).map_err(|e| e.to_string())?
-    };
-    if let Some(p) = file_stats_port.filter(|_| !v.is_set("stats-port")) {
-        stats_port = p;
+        Ok(None)
     }
-    if !v.string("proxy-host").is_empty() {
-        config.proxy_host = v.string("proxy-host");
-    }
-    if file.is_empty() || v.is_set("proxy-port") {
-        config.proxy_port = v.port("proxy-port")?;
-    }
+}
+
+pub fn from_values(v: &Values) -> Result<Cli, String> {
+    let mut listeners = Vec::new();
     for l in v.strings("listener") {
-        config
-            .listeners
-            .push(ListenerSpec::parse(&l).map_err(|e| e.to_string())?);
+        listeners.push(ListenerSpec::parse(&l).map_err(|e| format!("-listener: {e}"))?);
     }
     let cluster = v.string("cluster-id");
-    if config.listeners.is_empty() && !cluster.is_empty() {
-        let mut l = ListenerSpec::kkp_default(&cluster).map_err(|e| e.to_string())?;
+    let default_listener = if cluster.is_empty() {
+        None
+    } else {
+        let mut l = ListenerSpec::kkp_default(&cluster).map_err(|e| format!("-cluster-id: {e}"))?;
         l.bind_address = v
             .string("tunneling-agent-ip")
             .parse()
             .map_err(|e| format!("-tunneling-agent-ip: {e}"))?;
-        config.listeners.push(l);
-    }
-    config.keepalive_interval = v.duration("keepalive-interval");
-    config.keepalive_timeout = v.duration("keepalive-timeout");
-    config.connect_timeout = v.duration("connect-timeout");
-    config.idle_timeout = v.duration("idle-timeout");
-    config.drain_timeout = v.duration("drain-timeout");
-    config.max_connections_per_listener = usize::try_from(v.int("max-connections-per-listener"))
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or("-max-connections-per-listener must be positive")?;
-    config.validate().map_err(|e| e.to_string())?;
-    if stats_port != 0 && config.listeners.iter().any(|l| l.bind_port == stats_port) {
-        // KKP reserves the stats port for the same reason.
-        return Err(format!(
-            "listener port {stats_port} collides with the stats port"
-        ));
-    }
+        Some(l)
+    };
+    let flags = FlagSettings {
+        proxy_host: Some(v.string("proxy-host")).filter(|h| !h.is_empty()),
+        proxy_port: set(v, "proxy-port", || v.port("proxy-port"))?,
+        listeners,
+        default_listener,
+        stats_address: set(v, "stats-address", || {
+            v.string("stats-address")
+                .parse()
+                .map_err(|e| format!("-stats-address: {e}"))
+        })?,
+        stats_port: set(v, "stats-port", || v.port("stats-port"))?,
+        keepalive_interval: set(v, "keepalive-interval", || {
+            Ok(v.duration("keepalive-interval"))
+        })?,
+        keepalive_timeout: set(v, "keepalive-timeout", || {
+            Ok(v.duration("keepalive-timeout"))
+        })?,
+        connect_timeout: set(v, "connect-timeout", || Ok(v.duration("connect-timeout")))?,
+        idle_timeout: v.duration("idle-timeout"),
+        drain_timeout: v.duration("drain-timeout"),
+        max_connections_per_listener: usize::try_from(v.int("max-connections-per-listener"))
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or("-max-connections-per-listener must be positive")?,
+    };
+    let path = [v.string("config-path"), v.string("config")]
+        .into_iter()
+        .find(|p| !p.is_empty())
+        .map(PathBuf::from);
+    let bootstrap = match &path {
+        Some(p) => Some(crate::bootstrap::load(p)?),
+        None => None,
+    };
+    let (config, stats) = flags.resolve(bootstrap.as_ref())?;
     Ok(Cli {
         config,
-        stats_address: v
-            .string("stats-address")
-            .parse()
-            .map_err(|e| format!("-stats-address: {e}"))?,
-        stats_port,
+        stats,
         worker_threads: usize::try_from(v.int("worker-threads"))
             .ok()
             .filter(|n| *n > 0)
             .ok_or("-worker-threads must be positive")?,
+        config_path: path,
+        flags,
     })
+}
+
+impl FlagSettings {
+    /// The configuration and stats address that the bootstrap (if any) and
+    /// these flags give together.
+    pub fn resolve(
+        &self,
+        bootstrap: Option<&Bootstrap>,
+    ) -> Result<(AgentConfig, Option<SocketAddr>), String> {
+        let mut c = AgentConfig::default();
+        let mut stats = Some(SocketAddr::new(
+            IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
+            DEFAULT_STATS_PORT,
+        ));
+        if let Some(b) = bootstrap {
+            c.proxy_host = b.seed.host.clone();
+            c.proxy_port = b.seed.port;
+            c.connect_timeout = b.seed.connect_timeout;
+            if let Some((interval, timeout)) = b.seed.keepalive {
+                c.keepalive_interval = interval;
+                c.keepalive_timeout = timeout;
+            }
+            c.listeners = b
+                .tunnels
+                .iter()
+                .map(|t| ListenerSpec {
+                    bind_address: t.addr.ip(),
+                    bind_port: t.addr.port(),
+                    authority: t.authority.clone(),
+                })
+                .collect();
+            // Envoy serves no stats without a stats listener.
+            stats = b.stats.as_ref().map(|s| s.addr);
+        }
+        if let Some(h) = &self.proxy_host {
+            c.proxy_host = h.clone();
+        }
+        if let Some(p) = self.proxy_port {
+            c.proxy_port = p;
+        }
+        c.listeners.extend(self.listeners.iter().cloned());
+        if c.listeners.is_empty() {
+            c.listeners.extend(self.default_listener.clone());
+        }
+        if let Some(d) = self.keepalive_interval {
+            c.keepalive_interval = d;
+        }
+        if let Some(d) = self.keepalive_timeout {
+            c.keepalive_timeout = d;
+        }
+        if let Some(d) = self.connect_timeout {
+            c.connect_timeout = d;
+        }
+        c.idle_timeout = self.idle_timeout;
+        c.drain_timeout = self.drain_timeout;
+        c.max_connections_per_listener = self.max_connections_per_listener;
+        match (self.stats_port, self.stats_address) {
+            (Some(0), _) => stats = None,
+            (port, address) if port.is_some() || address.is_some() => {
+                let base = stats.unwrap_or(SocketAddr::new(
+                    IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
+                    DEFAULT_STATS_PORT,
+                ));
+                stats = Some(SocketAddr::new(
+                    address.unwrap_or(base.ip()),
+                    port.unwrap_or(base.port()),
+                ));
+            }
+            _ => {}
+        }
+        c.validate().map_err(|e| e.to_string())?;
+        if let Some(s) = stats
+            && c.listeners.iter().any(|l| l.bind_port == s.port())
+        {
+            // KKP reserves the stats port for the same reason.
+            return Err(format!(
+                "listener port {} collides with the stats port",
+                s.port()
+            ));
+        }
+        Ok((c, stats))
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +264,10 @@ mod tests {
         )
     }
 
+    fn fixture(name: &str) -> String {
+        format!("{}/testdata/{name}", env!("CARGO_MANIFEST_DIR"))
+    }
+
     #[test]
     fn cluster_id_gives_kkp_default_listener() {
         let cli = parse(&["-proxy-host=x.seed.example.com", "-cluster-id=abc"])
@@ -126,6 +278,78 @@ mod tests {
             vec![ListenerSpec::kkp_default("abc").unwrap_or_else(|e| panic!("{e}"))]
         );
         assert_eq!(cli.worker_threads, 1);
+        assert_eq!(
+            cli.stats.map(|s| s.to_string()).as_deref(),
+            Some("[::]:8002")
+        );
+    }
+
+    #[test]
+    fn kkp_command_line_reads_the_rendered_bootstrap() {
+        let path = fixture("kkp-envoy-agent-openvpn.yaml");
+        let cli = parse(&["--config-path", &path, "--use-dynamic-base-id"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = &cli.config;
+        assert_eq!((c.proxy_host.as_str(), c.proxy_port), ("localhost", 8088));
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(
+            (c.keepalive_interval, c.keepalive_timeout),
+            (Duration::from_secs(30), Duration::from_secs(5))
+        );
+        assert_eq!(c.listeners.len(), 2);
+        assert_eq!(
+            cli.stats.map(|s| s.to_string()).as_deref(),
+            Some("0.0.0.0:8002")
+        );
+        assert_eq!(
+            cli.config_path.as_deref(),
+            Some(std::path::Path::new(&path))
+        );
+        // Envoy's short form, and flags given explicitly win over the file.
+        let cli = parse(&[
+            "-c",
+            &path,
+            "-proxy-port=9999",
+            "-stats-port=0",
+            "-keepalive-interval=7s",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.config.proxy_port, 9999);
+        assert_eq!(cli.config.keepalive_interval, Duration::from_secs(7));
+        assert_eq!(cli.config.keepalive_timeout, Duration::from_secs(5));
+        assert_eq!(cli.stats, None);
+    }
+
+    #[test]
+    fn a_bad_bootstrap_names_the_file_and_the_field() {
+        let dir = tempfile_dir();
+        let path = dir.join("envoy.yaml");
+        let text = std::fs::read_to_string(fixture("kkp-envoy-agent.yaml"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .replace("admin:\n", "admin:\n  profile_path: /x\n");
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        let e = parse(&["--config-path", path.to_str().unwrap_or_default()])
+            .err()
+            .unwrap_or_default();
+        assert!(
+            e.contains("envoy.yaml") && e.contains("profile_path"),
+            "{e}"
+        );
+        let e = parse(&["--config-path", "/nonexistent/envoy.yaml"])
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("/nonexistent/envoy.yaml"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "tunnel-agent-cli-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::create_dir_all(&d);
+        d
     }
 
     #[test]
@@ -133,6 +357,14 @@ mod tests {
         assert!(parse(&["-cluster-id=abc"]).is_err(), "proxy host required");
         assert!(parse(&["-proxy-host=x"]).is_err(), "a listener required");
         assert!(parse(&["-proxy-host=x", "-listener=127.0.0.1:8002=a.b:1"]).is_err());
+        assert!(
+            parse(&[
+                "-proxy-host=x",
+                "-listener=127.0.0.1:1=a.b:1",
+                "-listener=127.0.0.1:1=a.b:2"
+            ])
+            .is_err()
+        );
         assert!(parse(&["-proxy-host=x", "-cluster-id=a", "-worker-threads=0"]).is_err());
     }
 }

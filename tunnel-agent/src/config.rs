@@ -1,13 +1,10 @@
-//! What the agent tunnels where. The file form mirrors KKP's envoy-agent
-//! ConfigMap (`proxyHost`, `proxyPort`, `listeners[{bindAddress, bindPort,
-//! authority}]`); flags can give the same.
+//! What the agent tunnels where, and how: from the Envoy bootstrap KKP
+//! renders (`bootstrap.rs`) and from flags (`cli.rs`).
 
 use std::net::IpAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use daemon::authority::ConnectAuthority;
-use serde::Deserialize;
 
 /// KKP's default tunneling agent IP (`DefaultTunnelingAgentIP`).
 pub const DEFAULT_AGENT_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(100, 64, 30, 10));
@@ -101,62 +98,8 @@ impl Default for AgentConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading {0}: {1}")]
-    Read(String, std::io::Error),
-    #[error("parsing {0}: {1}")]
-    Parse(String, String),
     #[error("invalid configuration: {0}")]
     Invalid(String),
-}
-
-/// The file form.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct FileConfig {
-    proxy_host: String,
-    #[serde(default = "default_proxy_port")]
-    proxy_port: u16,
-    #[serde(default)]
-    listeners: Vec<FileListener>,
-    /// envoy-agent's admin/stats ports; accepted so its ConfigMap data loads.
-    #[serde(default)]
-    admin_port: Option<u16>,
-    #[serde(default)]
-    stats_port: Option<u16>,
-}
-
-fn default_proxy_port() -> u16 {
-    8088
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct FileListener {
-    bind_address: IpAddr,
-    bind_port: u16,
-    authority: String,
-}
-
-/// Reads a config file into `base` (which carries the non-file settings).
-/// Returns the stats port the file names, if any.
-pub fn load_file(path: &Path, base: &mut AgentConfig) -> Result<Option<u16>, ConfigError> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(name.clone(), e))?;
-    let file: FileConfig = serde_yaml_ng::from_str(&text)
-        .map_err(|e| ConfigError::Parse(name.clone(), e.to_string()))?;
-    base.proxy_host = file.proxy_host;
-    base.proxy_port = file.proxy_port;
-    for l in file.listeners {
-        let authority = ConnectAuthority::parse(&l.authority)
-            .map_err(|e| ConfigError::Invalid(format!("{name}: {e}")))?;
-        base.listeners.push(ListenerSpec {
-            bind_address: l.bind_address,
-            bind_port: l.bind_port,
-            authority,
-        });
-    }
-    let _ = file.admin_port;
-    Ok(file.stats_port)
 }
 
 impl AgentConfig {
@@ -171,6 +114,15 @@ impl AgentConfig {
             return Err(ConfigError::Invalid(
                 "at least one listener is required".into(),
             ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for l in &self.listeners {
+            if !seen.insert((l.bind_address, l.bind_port)) {
+                return Err(ConfigError::Invalid(format!(
+                    "two listeners on {}",
+                    std::net::SocketAddr::new(l.bind_address, l.bind_port)
+                )));
+            }
         }
         if self.keepalive_timeout.is_zero() || self.keepalive_interval.is_zero() {
             return Err(ConfigError::Invalid(
@@ -205,26 +157,5 @@ mod tests {
         for bad in ["127.0.0.1:1194", "nowhere:1=a:1", "127.0.0.1:1=noport"] {
             assert!(ListenerSpec::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn envoy_agent_config_map_shape_loads() {
-        let dir = std::env::temp_dir().join(format!("tunnel-agent-cfg-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        let path = dir.join("agent.yaml");
-        let text = "adminPort: 9902\nstatsPort: 8002\nproxyHost: x.seed.example.com\nproxyPort: 8088\nlisteners:\n- bindAddress: 100.64.30.10\n  bindPort: 6443\n  authority: apiserver-external.cluster-x.svc.cluster.local:443\n";
-        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
-        let mut c = AgentConfig::default();
-        let stats = load_file(&path, &mut c).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(stats, Some(8002));
-        assert_eq!(c.proxy_host, "x.seed.example.com");
-        assert_eq!(c.listeners.len(), 1);
-        assert!(c.validate().is_ok());
-        std::fs::write(&path, "proxyHost: x\nlistners: []\n").unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            load_file(&path, &mut AgentConfig::default()).is_err(),
-            "typos must fail"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -5,11 +5,16 @@
 //! kept alive with HTTP/2 PINGs and re-dialled (re-resolving DNS) with back-off.
 
 pub mod agent;
+pub mod bootstrap;
 pub mod cli;
 pub mod config;
 pub mod limits;
 pub mod metrics;
+pub mod reload;
 pub mod seed;
 
 pub use agent::{AgentError, AgentListeners, TunnelAgent, run};
 pub use config::{AgentConfig, ListenerSpec};
+
+#[cfg(test)]
+mod corpus_tests;

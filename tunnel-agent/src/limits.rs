@@ -1,5 +1,6 @@
 //! Every bound on a length the seed's nodeport-proxy (our one peer besides
-//! local clients, whose bytes are only relayed) controls, in one place.
+//! local clients, whose bytes are only relayed) or the bootstrap file
+//! controls, in one place.
 
 /// SETTINGS_MAX_HEADER_LIST_SIZE we advertise to the seed: a CONNECT
 /// response's headers are a few bytes. h2's own default is 16 MiB, which
@@ -12,3 +13,12 @@ pub const MAX_HEADER_LIST_SIZE: u32 = 16 << 10;
 /// defaults, named here).
 pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
+/// Largest bootstrap file read (KKP's renders to about 3 KiB; this leaves
+/// room for some sixty listeners). The YAML scanner's time grows faster than
+/// linearly with nesting, so the bound is kept small.
+pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
+/// Deepest nesting of flow collections (`[`, `{`) in a bootstrap; KKP's has 1.
+pub const MAX_FLOW_DEPTH: usize = 32;
+/// Most listeners a bootstrap may declare (KKP renders two or three).
+pub const MAX_LISTENERS: usize = 1024;

@@ -2,8 +2,11 @@
 //! blocking threads by default) so a 128-thread node costs what a 2-core one
 //! does (KKP #13095: Envoy started a worker per hardware thread and OOMed).
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use daemon::flags::usage_error;
+use tokio_util::sync::CancellationToken;
 use tunnel_agent::{AgentListeners, TunnelAgent, cli};
 
 fn main() {
@@ -33,28 +36,52 @@ fn main() {
 }
 
 async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
-    let stats = if cli.stats_port == 0 {
-        None
-    } else {
-        Some(
-            daemon::listen::bind_tcp(&cli.stats_address.to_string(), cli.stats_port)
+    let stats = match cli.stats {
+        None => None,
+        Some(addr) => Some(
+            daemon::listen::bind_tcp(&addr.ip().to_string(), addr.port())
                 .await
-                .with_context(|| {
-                    format!("binding stats on {}:{}", cli.stats_address, cli.stats_port)
-                })?,
-        )
+                .with_context(|| format!("binding stats on {addr}"))?,
+        ),
     };
     let mut terms =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
-    let agent = TunnelAgent::start(
-        cli.config,
-        AgentListeners {
-            tunnels: Vec::new(),
-            stats,
-        },
-    )
-    .await?;
+    let agent = Arc::new(
+        TunnelAgent::start(
+            cli.config,
+            AgentListeners {
+                tunnels: Vec::new(),
+                stats,
+            },
+        )
+        .await?,
+    );
+    let stop = CancellationToken::new();
+    if let Some(path) = cli.config_path {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        if let Some(mut hup) = daemon::signals::hangups().await {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: reloading the configuration");
+                    let _ = tx.try_send(());
+                }
+            });
+        }
+        let (agent, stop) = (agent.clone(), stop.clone());
+        tokio::spawn(async move {
+            tunnel_agent::reload::follow(
+                agent,
+                path,
+                cli.flags,
+                cli.stats,
+                Some(rx),
+                stop.cancelled_owned(),
+            )
+            .await
+        });
+    }
     terms.next().await;
+    stop.cancel();
     tracing::info!("termination signal: draining tunnels (a second one exits at once)");
     tokio::select! {
         _ = agent.shutdown() => {}

@@ -27,6 +27,18 @@ pub struct AgentMetrics {
     pub downstream_cx_total: Counter,
     pub downstream_rx_bytes: Counter,
     pub downstream_tx_bytes: Counter,
+    reloads_applied: Counter,
+    reloads_unchanged: Counter,
+    reloads_failed: Counter,
+    last_reload_success: Gauge,
+}
+
+/// What a configuration reload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadResult {
+    Applied,
+    Unchanged,
+    Failed,
 }
 
 #[derive(Clone)]
@@ -46,7 +58,7 @@ impl AgentMetrics {
         );
         r.describe_gauge(
             "envoy_cluster_upstream_cx_active",
-            "Open HTTP/2 connections to the seed proxy (0 or 1).",
+            "Open HTTP/2 connections to the seed proxy (1; 2 while one replaced by a configuration change finishes).",
         );
         r.describe_counter(
             "envoy_cluster_upstream_cx_connect_fail",
@@ -90,6 +102,14 @@ impl AgentMetrics {
             "envoy_listener_downstream_cx_active",
             "Open connections, per listener.",
         );
+        r.describe_counter(
+            "tunnel_agent_config_reloads_total",
+            "Configuration file reloads, by result (applied, unchanged, failed).",
+        );
+        r.describe_gauge(
+            "tunnel_agent_config_last_reload_success_timestamp_seconds",
+            "When the configuration in use was loaded (Unix time).",
+        );
         let c = [("envoy_cluster_name", CLUSTER)];
         let t = [("envoy_tcp_prefix", TCP_PREFIX)];
         let m = AgentMetrics {
@@ -108,8 +128,22 @@ impl AgentMetrics {
             downstream_cx_total: r.counter("envoy_tcp_downstream_cx_total", &t),
             downstream_rx_bytes: r.counter("envoy_tcp_downstream_cx_rx_bytes_total", &t),
             downstream_tx_bytes: r.counter("envoy_tcp_downstream_cx_tx_bytes_total", &t),
+            reloads_applied: r.counter(
+                "tunnel_agent_config_reloads_total",
+                &[("result", "applied")],
+            ),
+            reloads_unchanged: r.counter(
+                "tunnel_agent_config_reloads_total",
+                &[("result", "unchanged")],
+            ),
+            reloads_failed: r.counter("tunnel_agent_config_reloads_total", &[("result", "failed")]),
+            last_reload_success: r.gauge(
+                "tunnel_agent_config_last_reload_success_timestamp_seconds",
+                &[],
+            ),
             registry: Arc::new(r),
         };
+        m.loaded_now();
         m.live.set(1.0);
         Arc::new(m)
     }
@@ -124,6 +158,25 @@ impl AgentMetrics {
                 .registry
                 .gauge("envoy_listener_downstream_cx_active", &l),
         }
+    }
+
+    pub fn reload(&self, result: ReloadResult) {
+        match result {
+            ReloadResult::Applied => self.reloads_applied.increment(1),
+            ReloadResult::Unchanged => self.reloads_unchanged.increment(1),
+            ReloadResult::Failed => self.reloads_failed.increment(1),
+        }
+        if result != ReloadResult::Failed {
+            self.loaded_now();
+        }
+    }
+
+    fn loaded_now(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        self.last_reload_success.set(now);
     }
 
     pub fn render(&self) -> String {

@@ -1,8 +1,11 @@
 //! The one HTTP/2 (h2c) connection to the seed proxy that every tunnel shares:
-//! resolved and dialled again after every loss, with exponential back-off and
-//! jitter, and declared dead when a PING goes unanswered.
+//! kept however long it idles, declared dead when a PING goes unanswered,
+//! resolved and dialled again after every loss with exponential back-off and
+//! jitter. A new configuration naming another seed (or other PING settings)
+//! starts a new connection; tunnels on the old one run on until they end.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,8 +35,8 @@ pub enum SeedError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
-    #[error("connecting to the seed proxy timed out")]
-    Timeout,
+    #[error("connecting to the seed proxy {host}:{port} timed out")]
+    Timeout { host: String, port: u16 },
     #[error("HTTP/2 handshake with the seed proxy: {0}")]
     Handshake(h2::Error),
 }
@@ -41,32 +44,57 @@ pub enum SeedError {
 /// The current connection, if any; tunnels wait on it.
 pub type Current = watch::Receiver<Option<SendRequest<Bytes>>>;
 
-/// Keeps a connection up until the drain stops the agent.
+type Connection = h2::client::Connection<TcpStream, Bytes>;
+
+/// What a seed connection is dialled and kept with; a change means a new one.
+fn target(c: &AgentConfig) -> (&str, u16, Duration, Duration) {
+    (
+        c.proxy_host.as_str(),
+        c.proxy_port,
+        c.keepalive_interval,
+        c.keepalive_timeout,
+    )
+}
+
+/// Keeps a connection up until the drain stops the agent, following
+/// configuration changes.
 pub async fn maintain(
-    config: Arc<AgentConfig>,
+    mut config: watch::Receiver<Arc<AgentConfig>>,
     current: watch::Sender<Option<SendRequest<Bytes>>>,
     metrics: Arc<AgentMetrics>,
     drain: Drain,
 ) {
-    let mut backoff = config.backoff_initial;
+    let mut backoff = config.borrow().backoff_initial;
     loop {
-        match dial(&config).await {
+        let cfg = config.borrow_and_update().clone();
+        match dial(&cfg).await {
             Ok((send, conn)) => {
                 metrics.cx_total.increment(1);
-                metrics.cx_active.set(1.0);
-                tracing::info!(proxy = %config.proxy_host, "connected to seed proxy");
+                metrics.cx_active.increment(1.0);
+                tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, "connected to seed proxy");
                 current.send_replace(Some(send));
-                let end = drive(conn, &config, &metrics, &drain).await;
+                let end = drive(conn, &cfg, &mut config, &metrics, &drain).await;
                 current.send_replace(None);
-                metrics.cx_active.set(0.0);
                 if drain.is_stopping() {
+                    metrics.cx_active.decrement(1.0);
                     return;
+                }
+                match end.retired {
+                    Some(conn) => {
+                        tracing::info!(
+                            "seed proxy settings changed; new tunnels use a new connection, open ones finish on the old"
+                        );
+                        tokio::spawn(retire(conn, metrics.clone(), drain.clone()));
+                        backoff = cfg.backoff_initial;
+                        continue;
+                    }
+                    None => metrics.cx_active.decrement(1.0),
                 }
                 // Only a connection that proved healthy (a PING answered)
                 // resets the back-off: a seed that accepts and then drops
                 // every connection is retried ever more slowly, not in a loop.
                 if end.healthy {
-                    backoff = config.backoff_initial;
+                    backoff = cfg.backoff_initial;
                 }
                 tracing::warn!(reason = %end.reason, retry_in = ?backoff, "seed proxy connection lost; reconnecting");
             }
@@ -78,15 +106,24 @@ pub async fn maintain(
         let jitter = rand::random_range(0.8..1.2);
         tokio::select! {
             _ = tokio::time::sleep(backoff.mul_f64(jitter)) => {}
+            // A new seed is tried at once.
+            r = config.changed() => if r.is_err() { return },
             _ = drain.stopping() => return,
         }
-        backoff = (backoff * 2).min(config.backoff_max);
+        backoff = (backoff * 2).min(cfg.backoff_max);
     }
 }
 
-async fn dial(
-    config: &AgentConfig,
-) -> Result<(SendRequest<Bytes>, h2::client::Connection<TcpStream, Bytes>), SeedError> {
+/// Runs a replaced connection until its last tunnel ends.
+async fn retire(conn: Connection, metrics: Arc<AgentMetrics>, drain: Drain) {
+    tokio::select! {
+        _ = conn => {}
+        _ = drain.stopping() => {}
+    }
+    metrics.cx_active.decrement(1.0);
+}
+
+async fn dial(config: &AgentConfig) -> Result<(SendRequest<Bytes>, Connection), SeedError> {
     let attempt = async {
         let host = config.proxy_host.trim_matches(['[', ']']);
         let addrs: Vec<_> = tokio::net::lookup_host((host, config.proxy_port))
@@ -122,7 +159,10 @@ async fn dial(
     };
     tokio::time::timeout(config.connect_timeout, attempt)
         .await
-        .map_err(|_| SeedError::Timeout)?
+        .map_err(|_| SeedError::Timeout {
+            host: config.proxy_host.clone(),
+            port: config.proxy_port,
+        })?
 }
 
 /// How a seed connection ended.
@@ -130,13 +170,16 @@ struct End {
     reason: String,
     /// At least one PING was answered on it.
     healthy: bool,
+    /// Still open, replaced after a configuration change.
+    retired: Option<Connection>,
 }
 
-/// Runs the connection until it fails, a PING times out, or the agent stops.
-/// The connection is kept however long it idles: only a failure ends it.
+/// Runs the connection until it fails, a PING times out, the seed settings
+/// change, or the agent stops. However long it idles, it is kept.
 async fn drive(
-    mut conn: h2::client::Connection<TcpStream, Bytes>,
-    config: &AgentConfig,
+    mut conn: Connection,
+    cfg: &AgentConfig,
+    config: &mut watch::Receiver<Arc<AgentConfig>>,
     metrics: &AgentMetrics,
     drain: &Drain,
 ) -> End {
@@ -144,35 +187,47 @@ async fn drive(
         return End {
             reason: "PING handle unavailable".into(),
             healthy: false,
+            retired: None,
         };
     };
-    let healthy = std::sync::atomic::AtomicBool::new(false);
+    let healthy = AtomicBool::new(false);
     let keepalive = async {
         loop {
-            tokio::time::sleep(config.keepalive_interval).await;
-            match tokio::time::timeout(config.keepalive_timeout, pings.ping(h2::Ping::opaque()))
-                .await
+            tokio::time::sleep(cfg.keepalive_interval).await;
+            match tokio::time::timeout(cfg.keepalive_timeout, pings.ping(h2::Ping::opaque())).await
             {
-                Ok(Ok(_)) => healthy.store(true, std::sync::atomic::Ordering::Relaxed),
+                Ok(Ok(_)) => healthy.store(true, Ordering::Relaxed),
                 Ok(Err(e)) => return format!("PING failed: {e}"),
                 Err(_) => {
                     metrics.cx_destroy_keepalive.increment(1);
-                    return format!("PING unanswered for {:?}", config.keepalive_timeout);
+                    return format!("PING unanswered for {:?}", cfg.keepalive_timeout);
                 }
             }
         }
     };
-    let reason = tokio::select! {
-        r = &mut conn => match r {
+    let replaced = async {
+        loop {
+            if config.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if target(&config.borrow()) != target(cfg) {
+                return;
+            }
+        }
+    };
+    let (reason, retire) = tokio::select! {
+        r = &mut conn => (match r {
             Ok(()) => "closed by the seed proxy".into(),
             Err(e) => e.to_string(),
-        },
-        why = keepalive => why,
-        _ = drain.stopping() => "agent stopping".into(),
+        }, false),
+        why = keepalive => (why, false),
+        _ = replaced => ("seed settings changed".into(), true),
+        _ = drain.stopping() => ("agent stopping".into(), false),
     };
     End {
         reason,
-        healthy: healthy.load(std::sync::atomic::Ordering::Relaxed),
+        healthy: healthy.load(Ordering::Relaxed),
+        retired: retire.then_some(conn),
     }
 }
 

@@ -1,0 +1,198 @@
+//! KKP's envoy-agent DaemonSet with only the image swapped: tunnel-agent
+//! started exactly as KKP starts envoy-agent (`--config-path
+//! /etc/envoy/envoy.yaml --use-dynamic-base-id`) on the bootstrap KKP's own
+//! template renders (tunnel-agent/testdata, loopback addresses), with no more
+//! privilege than KKP grants that container (a non-root user, capabilities
+//! CHOWN, SETGID, SETUID and NET_BIND_SERVICE at most), tunneling to
+//! nodeport-proxy started with KKP's seed flags; curl is the client.
+//!
+//! The rendered configuration has fixed ports (6443, 8002, 8088), so all of
+//! it runs in a network namespace of the test's own. Seed and agent share it
+//! here while KKP runs them on different machines, so the seed's stats port
+//! moves to 9002 and its SNI listener (whose 6443 the agent's listener takes)
+//! stays off.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use integration_tests::netns::Netns;
+use integration_tests::procs::binary;
+
+const FIXTURE: &str = "tunnel-agent/testdata/kkp-envoy-agent.yaml";
+
+fn fixture() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(FIXTURE)
+}
+
+/// The bitmask of capabilities KKP adds to the envoy-agent container.
+const KKP_CAPS: u64 = (1 << 0) | (1 << 6) | (1 << 7) | (1 << 10); // CHOWN SETGID SETUID NET_BIND_SERVICE
+
+fn cap_field(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+#[tokio::test]
+async fn envoy_agent_daemonset_runs_tunnel_agent_unchanged_but_for_the_image() {
+    let ns = Netns::loopback_only();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("version"), "apiserver answered\n").unwrap();
+    // The "apiserver pod" behind apiserver-external.cluster-abc.
+    let mut api = ns.spawn(
+        Path::new("python3"),
+        &[
+            "-u".into(),
+            "-m".into(),
+            "http.server".into(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--directory".into(),
+            dir.path().display().to_string(),
+            "16443".into(),
+        ],
+    );
+    api.wait_line("Serving HTTP").await;
+    let table = dir.path().join("table.yaml");
+    std::fs::write(
+        &table,
+        r#"services:
+- metadata:
+    namespace: cluster-abc
+    name: apiserver-external
+    annotations:
+      nodeport-proxy.k8s.io/expose: "SNI,Tunneling"
+      nodeport-proxy.k8s.io/port-mapping: '{"secure": "abc.seed.example.com"}'
+  spec:
+    type: ClusterIP
+    ports: [{name: secure, port: 443, protocol: TCP}]
+endpointSlices:
+- metadata:
+    namespace: cluster-abc
+    name: apiserver-external-1
+    labels: {kubernetes.io/service-name: apiserver-external}
+  ports: [{name: secure, port: 16443, protocol: TCP}]
+  endpoints: [{addresses: ["127.0.0.1"], conditions: {ready: true}}]
+"#,
+    )
+    .unwrap();
+    // The seed's nodeport-proxy with KKP's seed arguments (see the header
+    // for the two ports that move).
+    let mut seed = ns.spawn(
+        &binary("nodeport-proxy"),
+        &[
+            format!("-config={}", table.display()),
+            "-listen-address=:8001".into(),
+            "-envoy-node-name=kube".into(),
+            "-envoy-admin-port=9001".into(),
+            "-envoy-stats-port=9002".into(),
+            "-envoy-sni-port=0".into(),
+            "-envoy-tunneling-port=8088".into(),
+            "-sni-listener-idle-timeout=0s".into(),
+            "-tunneling-connection-idle-timeout=0s".into(),
+            "-tunneling-stream-idle-timeout=0s".into(),
+            "-downstream-tcp-keepalive-time=0s".into(),
+            "-downstream-tcp-keepalive-interval=0s".into(),
+            "-downstream-tcp-keepalive-probes=0".into(),
+            "-upstream-tcp-keepalive-time=0s".into(),
+            "-upstream-tcp-keepalive-interval=0s".into(),
+            "-upstream-tcp-keepalive-probes=0".into(),
+        ],
+    );
+    seed.wait_line("serving tunneling listener").await;
+    // envoy-agent's container: KKP's arguments, a non-root user, KKP's
+    // capabilities as the bounding set and none effective.
+    let fixture = fixture();
+    let mut agent = ns.spawn(
+        Path::new("setpriv"),
+        &[
+            "--reuid=65532".into(),
+            "--regid=65532".into(),
+            "--clear-groups".into(),
+            "--inh-caps=-all".into(),
+            "--bounding-set=-all,+chown,+setgid,+setuid,+net_bind_service".into(),
+            "--no-new-privs".into(),
+            "--pdeathsig=KILL".into(),
+            "--".into(),
+            binary("tunnel-agent").display().to_string(),
+            "--config-path".into(),
+            fixture.display().to_string(),
+            "--use-dynamic-base-id".into(),
+        ],
+    );
+    agent.wait_line("connected to seed proxy").await;
+    let pid = agent.child.id().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap()
+            .trim(),
+        "tunnel-agent"
+    );
+    assert_eq!(cap_field(pid, "CapEff"), 0, "effective capabilities");
+    assert_eq!(
+        cap_field(pid, "CapBnd") & !KKP_CAPS,
+        0,
+        "bounding set beyond KKP's"
+    );
+
+    // A pod reaching the apiserver through the agent IP's listener.
+    let (ok, body) = ns.run(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "10",
+        "http://127.0.0.1:6443/version",
+    ]);
+    assert!(
+        ok,
+        "curl through the agent failed: {body}\n{}",
+        agent.log.join("\n")
+    );
+    assert_eq!(body, "apiserver answered\n");
+    // KKP's Prometheus scrapes :8002/stats/prometheus (pod annotation).
+    let (ok, stats) = ns.run(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "10",
+        "http://127.0.0.1:8002/stats/prometheus",
+    ]);
+    assert!(ok, "{stats}");
+    assert!(
+        stats.contains("envoy_cluster_upstream_rq_total{envoy_cluster_name=\"proxy_cluster\"} 1\n"),
+        "{stats}"
+    );
+    assert!(stats.contains("envoy_server_live 1\n"), "{stats}");
+    let (ok, plain) = ns.run(&[
+        "curl",
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "http://127.0.0.1:8002/stats",
+    ]);
+    assert!(ok && plain == "200", "{plain}");
+    // The seed saw one HTTP/2 connection carrying the CONNECT.
+    let (ok, seed_stats) = ns.run(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "10",
+        "http://127.0.0.1:9002/stats/prometheus",
+    ]);
+    assert!(ok, "{seed_stats}");
+    assert!(
+        seed_stats.contains(
+            "envoy_http_downstream_cx_total{envoy_http_conn_manager_prefix=\"ingress_http\"} 1\n"
+        ),
+        "{seed_stats}"
+    );
+    drop(agent);
+    drop(seed);
+    drop(api);
+}

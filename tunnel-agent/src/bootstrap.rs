@@ -1,0 +1,662 @@
+//! The Envoy v3 bootstrap KKP renders into the `envoy-agent` ConfigMap
+//! (`--config-path /etc/envoy/envoy.yaml`), read strictly: static resources
+//! only, and only the fields KKP's template writes, each understood. Any
+//! other field is an error naming it (serde's `deny_unknown_fields`), as Envoy
+//! itself rejects unknown fields, so nothing that would change behaviour is
+//! silently ignored.
+//!
+//! What it means for the agent:
+//! * each listener with a `tcp_proxy` filter and `tunneling_config.hostname`
+//!   is a tunnel listener: its connections become CONNECT streams with that
+//!   authority;
+//! * the cluster those filters name is the seed: its one endpoint (resolved
+//!   again on every connect for `LOGICAL_DNS`), its `connect_timeout`, and its
+//!   HTTP/2 `connection_keepalive` (PING interval and timeout). It must be
+//!   HTTP/2: Envoy would fall back to HTTP/1.1 CONNECT, which the seed side
+//!   here does not need and the agent does not speak;
+//! * a listener with an HTTP connection manager whose routes go to the admin
+//!   address is the stats listener: those path prefixes (KKP: `/stats`) are
+//!   answered there (`/stats`, `/stats/prometheus`) without an admin port.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use daemon::authority::ConnectAuthority;
+use serde::Deserialize;
+
+use crate::limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH, MAX_LISTENERS};
+
+const TCP_PROXY: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+const HTTP_OPTIONS_KEY: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+const HTTP_OPTIONS: &str =
+    "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BootstrapError {
+    #[error("larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge,
+    #[error("brackets or braces nested deeper than {MAX_FLOW_DEPTH}")]
+    TooDeep,
+    #[error("{0}")]
+    Syntax(String),
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+fn invalid(path: impl Into<String>, message: impl Into<String>) -> BootstrapError {
+    BootstrapError::Invalid {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// A listener whose connections are tunneled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelListener {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub authority: ConnectAuthority,
+}
+
+/// The listener serving stats (KKP: `service_stats` on 0.0.0.0:8002).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsListener {
+    pub name: String,
+    pub addr: SocketAddr,
+    /// Path prefixes routed to the admin interface (KKP: `/stats`).
+    pub prefixes: Vec<String>,
+}
+
+/// The seed's tunneling endpoint (KKP: `proxy_cluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedCluster {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    pub connect_timeout: Duration,
+    /// HTTP/2 PING interval and timeout, when configured.
+    pub keepalive: Option<(Duration, Duration)>,
+}
+
+/// What the bootstrap asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bootstrap {
+    pub admin: Option<SocketAddr>,
+    pub stats: Option<StatsListener>,
+    pub tunnels: Vec<TunnelListener>,
+    pub seed: SeedCluster,
+}
+
+// The file's shape. Every struct denies unknown fields.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    admin: Option<Admin>,
+    static_resources: StaticResources,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Admin {
+    /// Where Envoy logs admin requests; no admin interface is served here.
+    #[serde(default)]
+    #[allow(dead_code)]
+    access_log_path: Option<String>,
+    address: Address,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StaticResources {
+    #[serde(default)]
+    listeners: Vec<Listener>,
+    #[serde(default)]
+    clusters: Vec<Cluster>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Address {
+    socket_address: SocketAddress,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SocketAddress {
+    #[serde(default)]
+    protocol: Option<String>,
+    address: String,
+    port_value: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Listener {
+    name: String,
+    address: Address,
+    filter_chains: Vec<FilterChain>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterChain {
+    filters: Vec<Filter>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Filter {
+    /// Envoy picks the filter by `typed_config`'s type, not by this name.
+    #[allow(dead_code)]
+    name: String,
+    typed_config: serde_yaml_ng::Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TcpProxy {
+    #[serde(rename = "@type")]
+    #[allow(dead_code)]
+    kind: String,
+    /// Names the stats; ours keep KKP's `tcp_stats`.
+    #[allow(dead_code)]
+    stat_prefix: String,
+    cluster: String,
+    tunneling_config: TunnelingConfig,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TunnelingConfig {
+    hostname: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Hcm {
+    #[serde(rename = "@type")]
+    #[allow(dead_code)]
+    kind: String,
+    #[allow(dead_code)]
+    stat_prefix: String,
+    route_config: RouteConfig,
+    http_filters: Vec<HttpFilter>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteConfig {
+    #[serde(default)]
+    #[allow(dead_code)]
+    name: Option<String>,
+    virtual_hosts: Vec<VirtualHost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VirtualHost {
+    #[allow(dead_code)]
+    name: String,
+    domains: Vec<String>,
+    routes: Vec<Route>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Route {
+    #[serde(rename = "match")]
+    matcher: RouteMatch,
+    route: RouteAction,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteMatch {
+    prefix: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteAction {
+    cluster: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpFilter {
+    #[allow(dead_code)]
+    name: String,
+    typed_config: TypedOnly,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypedOnly {
+    #[serde(rename = "@type")]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cluster {
+    name: String,
+    connect_timeout: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    typed_extension_protocol_options:
+        Option<std::collections::BTreeMap<String, HttpProtocolOptions>>,
+    load_assignment: LoadAssignment,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpProtocolOptions {
+    #[serde(rename = "@type")]
+    kind: String,
+    explicit_http_config: ExplicitHttpConfig,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExplicitHttpConfig {
+    http2_protocol_options: Http2Options,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Http2Options {
+    #[serde(default)]
+    connection_keepalive: Option<Keepalive>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Keepalive {
+    interval: String,
+    timeout: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadAssignment {
+    #[allow(dead_code)]
+    cluster_name: String,
+    endpoints: Vec<LocalityEndpoints>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LocalityEndpoints {
+    lb_endpoints: Vec<LbEndpoint>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LbEndpoint {
+    endpoint: Endpoint,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Endpoint {
+    address: Address,
+}
+
+/// A protobuf JSON duration: decimal seconds with an `s` suffix (`5s`, `0.1s`).
+fn duration(path: &str, s: &str) -> Result<Duration, BootstrapError> {
+    let bad = || invalid(path, format!("{s:?} is not a duration like \"5s\""));
+    let secs = s.strip_suffix('s').ok_or_else(bad)?;
+    if secs.is_empty() || !secs.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(bad());
+    }
+    let v: f64 = secs.parse().map_err(|_| bad())?;
+    Duration::try_from_secs_f64(v).map_err(|_| bad())
+}
+
+fn port(path: &str, v: u32) -> Result<u16, BootstrapError> {
+    u16::try_from(v).map_err(|_| invalid(path, format!("port_value {v} is not a port")))
+}
+
+fn tcp(path: &str, a: &SocketAddress) -> Result<(), BootstrapError> {
+    match a.protocol.as_deref() {
+        None | Some("TCP") => Ok(()),
+        Some(p) => Err(invalid(
+            path,
+            format!("protocol {p}: only TCP is supported"),
+        )),
+    }
+}
+
+/// A listener's bind address: an IP, as Envoy requires.
+fn bind_addr(path: &str, a: &Address) -> Result<SocketAddr, BootstrapError> {
+    let sa = &a.socket_address;
+    tcp(path, sa)?;
+    let ip: IpAddr = sa.address.parse().map_err(|_| {
+        invalid(
+            path,
+            format!("address {:?} is not an IP address", sa.address),
+        )
+    })?;
+    Ok(SocketAddr::new(ip, port(path, sa.port_value)?))
+}
+
+enum Role {
+    Tunnel {
+        cluster: String,
+        authority: ConnectAuthority,
+    },
+    Stats {
+        routes: Vec<(String, String)>,
+    },
+}
+
+fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
+    let [chain] = l.filter_chains.as_slice() else {
+        return Err(invalid(path, "exactly one filter chain is supported"));
+    };
+    let [filter] = chain.filters.as_slice() else {
+        return Err(invalid(path, "exactly one filter is supported"));
+    };
+    let path = format!("{path}.filter_chains[0].filters[0].typed_config");
+    let kind = filter
+        .typed_config
+        .get("@type")
+        .and_then(|t| t.as_str())
+        .ok_or_else(|| invalid(&path, "no \"@type\""))?;
+    let parse_err = |e: serde_yaml_ng::Error| invalid(&path, e.to_string());
+    match kind {
+        TCP_PROXY => {
+            let t: TcpProxy =
+                serde_yaml_ng::from_value(filter.typed_config.clone()).map_err(parse_err)?;
+            let authority = ConnectAuthority::parse(&t.tunneling_config.hostname)
+                .map_err(|e| invalid(format!("{path}.tunneling_config.hostname"), e.to_string()))?;
+            Ok(Role::Tunnel {
+                cluster: t.cluster,
+                authority,
+            })
+        }
+        HCM => {
+            let h: Hcm =
+                serde_yaml_ng::from_value(filter.typed_config.clone()).map_err(parse_err)?;
+            match h.http_filters.as_slice() {
+                [f] if f.typed_config.kind == ROUTER => {}
+                _ => {
+                    return Err(invalid(
+                        format!("{path}.http_filters"),
+                        "only the router filter is supported",
+                    ));
+                }
+            }
+            let mut routes = Vec::new();
+            for (i, vh) in h.route_config.virtual_hosts.iter().enumerate() {
+                if vh.domains.iter().all(|d| d != "*") {
+                    return Err(invalid(
+                        format!("{path}.route_config.virtual_hosts[{i}].domains"),
+                        "only the domain \"*\" is supported",
+                    ));
+                }
+                routes.extend(
+                    vh.routes
+                        .iter()
+                        .map(|r| (r.matcher.prefix.clone(), r.route.cluster.clone())),
+                );
+            }
+            Ok(Role::Stats { routes })
+        }
+        other => Err(invalid(
+            format!("{path}.@type"),
+            format!(
+                "{other}: only tcp_proxy (tunneling) and the stats HTTP connection manager are supported"
+            ),
+        )),
+    }
+}
+
+/// The one endpoint of a cluster.
+fn endpoint<'a>(path: &str, c: &'a Cluster) -> Result<&'a SocketAddress, BootstrapError> {
+    let all: Vec<&SocketAddress> = c
+        .load_assignment
+        .endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .map(|e| &e.endpoint.address.socket_address)
+        .collect();
+    match all.as_slice() {
+        [one] => {
+            tcp(path, one)?;
+            Ok(one)
+        }
+        _ => Err(invalid(
+            format!("{path}.load_assignment"),
+            "exactly one endpoint is supported",
+        )),
+    }
+}
+
+fn seed_cluster(path: &str, c: &Cluster) -> Result<SeedCluster, BootstrapError> {
+    if !matches!(c.kind.as_str(), "LOGICAL_DNS" | "STRICT_DNS" | "STATIC") {
+        return Err(invalid(
+            format!("{path}.type"),
+            format!("{}: LOGICAL_DNS, STRICT_DNS or STATIC expected", c.kind),
+        ));
+    }
+    let connect_timeout = duration(&format!("{path}.connect_timeout"), &c.connect_timeout)?;
+    let options = c
+        .typed_extension_protocol_options
+        .as_ref()
+        .and_then(|m| m.get(HTTP_OPTIONS_KEY))
+        .ok_or_else(|| {
+            invalid(
+                path,
+                "tunneling needs typed_extension_protocol_options with explicit_http_config.http2_protocol_options (HTTP/1.1 CONNECT is not supported)",
+            )
+        })?;
+    if let Some(other) = c
+        .typed_extension_protocol_options
+        .iter()
+        .flat_map(|m| m.keys())
+        .find(|k| *k != HTTP_OPTIONS_KEY)
+    {
+        return Err(invalid(
+            format!("{path}.typed_extension_protocol_options"),
+            format!("unknown field `{other}`"),
+        ));
+    }
+    if options.kind != HTTP_OPTIONS {
+        return Err(invalid(
+            format!("{path}.typed_extension_protocol_options"),
+            format!("\"@type\" {} is not {HTTP_OPTIONS}", options.kind),
+        ));
+    }
+    let keepalive = match &options
+        .explicit_http_config
+        .http2_protocol_options
+        .connection_keepalive
+    {
+        None => None,
+        Some(k) => {
+            let p = format!(
+                "{path}.typed_extension_protocol_options.explicit_http_config.http2_protocol_options.connection_keepalive"
+            );
+            let interval = duration(&format!("{p}.interval"), &k.interval)?;
+            let timeout = duration(&format!("{p}.timeout"), &k.timeout)?;
+            if interval.is_zero() || timeout.is_zero() {
+                return Err(invalid(p, "interval and timeout must be positive"));
+            }
+            Some((interval, timeout))
+        }
+    };
+    let ep = endpoint(path, c)?;
+    if ep.address.is_empty() {
+        return Err(invalid(path, "the endpoint has no address"));
+    }
+    Ok(SeedCluster {
+        name: c.name.clone(),
+        host: ep.address.clone(),
+        port: port(path, ep.port_value)?,
+        connect_timeout,
+        keepalive,
+    })
+}
+
+/// The deepest nesting of `[` and `{`, counted before the YAML scanner (whose
+/// time grows faster than linearly with it) sees the file. Brackets inside
+/// scalars count too: that only over-counts, and no bootstrap nests deep.
+fn flow_depth(bytes: &[u8]) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    for b in bytes {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// Parses and checks a bootstrap; `bytes` is the whole file.
+pub fn parse(bytes: &[u8]) -> Result<Bootstrap, BootstrapError> {
+    if bytes.len() > MAX_CONFIG_BYTES {
+        return Err(BootstrapError::TooLarge);
+    }
+    if flow_depth(bytes) > MAX_FLOW_DEPTH {
+        return Err(BootstrapError::TooDeep);
+    }
+    let file: File =
+        serde_yaml_ng::from_slice(bytes).map_err(|e| BootstrapError::Syntax(e.to_string()))?;
+    let admin = match &file.admin {
+        Some(a) => Some(bind_addr("admin.address", &a.address)?),
+        None => None,
+    };
+    let resources = &file.static_resources;
+    if resources.listeners.len() > MAX_LISTENERS {
+        return Err(invalid(
+            "static_resources.listeners",
+            format!("more than {MAX_LISTENERS} listeners"),
+        ));
+    }
+    let mut stats = None;
+    let mut tunnels = Vec::new();
+    let mut seed_name: Option<String> = None;
+    for (i, l) in resources.listeners.iter().enumerate() {
+        let path = format!("static_resources.listeners[{i}] ({})", l.name);
+        let addr = bind_addr(&format!("{path}.address"), &l.address)?;
+        match listener_role(&path, l)? {
+            Role::Tunnel { cluster, authority } => {
+                match &seed_name {
+                    Some(s) if *s != cluster => {
+                        return Err(invalid(
+                            path,
+                            format!(
+                                "uses cluster {cluster}, but an earlier listener uses {s}: every listener must tunnel through one cluster"
+                            ),
+                        ));
+                    }
+                    _ => seed_name = Some(cluster),
+                }
+                tunnels.push(TunnelListener {
+                    name: l.name.clone(),
+                    addr,
+                    authority,
+                });
+            }
+            Role::Stats { routes } => {
+                if stats.is_some() {
+                    return Err(invalid(path, "a second stats listener"));
+                }
+                let mut prefixes = Vec::new();
+                for (prefix, cluster) in routes {
+                    let c = resources
+                        .clusters
+                        .iter()
+                        .find(|c| c.name == cluster)
+                        .ok_or_else(|| {
+                            invalid(&path, format!("route to unknown cluster {cluster}"))
+                        })?;
+                    let cpath = format!("static_resources.clusters ({cluster})");
+                    let ep = endpoint(&cpath, c)?;
+                    let target: Option<SocketAddr> =
+                        ep.address.parse::<IpAddr>().ok().and_then(|ip| {
+                            u16::try_from(ep.port_value)
+                                .ok()
+                                .map(|p| SocketAddr::new(ip, p))
+                        });
+                    if admin.is_none() || target != admin {
+                        return Err(invalid(
+                            cpath,
+                            "only routes to the admin address are served (stats)",
+                        ));
+                    }
+                    prefixes.push(prefix);
+                }
+                stats = Some(StatsListener {
+                    name: l.name.clone(),
+                    addr,
+                    prefixes,
+                });
+            }
+        }
+    }
+    let seed_name =
+        seed_name.ok_or_else(|| invalid("static_resources.listeners", "no tunneling listener"))?;
+    let seed = resources
+        .clusters
+        .iter()
+        .find(|c| c.name == seed_name)
+        .ok_or_else(|| {
+            invalid(
+                "static_resources.clusters",
+                format!("no cluster {seed_name}"),
+            )
+        })?;
+    let seed = seed_cluster(&format!("static_resources.clusters ({seed_name})"), seed)?;
+    // Clusters nothing uses must still be ones this file can describe.
+    for c in &resources.clusters {
+        let path = format!("static_resources.clusters ({})", c.name);
+        if c.name != seed.name {
+            if !matches!(c.kind.as_str(), "LOGICAL_DNS" | "STRICT_DNS" | "STATIC") {
+                return Err(invalid(
+                    format!("{path}.type"),
+                    format!("{}: LOGICAL_DNS, STRICT_DNS or STATIC expected", c.kind),
+                ));
+            }
+            duration(&format!("{path}.connect_timeout"), &c.connect_timeout)?;
+            endpoint(&path, c)?;
+        }
+    }
+    Ok(Bootstrap {
+        admin,
+        stats,
+        tunnels,
+        seed,
+    })
+}
+
+/// The file's bytes, read up to the size bound (one byte more, so that
+/// [`parse`] sees an oversize file as such).
+pub fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    Ok(bytes)
+}
+
+/// Reads and parses the file at `path`.
+pub fn load(path: &std::path::Path) -> Result<Bootstrap, String> {
+    parse(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+#[path = "bootstrap_tests.rs"]
+mod tests;

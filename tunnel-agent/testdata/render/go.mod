@@ -1,0 +1,3 @@
+module kkp-envoy-agent-render
+
+go 1.26
