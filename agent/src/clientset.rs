@@ -131,7 +131,7 @@ impl ClientSet {
                         jitter(cfg.interval)
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "cannot connect to proxy server");
+                        tracing::warn!(server = %connector.authority(), error = %e, retry_in = %daemon::duration::format(backoff), "cannot connect to proxy server");
                         let w = jitter(backoff);
                         backoff = backoff.mul_f64(1.5).min(cfg.interval_cap);
                         w

@@ -28,6 +28,8 @@ pub enum ConnectError {
     Address(String),
     #[error("connecting to the proxy server: {0}")]
     Transport(String),
+    #[error("TLS handshake with the proxy server failed: {0}")]
+    Tls(String),
     #[error("proxy server refused the stream: {0}")]
     Refused(String),
     #[error("reading the service account token {path}: {source}")]
@@ -79,12 +81,17 @@ impl Connector {
             .map_err(|_| ConnectError::TimedOut(ATTEMPT_TIMEOUT))?
     }
 
-    async fn attempt(&self, queue: usize) -> Result<Connection, ConnectError> {
-        let authority = if self.host.contains(':') {
+    /// `host:port` of the proxy server (`[v6]:port`).
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
         } else {
             format!("{}:{}", self.host, self.port)
-        };
+        }
+    }
+
+    async fn attempt(&self, queue: usize) -> Result<Connection, ConnectError> {
+        let authority = self.authority();
         // The connector below does TLS itself; tonic must not, so the URI says http.
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
             .map_err(|_| ConnectError::Address(authority.clone()))?
@@ -98,18 +105,26 @@ impl Connector {
             .map_err(|_| ConnectError::Address(self.host.clone()))?;
         let tls = TlsConnector::from(self.tls.clone());
         let target = (self.host.clone(), self.port);
+        let tls_error = Arc::new(std::sync::OnceLock::new());
+        let seen = tls_error.clone();
         let channel = endpoint
             .connect_with_connector(tower::service_fn(move |_| {
-                let (tls, name, target) = (tls.clone(), name.clone(), target.clone());
+                let (tls, name, target, seen) =
+                    (tls.clone(), name.clone(), target.clone(), seen.clone());
                 async move {
                     let tcp = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await?;
                     let _ = tcp.set_nodelay(true);
                     let stream = tls.connect(name, daemon::tls::read_buffered(tcp)).await?;
-                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                    Ok::<_, std::io::Error>(TokioIo::new(daemon::tls::NoteTlsError::new(
+                        stream, seen,
+                    )))
                 }
             }))
             .await
-            .map_err(|e| ConnectError::Transport(source_chain(&e)))?;
+            .map_err(|e| match daemon::tls::find_rustls_error(&e) {
+                Some(t) => ConnectError::Tls(daemon::tls::explain(t)),
+                None => ConnectError::Transport(source_chain(&e)),
+            })?;
 
         let (tx, rx) = mpsc::channel(queue);
         let (control_tx, control_rx) = mpsc::unbounded_channel();
@@ -148,7 +163,10 @@ impl Connector {
         let response = client
             .connect(request)
             .await
-            .map_err(|s| ConnectError::Refused(format!("{:?}: {}", s.code(), source_chain(&s))))?;
+            .map_err(|s| match tls_error.get() {
+                Some(t) => ConnectError::Tls(t.clone()),
+                None => refused(&s),
+            })?;
         let md = response.metadata();
         let ids: Vec<_> = md
             .get_all(header::SERVER_ID)
@@ -185,6 +203,24 @@ impl Connector {
             control: control_tx,
             flow_window,
         })
+    }
+}
+
+/// Why the `Connect` call failed. With TLS 1.3 a server that refuses our
+/// client certificate says so only after the handshake, so the TLS alert
+/// arrives here, inside the status.
+fn refused(s: &tonic::Status) -> ConnectError {
+    use std::error::Error as _;
+    if let Some(t) = daemon::tls::find_rustls_error(s) {
+        return ConnectError::Tls(daemon::tls::explain(t));
+    }
+    match s.source() {
+        Some(transport) => ConnectError::Transport(source_chain(transport)),
+        None => ConnectError::Refused(format!(
+            "{}: {}",
+            konnectivity_proto::code_name(s.code()),
+            s.message()
+        )),
     }
 }
 

@@ -135,10 +135,22 @@ impl AgentHandle {
 }
 
 /// Binds the health and admin ports named by the flags.
-pub async fn bind(addrs: &options::Addresses) -> std::io::Result<Listeners> {
+pub async fn bind(addrs: &options::Addresses) -> Result<Listeners, daemon::listen::BindError> {
+    use daemon::listen::bind_tcp_for;
+    let (health, admin) = (&addrs.health, &addrs.admin);
     Ok(Listeners {
-        health: daemon::listen::bind_tcp(&addrs.health.0, addrs.health.1).await?,
-        admin: daemon::listen::bind_tcp(&addrs.admin.0, addrs.admin.1).await?,
+        health: bind_tcp_for(
+            &health.0,
+            health.1,
+            "--health-server-host, --health-server-port",
+        )
+        .await?,
+        admin: bind_tcp_for(
+            &admin.0,
+            admin.1,
+            "--admin-bind-address, --admin-server-port",
+        )
+        .await?,
     })
 }
 

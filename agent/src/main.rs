@@ -3,7 +3,7 @@
 //! `--graceful-shutdown-timeout` later; a second one exits at once.
 
 use anyhow::Context;
-use daemon::flags::usage_error;
+use daemon::flags::{fatal, usage_error};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -18,7 +18,7 @@ async fn main() -> anyhow::Result<()> {
     let grace = values.duration("graceful-shutdown-timeout");
     let listeners = proxy_agent::bind(&addrs)
         .await
-        .context("binding health and admin ports")?;
+        .unwrap_or_else(|e| fatal(&e.to_string()));
     let mut signals =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
     // How many termination signals have arrived.

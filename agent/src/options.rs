@@ -117,7 +117,13 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     if !alpn.iter().any(|p| p == b"h2") {
         alpn.push(b"h2".to_vec());
     }
-    let tls = daemon::tls::client_config(&ca, identity, &alpn).map_err(|e| e.to_string())?;
+    let tls = daemon::tls::client_config(&ca, identity, &alpn).map_err(|e| {
+        e.naming(daemon::tls::FileFlags {
+            cert: "agent-cert",
+            key: "agent-key",
+            ca: "ca-cert",
+        })
+    })?;
 
     let identifiers = v.string("agent-identifiers");
     konnectivity_proto::header::validate_identifiers(&identifiers)

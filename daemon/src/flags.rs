@@ -367,6 +367,14 @@ pub fn usage_error(message: &str) -> ! {
     std::process::exit(USAGE_EXIT.get().copied().unwrap_or(2))
 }
 
+/// Reports an error that stops the program at start (a port in use, a
+/// file it cannot read) in one sentence and exits 1, as upstream's commands
+/// do for errors returned from their run function.
+pub fn fatal(message: &str) -> ! {
+    eprintln!("Error: {message}");
+    std::process::exit(1)
+}
+
 fn invalid(flag: &Flag, value: &str, reason: impl ToString) -> FlagError {
     FlagError::Invalid {
         flag: flag.name.to_string(),
@@ -491,10 +499,11 @@ impl Values {
             return Ok(None);
         }
         let p = std::path::PathBuf::from(&s);
-        if !p.is_file() {
-            return Err(format!("error checking --{name} {s:?}: no such file"));
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_dir() => Err(format!("--{name} {s} is a directory; it must name a file")),
+            Ok(_) => Ok(Some(p)),
+            Err(e) => Err(format!("--{name} {s}: {}", crate::errors::io_reason(&e))),
         }
-        Ok(Some(p))
     }
 
     /// A port flag as `u16`, with the flag name in the error.

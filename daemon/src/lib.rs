@@ -8,6 +8,7 @@ pub mod chunks;
 pub mod drain;
 pub mod duration;
 pub mod endpoints;
+pub mod errors;
 pub mod file_watch;
 pub mod flags;
 pub mod forward;

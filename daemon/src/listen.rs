@@ -22,6 +22,46 @@ use tracing::Instrument;
 
 use crate::drain::Drain;
 
+/// A listener that could not be bound: one sentence naming the address, the
+/// flags that chose it and the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} (set by {flags}): {}", crate::errors::io_reason(.source))]
+pub struct BindError {
+    pub addr: String,
+    pub flags: String,
+    #[source]
+    pub source: io::Error,
+}
+
+/// [`bind_tcp`] with an error that names `flags` (e.g. `--agent-bind-address,
+/// --agent-port`) and the address.
+pub async fn bind_tcp_for(host: &str, port: u16, flags: &str) -> Result<TcpListener, BindError> {
+    bind_tcp(host, port).await.map_err(|source| BindError {
+        addr: if host.is_empty() || matches!(host, "::" | "[::]") {
+            format!("port {port} of every interface")
+        } else if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        },
+        flags: flags.to_string(),
+        source,
+    })
+}
+
+/// [`bind_unix`] with an error that names `flag` and the path.
+pub fn bind_unix_for(
+    path: &Path,
+    delete_existing: bool,
+    flag: &str,
+) -> Result<UnixListener, BindError> {
+    bind_unix(path, delete_existing).map_err(|source| BindError {
+        addr: path.display().to_string(),
+        flags: flag.to_string(),
+        source,
+    })
+}
+
 /// Binds `host:port`. An empty host means every interface, both families when
 /// the machine has IPv6 (Go's `:port`).
 pub async fn bind_tcp(host: &str, port: u16) -> io::Result<TcpListener> {

@@ -10,16 +10,35 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedCipherSuite};
 
+/// Which file of a TLS configuration an error is about; [`TlsError::naming`]
+/// turns it into the flag that named the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Cert,
+    Key,
+    Ca,
+}
+
+/// The flags that name a binary's certificate, key and CA files, so that an
+/// error can say which flag to fix (e.g. `--cluster-cert`).
+#[derive(Debug, Clone, Copy)]
+pub struct FileFlags {
+    pub cert: &'static str,
+    pub key: &'static str,
+    pub ca: &'static str,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("reading {path}: {source}")]
+    #[error("{path}: cannot read it: {source}")]
     Read {
+        role: Role,
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: no PEM certificate found")]
-    NoCertificate { path: PathBuf },
-    #[error("{path}: no PEM private key found")]
+    #[error("{path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")]
+    NoCertificate { role: Role, path: PathBuf },
+    #[error("{path} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)")]
     NoKey { path: PathBuf },
     #[error("{path}: unusable private key: {reason}")]
     BadKey { path: PathBuf, reason: String },
@@ -30,15 +49,69 @@ pub enum TlsError {
     #[error("{path}: invalid CA certificate: {reason}")]
     BadCa { path: PathBuf, reason: String },
     #[error(
-        "unsupported TLS version {0:?}, supported values are: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13"
+        "--tls-min-version {0:?} is not a TLS version; supported values are: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13"
     )]
     Version(String),
-    #[error("cipher suite {0} not supported or doesn't exist")]
+    #[error("--cipher-suites: cipher suite {0} not supported or doesn't exist")]
     Cipher(String),
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("client certificate verifier: {0}")]
     Verifier(String),
+}
+
+impl TlsError {
+    /// The error as one sentence naming the flag that gave each file, e.g.
+    /// `--cluster-key /k.pem is not the private key of the certificate in
+    /// --cluster-cert /c.pem`.
+    pub fn naming(&self, flags: FileFlags) -> String {
+        let flag = |role: Role| match role {
+            Role::Cert => flags.cert,
+            Role::Key => flags.key,
+            Role::Ca => flags.ca,
+        };
+        let at = |role: Role, path: &Path| format!("--{} {}", flag(role), path.display());
+        match self {
+            TlsError::Read { role, path, source }
+                if source.kind() == std::io::ErrorKind::IsADirectory =>
+            {
+                format!(
+                    "{} is a directory; it must name a PEM file",
+                    at(*role, path)
+                )
+            }
+            TlsError::Read { role, path, source } => {
+                format!(
+                    "{}: cannot read it: {}",
+                    at(*role, path),
+                    crate::errors::io_reason(source)
+                )
+            }
+            TlsError::NoCertificate { role, path } => format!(
+                "{} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                at(*role, path)
+            ),
+            TlsError::NoKey { path } => format!(
+                "{} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)",
+                at(Role::Key, path)
+            ),
+            TlsError::BadKey { path, reason } => {
+                format!("{}: unusable private key: {reason}", at(Role::Key, path))
+            }
+            TlsError::KeyMismatch { cert, key } => format!(
+                "{} is not the private key of the certificate in {}; give the key the certificate was issued for",
+                at(Role::Key, key),
+                at(Role::Cert, cert)
+            ),
+            TlsError::BadCertificate { path, reason } => {
+                format!("{}: unreadable certificate: {reason}", at(Role::Cert, path))
+            }
+            TlsError::BadCa { path, reason } => {
+                format!("{}: invalid CA certificate: {reason}", at(Role::Ca, path))
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 /// The TLS policy flags shared by every listener of a binary.
@@ -169,8 +242,9 @@ pub fn read_buffered<IO: tokio::io::AsyncRead>(io: IO) -> tokio::io::BufReader<I
     tokio::io::BufReader::with_capacity(LINK_READ_BUFFER, io)
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+fn read(role: Role, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
+        role,
         path: path.to_path_buf(),
         source,
     })
@@ -178,12 +252,17 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 /// All certificates in a PEM file.
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(path)?;
+    load_certs_as(Role::Cert, path)
+}
+
+fn load_certs_as(role: Role, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(role, path)?;
     let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
         .filter_map(Result::ok)
         .collect();
     if certs.is_empty() {
         return Err(TlsError::NoCertificate {
+            role,
             path: path.to_path_buf(),
         });
     }
@@ -192,7 +271,7 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 
 /// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read(path)?;
+    let pem = read(Role::Key, path)?;
     rustls_pemfile::private_key(&mut pem.as_slice())
         .ok()
         .flatten()
@@ -204,7 +283,7 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 /// A root store with every certificate of a CA bundle.
 pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    for cert in load_certs(path)? {
+    for cert in load_certs_as(Role::Ca, path)? {
         roots.add(cert).map_err(|e| TlsError::BadCa {
             path: path.to_path_buf(),
             reason: e.to_string(),
@@ -235,12 +314,19 @@ pub fn server_config(
             .build()
             .map_err(|e| TlsError::Verifier(e.to_string()))?;
             // Go verifies X.509 v1 client certificates; webpki alone does not.
-            let verifier = crate::x509v1::AcceptV1Leaves::new(verifier, &load_certs(ca)?, algs);
+            let verifier =
+                crate::x509v1::AcceptV1Leaves::new(verifier, &load_certs_as(Role::Ca, ca)?, algs);
             builder.with_client_cert_verifier(Arc::new(verifier))
         }
         None => builder.with_no_client_auth(),
     };
     let identity = certified_key(cert, key, &provider)?;
+    if identity.cert.first().and_then(crate::x509v1::v1).is_some() {
+        tracing::warn!(
+            cert = %cert.display(),
+            "this server certificate is X.509 v1: it has no subjectAltName, so clients that check the server's name (proxy-agent, kube-apiserver; upstream's too) will refuse it; reissue it as v3 with subjectAltName"
+        );
+    }
     let mut config = builder.with_cert_resolver(Arc::new(OneCert(identity)));
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
@@ -263,6 +349,7 @@ pub fn certified_key(
             reason: e.to_string(),
         })?;
     let leaf = chain.first().ok_or_else(|| TlsError::NoCertificate {
+        role: Role::Cert,
         path: cert.to_path_buf(),
     })?;
     let (_, parsed) =
@@ -321,9 +408,16 @@ pub fn client_config_for(
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Result<ClientConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(load_roots(ca)?),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| TlsError::Verifier(e.to_string()))?;
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)?
-        .with_root_certificates(load_roots(ca)?);
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(crate::x509v1::ExplainV1Servers::new(verifier)));
     let mut config = match identity {
         Some((cert, key)) => builder
             .with_client_cert_resolver(Arc::new(OneCert(certified_key(cert, key, &provider)?))),
@@ -331,6 +425,194 @@ pub fn client_config_for(
     };
     config.alpn_protocols = alpn.to_vec();
     Ok(config)
+}
+
+/// A TLS failure as one plain sentence. rustls renders many of its errors
+/// with `Debug` (`invalid peer certificate: Other(OtherError(UnknownIssuer))`),
+/// which is no help to whoever has to fix the certificate.
+pub fn explain(e: &rustls::Error) -> String {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    match e {
+        E::InvalidCertificate(c) => {
+            let why = match c {
+                C::UnknownIssuer => {
+                    "it is not signed by a trusted CA (certificate signed by unknown authority)"
+                        .to_string()
+                }
+                C::BadSignature => "it is not signed by a trusted CA (its signature does not verify with the key of the trusted CA of that name)".into(),
+                C::BadEncoding => "it is not a well-formed X.509 certificate".into(),
+                C::Expired => "it has expired".into(),
+                C::NotValidYet => "it is not valid yet".into(),
+                C::Revoked => "it has been revoked".into(),
+                C::NotValidForName => "it is not valid for the name dialled".into(),
+                C::InvalidPurpose => {
+                    "its extended key usage does not allow this use".into()
+                }
+                C::UnhandledCriticalExtension => {
+                    "it has a critical extension that is not understood".into()
+                }
+                C::Other(o) => words(&o.to_string()),
+                other => other.to_string(),
+            };
+            format!("the peer's certificate was refused: {why}")
+        }
+        E::AlertReceived(a) => {
+            let refused = matches!(
+                a,
+                A::BadCertificate
+                    | A::CertificateUnknown
+                    | A::UnknownCA
+                    | A::CertificateRequired
+                    | A::CertificateExpired
+                    | A::CertificateRevoked
+                    | A::UnsupportedCertificate
+                    | A::AccessDenied
+            );
+            let alert = words(&format!("{a:?}"));
+            if refused {
+                format!("the peer refused our certificate (TLS alert: {alert})")
+            } else {
+                format!("the peer ended the handshake (TLS alert: {alert})")
+            }
+        }
+        E::NoCertificatesPresented => "the peer presented no certificate".into(),
+        E::InvalidMessage(m) => format!(
+            "the peer does not speak TLS or sent a malformed message ({})",
+            words(&format!("{m:?}"))
+        ),
+        E::PeerIncompatible(p) => format!(
+            "the peer's TLS settings are incompatible with ours ({})",
+            words(&format!("{p:?}"))
+        ),
+        E::PeerMisbehaved(p) => format!(
+            "the peer broke the TLS protocol ({})",
+            words(&format!("{p:?}"))
+        ),
+        E::NoApplicationProtocol => "the peer offers no ALPN protocol we speak".into(),
+        E::General(s) => s.clone(),
+        other => words(&format!("{other:?}")),
+    }
+}
+
+/// The first identifier of a `Debug` rendering, in lower-case words:
+/// `UnsupportedCertVersion` -> "unsupported cert version". Wrappers
+/// (`Other(OtherError(...))`) are looked through; fields are dropped.
+fn words(debug: &str) -> String {
+    let ident = debug
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .find(|w| !w.is_empty() && !matches!(*w, "Other" | "OtherError"))
+        .unwrap_or(debug);
+    if !ident.chars().next().is_some_and(|c| c.is_ascii_uppercase()) {
+        return debug.to_string();
+    }
+    // A capital starts a word unless it continues an acronym: `UnknownCA`
+    // is "unknown ca", `HTTPSProxy` "https proxy".
+    let chars: Vec<char> = ident.chars().collect();
+    let mut out = String::new();
+    for (i, ch) in chars.iter().enumerate() {
+        let prev = i.checked_sub(1).and_then(|p| chars.get(p));
+        let next = chars.get(i + 1);
+        if ch.is_ascii_uppercase()
+            && prev.is_some_and(|p| {
+                p.is_ascii_lowercase()
+                    || (p.is_ascii_uppercase() && next.is_some_and(char::is_ascii_lowercase))
+            })
+        {
+            out.push(' ');
+        }
+        out.push(ch.to_ascii_lowercase());
+    }
+    out
+}
+
+/// The rustls error somewhere in `e`'s chain of sources, looking inside
+/// `io::Error`s (which is how tokio-rustls and hyper pass it on).
+pub fn find_rustls_error<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(r) = err.downcast_ref::<rustls::Error>() {
+            return Some(r);
+        }
+        if let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|i| i.downcast_ref::<rustls::Error>())
+        {
+            return Some(inner);
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// A client TLS stream that keeps the first TLS error a read returned. In
+/// TLS 1.3 a server refuses a client certificate only after the client
+/// finished its handshake, so the alert arrives on a later read, inside
+/// whatever protocol runs on top (hyper reports just "connection closed").
+pub struct NoteTlsError<IO> {
+    io: IO,
+    seen: Arc<std::sync::OnceLock<String>>,
+}
+
+impl<IO> NoteTlsError<IO> {
+    /// Wraps `io`; `seen` receives [`explain`]'s sentence for the first TLS error.
+    pub fn new(io: IO, seen: Arc<std::sync::OnceLock<String>>) -> Self {
+        NoteTlsError { io, seen }
+    }
+}
+
+impl<IO: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for NoteTlsError<IO> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Err(e)) = &r
+            && let Some(t) = find_rustls_error(e)
+        {
+            let _ = self.seen.set(explain(t));
+        }
+        r
+    }
+}
+
+impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for NoteTlsError<IO> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]
@@ -363,6 +645,53 @@ mod tests {
             TlsPolicy::from_flags("", &["TLS_FANCY".into()]),
             Err(TlsError::Cipher(_))
         ));
+    }
+
+    #[test]
+    fn explains_tls_errors_in_words() {
+        use rustls::{AlertDescription, CertificateError, Error, OtherError};
+        let other = Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(
+            webpki::Error::UnsupportedCertVersion,
+        ))));
+        assert_eq!(
+            explain(&other),
+            "the peer's certificate was refused: unsupported cert version"
+        );
+        assert_eq!(
+            explain(&Error::AlertReceived(AlertDescription::UnknownCA)),
+            "the peer refused our certificate (TLS alert: unknown ca)"
+        );
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            Error::InvalidCertificate(CertificateError::UnknownIssuer),
+        );
+        let found = find_rustls_error(&io).map(explain).unwrap_or_default();
+        assert!(found.contains("not signed by a trusted CA"), "{found}");
+    }
+
+    #[test]
+    fn names_the_flags_of_the_files() {
+        let flags = FileFlags {
+            cert: "cluster-cert",
+            key: "cluster-key",
+            ca: "cluster-ca-cert",
+        };
+        let e = TlsError::KeyMismatch {
+            cert: "/c.pem".into(),
+            key: "/k.pem".into(),
+        };
+        assert!(e.naming(flags).starts_with(
+            "--cluster-key /k.pem is not the private key of the certificate in --cluster-cert /c.pem"
+        ));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let e = load_roots(dir.path()).err().map(|e| e.naming(flags));
+        assert_eq!(
+            e,
+            Some(format!(
+                "--cluster-ca-cert {} is a directory; it must name a PEM file",
+                dir.path().display()
+            ))
+        );
     }
 
     #[test]

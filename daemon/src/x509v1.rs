@@ -1,5 +1,6 @@
-//! Client certificates of X.509 version 1, accepted as Go accepts them.
+//! Certificates of X.509 version 1, handled as Go handles them.
 //!
+//! Client certificates (this file's first half):
 //! `openssl x509 -req` without an extensions file makes v1 certificates, and
 //! older clusters still carry agent and kube-apiserver client certificates
 //! made that way; Go's crypto/x509 verifies them, rustls-webpki refuses them
@@ -10,12 +11,19 @@
 //! constraints to check, as in Go). Certificates are parsed by x509-parser
 //! and every signature is checked by webpki's algorithms (ring): nothing
 //! cryptographic is written here.
+//!
+//! Server certificates ([`ExplainV1Servers`]): Go's clients refuse every v1
+//! server certificate, because a v1 certificate has no subjectAltName and Go
+//! matches the dialled name only against that (upstream's agent logs
+//! "x509: certificate relies on legacy Common Name field, use SANs
+//! instead"). We refuse them too, with a sentence that says so and what to
+//! reissue, instead of webpki's bare `UnsupportedCertVersion`.
 
 use std::sync::Arc;
 
-use rustls::client::danger::HandshakeSignatureValid;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
-use rustls::pki_types::{CertificateDer, SubjectPublicKeyInfoDer, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, SubjectPublicKeyInfoDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, Error, SignatureScheme};
 use x509_parser::prelude::{FromDer, X509Certificate, X509Version};
@@ -56,27 +64,8 @@ impl AcceptV1Leaves {
         }
     }
 
-    /// The leaf, if it is a v1 certificate.
-    fn v1<'a>(cert: &'a CertificateDer<'_>) -> Option<X509Certificate<'a>> {
-        let (_, c) = X509Certificate::from_der(cert.as_ref()).ok()?;
-        (c.version() == X509Version::V1).then_some(c)
-    }
-
     fn verify_v1(&self, leaf: &X509Certificate<'_>, now: UnixTime) -> Result<(), Error> {
-        let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
-        let validity = leaf.validity();
-        if now < validity.not_before.timestamp() || now > validity.not_after.timestamp() {
-            return Err(Error::InvalidCertificate(
-                rustls::CertificateError::ExpiredContext {
-                    time: UnixTime::since_unix_epoch(std::time::Duration::from_secs(
-                        u64::try_from(now).unwrap_or(0),
-                    )),
-                    not_after: UnixTime::since_unix_epoch(std::time::Duration::from_secs(
-                        u64::try_from(validity.not_after.timestamp()).unwrap_or(0),
-                    )),
-                },
-            ));
-        }
+        valid_at(leaf, now)?;
         let tbs = leaf.tbs_certificate.as_ref();
         let signature = leaf.signature_value.data.as_ref();
         let signed = self
@@ -91,6 +80,125 @@ impl AcceptV1Leaves {
                 rustls::CertificateError::UnknownIssuer,
             ))
         }
+    }
+}
+
+/// The certificate, if it is an X.509 v1 certificate.
+pub fn v1<'a>(cert: &'a CertificateDer<'_>) -> Option<X509Certificate<'a>> {
+    let (_, c) = X509Certificate::from_der(cert.as_ref()).ok()?;
+    (c.version() == X509Version::V1).then_some(c)
+}
+
+/// `Ok` when `now` is within the certificate's validity period.
+fn valid_at(cert: &X509Certificate<'_>, now: UnixTime) -> Result<(), Error> {
+    let secs = |t: i64| UnixTime::since_unix_epoch(std::time::Duration::from_secs(t.max(0) as u64));
+    let now_s = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+    let validity = cert.validity();
+    if now_s < validity.not_before.timestamp() {
+        return Err(Error::InvalidCertificate(
+            rustls::CertificateError::NotValidYetContext {
+                time: now,
+                not_before: secs(validity.not_before.timestamp()),
+            },
+        ));
+    }
+    if now_s > validity.not_after.timestamp() {
+        return Err(Error::InvalidCertificate(
+            rustls::CertificateError::ExpiredContext {
+                time: now,
+                not_after: secs(validity.not_after.timestamp()),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// Why a v1 server certificate is refused: one sentence with the remedy.
+#[derive(Debug)]
+pub struct V1ServerCertificate {
+    name: String,
+}
+
+impl std::fmt::Display for V1ServerCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "it is an X.509 v1 certificate, which has no subjectAltName and so is valid for no name, not {:?} (Go clients refuse it too: \"x509: certificate relies on legacy Common Name field, use SANs instead\"); reissue it as v3 with subjectAltName naming {:?}",
+            self.name, self.name
+        )
+    }
+}
+
+impl std::error::Error for V1ServerCertificate {}
+
+/// A server-certificate verifier that refuses v1 certificates as Go does,
+/// saying why (see the module docs); everything else is `inner`'s decision.
+#[derive(Debug)]
+pub struct ExplainV1Servers {
+    inner: Arc<dyn ServerCertVerifier>,
+}
+
+impl ExplainV1Servers {
+    pub fn new(inner: Arc<dyn ServerCertVerifier>) -> Self {
+        ExplainV1Servers { inner }
+    }
+}
+
+impl ServerCertVerifier for ExplainV1Servers {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        let err = match self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        let Some(leaf) = v1(end_entity) else {
+            return Err(err);
+        };
+        // Go checks the validity period before the name.
+        valid_at(&leaf, now)?;
+        Err(Error::InvalidCertificate(rustls::CertificateError::Other(
+            rustls::OtherError(Arc::new(V1ServerCertificate {
+                name: server_name.to_str().into_owned(),
+            })),
+        )))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn root_hint_subjects(&self) -> Option<&[DistinguishedName]> {
+        self.inner.root_hint_subjects()
     }
 }
 
@@ -134,7 +242,7 @@ impl ClientCertVerifier for AcceptV1Leaves {
             .verify_client_cert(end_entity, intermediates, now)
         {
             Ok(v) => Ok(v),
-            Err(e) => match Self::v1(end_entity) {
+            Err(e) => match v1(end_entity) {
                 Some(leaf) => self
                     .verify_v1(&leaf, now)
                     .map(|()| ClientCertVerified::assertion()),
@@ -149,7 +257,7 @@ impl ClientCertVerifier for AcceptV1Leaves {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        let Some(leaf) = Self::v1(cert) else {
+        let Some(leaf) = v1(cert) else {
             return self.inner.verify_tls12_signature(message, cert, dss);
         };
         let algs = self
@@ -174,7 +282,7 @@ impl ClientCertVerifier for AcceptV1Leaves {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        let Some(leaf) = Self::v1(cert) else {
+        let Some(leaf) = v1(cert) else {
             return self.inner.verify_tls13_signature(message, cert, dss);
         };
         // TLS 1.3 allows no PKCS#1 v1.5 or SHA-1 signatures in the handshake.

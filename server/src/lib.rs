@@ -90,50 +90,30 @@ pub struct Listeners {
 /// Errors that stop the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("binding {what}: {source}")]
-    Bind {
-        what: &'static str,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] daemon::listen::BindError),
     #[error("{0}")]
     Kubernetes(#[from] auth::AuthError),
 }
 
 /// Binds every listener named by the flags.
 pub async fn bind(addrs: &options::Addresses) -> Result<Listeners, ServerError> {
+    use daemon::listen::{bind_tcp_for, bind_unix_for};
     let frontend = match &addrs.frontend {
         options::FrontendAddr::Unix {
             path,
             delete_existing,
-        } => FrontendListener::Unix(daemon::listen::bind_unix(path, *delete_existing).map_err(
-            |source| ServerError::Bind {
-                what: "frontend unix socket",
-                source,
-            },
-        )?),
-        options::FrontendAddr::Tcp { host, port } => {
-            FrontendListener::Tcp(daemon::listen::bind_tcp(host, *port).await.map_err(
-                |source| ServerError::Bind {
-                    what: "frontend port",
-                    source,
-                },
-            )?)
-        }
+        } => FrontendListener::Unix(bind_unix_for(path, *delete_existing, "--uds-name")?),
+        options::FrontendAddr::Tcp { host, port } => FrontendListener::Tcp(
+            bind_tcp_for(host, *port, "--server-bind-address, --server-port").await?,
+        ),
     };
-    let tcp = |what: &'static str, (host, port): &(String, u16)| {
-        let host = host.clone();
-        let port = *port;
-        async move {
-            daemon::listen::bind_tcp(&host, port)
-                .await
-                .map_err(|source| ServerError::Bind { what, source })
-        }
-    };
+    let (agent, health, admin) = (&addrs.agent, &addrs.health, &addrs.admin);
     Ok(Listeners {
         frontend,
-        agent: tcp("agent port", &addrs.agent).await?,
-        health: tcp("health port", &addrs.health).await?,
-        admin: tcp("admin port", &addrs.admin).await?,
+        agent: bind_tcp_for(&agent.0, agent.1, "--agent-bind-address, --agent-port").await?,
+        health: bind_tcp_for(&health.0, health.1, "--health-bind-address, --health-port").await?,
+        admin: bind_tcp_for(&admin.0, admin.1, "--admin-bind-address, --admin-port").await?,
     })
 }
 

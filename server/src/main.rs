@@ -1,7 +1,7 @@
 //! `proxy-server`: parse flags, bind, serve; first SIGTERM drains, second exits.
 
 use anyhow::Context;
-use daemon::flags::usage_error;
+use daemon::flags::{fatal, usage_error};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -14,7 +14,7 @@ async fn main() -> anyhow::Result<()> {
     let kubernetes = proxy_server::options::kubernetes(&values).unwrap_or_else(|e| usage_error(&e));
     let listeners = proxy_server::bind(&addrs)
         .await
-        .context("binding listeners")?;
+        .unwrap_or_else(|e| fatal(&e.to_string()));
     let mut signals =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
     let server = proxy_server::Server::new(config).with_kubernetes(kubernetes);
@@ -26,6 +26,8 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(1);
         });
     };
-    server.run(listeners, shutdown).await?;
+    if let Err(e) = server.run(listeners, shutdown).await {
+        fatal(&e.to_string());
+    }
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use daemon::flags::{FlagSet, Values};
-use daemon::tls::{self, TlsPolicy};
+use daemon::tls::{self, FileFlags, TlsPolicy};
 use konnectivity_proto::ids::ServerId;
 
 use crate::backend::Strategy;
@@ -154,6 +154,17 @@ pub struct Addresses {
     pub admin: (String, u16),
 }
 
+const FRONTEND_FILES: FileFlags = FileFlags {
+    cert: "server-cert",
+    key: "server-key",
+    ca: "server-ca-cert",
+};
+const AGENT_FILES: FileFlags = FileFlags {
+    cert: "cluster-cert",
+    key: "cluster-key",
+    ca: "cluster-ca-cert",
+};
+
 fn port(v: &Values, name: &str) -> Result<u16, String> {
     let p = v.int(name);
     // 0 picks a free port (tests, local runs); otherwise upstream's range.
@@ -218,8 +229,8 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         let Some(ca) = server_ca else {
             return Err("a TCP frontend needs --server-ca-cert: kube-apiserver clients must present certificates".into());
         };
-        let tls =
-            tls::server_config(&cert, &key, Some(&ca), &policy, alpn).map_err(|e| e.to_string())?;
+        let tls = tls::server_config(&cert, &key, Some(&ca), &policy, alpn)
+            .map_err(|e| e.naming(FRONTEND_FILES))?;
         let host = v.string("server-bind-address");
         (
             FrontendAddr::Tcp {
@@ -280,7 +291,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         &policy,
         &[b"h2"],
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.naming(AGENT_FILES))?;
     let xfr = v.int("xfr-channel-size");
     if xfr <= 0 {
         return Err(format!(

@@ -137,7 +137,10 @@ where
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
-            tracing::info!(error = %e, "TLS handshake failed");
+            match daemon::tls::find_rustls_error(&e) {
+                Some(t) => tracing::info!(error = %daemon::tls::explain(t), "TLS handshake failed"),
+                None => tracing::info!(error = %e, "TLS handshake failed"),
+            }
             None
         }
         Err(_) => {

@@ -63,6 +63,8 @@ type serverConfig struct {
 	front     frontend
 	dir       string // holds the socket; a restart passes the old one
 	agentPort int    // 0: ours binds port 0, upstream gets a picked port
+	// the agent listener's certificate and key; empty: the PKI's
+	clusterCert, clusterKey string
 }
 
 func startServer(t testing.TB, cfg serverConfig) *server {
@@ -105,10 +107,14 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 			}
 		}
 	}
+	clusterCert, clusterKey := pki.ServerCert, pki.ServerKey
+	if cfg.clusterCert != "" {
+		clusterCert, clusterKey = cfg.clusterCert, cfg.clusterKey
+	}
 	args := []string{
 		"--mode=" + cfg.front.mode(),
-		"--cluster-cert=" + pki.ServerCert,
-		"--cluster-key=" + pki.ServerKey,
+		"--cluster-cert=" + clusterCert,
+		"--cluster-key=" + clusterKey,
 		"--cluster-ca-cert=" + pki.CA,
 		"--agent-bind-address=127.0.0.1",
 		"--agent-port=" + strconv.Itoa(ports["agent"]),

@@ -198,3 +198,111 @@ async fn v1_client_certificates_complete_tls12_and_tls13_handshakes() {
         );
     }
 }
+
+/// A v1 *server* certificate has no subjectAltName, so no client that
+/// checks the server's name can accept it: upstream's Go agent refuses it
+/// ("x509: certificate relies on legacy Common Name field, use SANs
+/// instead"; tests/interop checks that against the real binary). Ours
+/// refuses it too, in a sentence that names the cause and the remedy
+/// instead of webpki's `UnsupportedCertVersion`; the server, which serves
+/// it as upstream's does, warns at start.
+#[tokio::test]
+async fn a_v1_server_certificate_is_refused_with_the_reason_as_go_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = ca(d, "ca");
+    let server_v1 = leaf(d, &root, "127.0.0.1", None);
+    let agent = leaf(d, &root, "agent", Some("extendedKeyUsage=clientAuth\n"));
+    let mut srv = Proc::spawn(
+        "proxy-server",
+        &[
+            format!("--uds-name={}", d.join("s.sock").display()),
+            format!("--cluster-cert={}", server_v1.0.display()),
+            format!("--cluster-key={}", server_v1.1.display()),
+            format!("--cluster-ca-cert={}", root.0.display()),
+            "--server-port=0".into(),
+            "--agent-port=0".into(),
+            "--admin-port=0".into(),
+            "--health-port=0".into(),
+            "--agent-bind-address=127.0.0.1".into(),
+            "--health-bind-address=127.0.0.1".into(),
+        ],
+    );
+    let warning = srv.wait_line("X.509 v1").await;
+    assert!(
+        warning.contains("subjectAltName") && warning.contains("127.0.0.1.crt"),
+        "{warning}"
+    );
+    let addrs = srv.listening(4).await;
+    let port = loopback(&addrs["agent"]).port();
+    let mut a = Proc::spawn(
+        "proxy-agent",
+        &[
+            "--proxy-server-host=127.0.0.1".into(),
+            format!("--proxy-server-port={port}"),
+            format!("--ca-cert={}", root.0.display()),
+            format!("--agent-cert={}", agent.0.display()),
+            format!("--agent-key={}", agent.1.display()),
+            "--health-server-port=0".into(),
+            "--admin-server-port=0".into(),
+        ],
+    );
+    let line = a.wait_line("cannot connect to proxy server").await;
+    for want in [
+        "X.509 v1",
+        "no subjectAltName",
+        "legacy Common Name field",
+        "reissue it as v3",
+        "127.0.0.1",
+    ] {
+        assert!(line.contains(want), "want {want:?} in {line}");
+    }
+    assert!(
+        !line.contains("UnsupportedCertVersion") && !line.contains("Other("),
+        "{line}"
+    );
+}
+
+/// The client side of the same refusal, in process: the verifier the
+/// agent uses refuses a v1 server certificate over TLS 1.2 and 1.3 and a
+/// v3 one from the same CA passes, so the refusal is about the version.
+#[tokio::test]
+async fn the_agent_verifier_refuses_v1_server_certificates_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = ca(d, "ca");
+    for (name, ext, ok) in [("v1", None, false), ("v3", Some(SERVER_EXT), true)] {
+        let server = leaf(d, &root, name, ext);
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(
+            daemon::tls::server_config(
+                &server.0,
+                &server.1,
+                None,
+                &daemon::tls::TlsPolicy::default(),
+                &[],
+            )
+            .unwrap(),
+        ));
+        for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
+            let config = daemon::tls::client_config_for(&root.0, None, &[], &[version]).unwrap();
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let acceptor = acceptor.clone();
+            let server_side = tokio::spawn(async move { acceptor.accept(b).await.map(|_| ()) });
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+            let result = connector
+                .connect(ServerName::try_from("127.0.0.1").unwrap(), a)
+                .await;
+            let _ = server_side.await;
+            match result {
+                Ok(_) => assert!(ok, "{name} {version:?} was accepted"),
+                Err(e) => {
+                    assert!(!ok, "{name} {version:?}: {e}");
+                    let why = daemon::tls::find_rustls_error(&e)
+                        .map(daemon::tls::explain)
+                        .unwrap_or_default();
+                    assert!(why.contains("X.509 v1"), "{name} {version:?}: {why}");
+                }
+            }
+        }
+    }
+}
