@@ -32,6 +32,8 @@ pub struct Bins {
     pub kubectl: PathBuf,
     pub etcd: PathBuf,
     pub kubelet: PathBuf,
+    /// The schema validator for deploy/'s manifests.
+    pub kubeconform: PathBuf,
 }
 
 fn repo_root() -> PathBuf {
@@ -64,8 +66,15 @@ pub fn bins() -> &'static Bins {
             kubectl: dir.join("kubectl"),
             etcd: dir.join("etcd"),
             kubelet: dir.join("kubelet"),
+            kubeconform: dir.join("kubeconform"),
         };
-        for p in [&b.kube_apiserver, &b.kubectl, &b.etcd, &b.kubelet] {
+        for p in [
+            &b.kube_apiserver,
+            &b.kubectl,
+            &b.etcd,
+            &b.kubelet,
+            &b.kubeconform,
+        ] {
             assert!(p.exists(), "{} missing", p.display());
         }
         b

@@ -165,6 +165,34 @@ impl Proc {
     }
 }
 
+/// The `proxy-server` binary with its frontend on a Unix socket in `dir` and
+/// every TCP port picked on 127.0.0.1, plus `extra` flags; returns it once
+/// its four listeners are bound, with the socket path and the bound
+/// addresses by listener name.
+pub async fn server_on_socket(
+    pki: &crate::certs::Pki,
+    dir: &std::path::Path,
+    extra: &[String],
+) -> (Proc, PathBuf, HashMap<String, String>) {
+    let cert = pki.server("server", &[]);
+    let sock = dir.join("konnectivity-server.socket");
+    let mut args = vec![
+        format!("--uds-name={}", sock.display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", cert.cert.display()),
+        format!("--cluster-key={}", cert.key.display()),
+        "--agent-port=0".into(),
+        "--agent-bind-address=127.0.0.1".into(),
+        "--health-port=0".into(),
+        "--health-bind-address=127.0.0.1".into(),
+        "--admin-port=0".into(),
+    ];
+    args.extend_from_slice(extra);
+    let mut server = Proc::spawn("proxy-server", &args);
+    let addrs = server.listening(4).await;
+    (server, sock, addrs)
+}
+
 /// A `host:port` a test can connect to, from a logged bind address such as
 /// `[::]:1234` or `0.0.0.0:1234`.
 pub fn loopback(addr: &str) -> SocketAddr {

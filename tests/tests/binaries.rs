@@ -5,10 +5,11 @@
 //! and nodeport-proxy's refusal to start without a routing source.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 
 use integration_tests::certs::Pki;
-use integration_tests::procs::{Proc, loopback, run};
+use integration_tests::procs::{Proc, loopback, run, server_on_socket};
 use integration_tests::{http_get, http_get_as};
 
 #[tokio::test]
@@ -259,29 +260,6 @@ async fn every_binary_answers_version_and_bad_flags_as_its_original() {
     }
 }
 
-/// A server on a Unix socket and its agent port, for the signal tests.
-async fn server_on_socket(pki: &Pki, dir: &std::path::Path) -> (Proc, std::path::PathBuf, u16) {
-    let cert = pki.server("server", &[]);
-    let sock = dir.join("konnectivity-server.socket");
-    let mut server = Proc::spawn(
-        "proxy-server",
-        &[
-            format!("--uds-name={}", sock.display()),
-            "--server-port=0".into(),
-            format!("--cluster-cert={}", cert.cert.display()),
-            format!("--cluster-key={}", cert.key.display()),
-            "--agent-port=0".into(),
-            "--agent-bind-address=127.0.0.1".into(),
-            "--health-port=0".into(),
-            "--health-bind-address=127.0.0.1".into(),
-            "--admin-port=0".into(),
-        ],
-    );
-    let addrs = server.listening(4).await;
-    let agent_port = loopback(&addrs["agent"]).port();
-    (server, sock, agent_port)
-}
-
 fn agent_args(pki: &Pki, port: u16, grace: &str) -> Vec<String> {
     vec![
         format!("--ca-cert={}", pki.ca().display()),
@@ -321,7 +299,8 @@ async fn agent_drains_its_tunnels_within_the_grace_period() {
     use integration_tests::client::{Frontend, grpc_dial};
     let pki = Pki::new();
     let dir = tempfile::tempdir().unwrap();
-    let (mut server, sock, port) = server_on_socket(&pki, dir.path()).await;
+    let (mut server, sock, addrs) = server_on_socket(&pki, dir.path(), &[]).await;
+    let port = loopback(&addrs["agent"]).port();
     let frontend = Frontend::Uds(sock);
     let echo = integration_tests::dest::echo().await.to_string();
 
@@ -383,4 +362,131 @@ async fn nodeport_proxy_without_a_routing_source_refuses_to_start() {
         assert!(text.contains(flag), "want {flag} in: {text}");
     }
     assert!(!text.contains("listening"), "{text}");
+}
+
+/// The flags a binary's `--help` lists (`  --name type` / `  -v, --v int`).
+fn help_flags(usage: &str) -> Vec<String> {
+    usage
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter(|l| l.starts_with('-'))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("--")))
+        .map(|n| n.trim_end_matches(',').to_string())
+        .collect()
+}
+
+/// Whether `text` names `-name` or `--name` as a whole flag.
+fn names_flag(text: &str, name: &str) -> bool {
+    let needle = format!("-{name}");
+    text.match_indices(&needle).any(|(i, _)| {
+        let after = text[i + needle.len()..].chars().next();
+        !matches!(after, Some(c) if c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
+/// Metric names a crate registers: string literals or `const` strings
+/// passed to `describe_*`, `.counter(`, `.gauge(` or `.histogram(`.
+fn registered_metrics(source: &str) -> BTreeSet<String> {
+    let consts: std::collections::HashMap<&str, &str> = source
+        .match_indices("const ")
+        .filter_map(|(i, _)| {
+            let rest = &source[i + 6..];
+            let (name, rest) = rest.split_once(": &str =")?;
+            let lit = rest.trim_start().strip_prefix('"')?;
+            Some((name.trim(), lit.split('"').next()?))
+        })
+        .collect();
+    let mut out = BTreeSet::new();
+    for call in [
+        "describe_counter(",
+        "describe_gauge(",
+        "describe_histogram(",
+        ".counter(",
+        ".gauge(",
+        ".histogram(",
+    ] {
+        for (i, _) in source.match_indices(call) {
+            let arg = source[i + call.len()..]
+                .split([',', ')'])
+                .next()
+                .unwrap_or_default()
+                .trim();
+            let name = match arg.strip_prefix('"') {
+                Some(lit) => lit.trim_end_matches('"'),
+                None => consts.get(arg).copied().unwrap_or_default(),
+            };
+            if name.contains('_') && name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                out.insert(name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// docs/operations.md's promise: every flag a binary's --help prints is named
+/// there or in README.md, and every metric a crate registers is named there,
+/// so flags and metrics added later cannot go undocumented.
+#[test]
+fn every_flag_and_metric_is_documented() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let ops = read("docs/operations.md");
+    let docs = format!("{}\n{ops}", read("README.md"));
+    let mut missing = Vec::new();
+    for (bin, flags) in [
+        ("proxy-server", proxy_server::options::flags()),
+        ("proxy-agent", proxy_agent::options::flags()),
+        ("nodeport-proxy", nodeport_proxy::cli::flag_set()),
+        ("tunnel-agent", tunnel_agent::cli::flag_set()),
+        ("lb-updater", lb_updater::flags()),
+    ] {
+        let names = help_flags(&flags.usage());
+        assert!(names.len() > 5, "{bin}: {names:?}");
+        for n in names {
+            if !names_flag(&docs, &n) {
+                missing.push(format!("{bin} --{n}"));
+            }
+        }
+    }
+    let mut metrics = BTreeSet::new();
+    for dir in [
+        "server/src",
+        "agent/src",
+        "nodeport-proxy/src",
+        "tunnel-agent/src",
+    ] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                metrics.extend(registered_metrics(&std::fs::read_to_string(path).unwrap()));
+            }
+        }
+    }
+    assert!(metrics.len() > 40, "{metrics:?}");
+    for m in metrics {
+        if !ops.contains(&format!("`{m}`")) {
+            missing.push(format!("metric {m}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in README.md or docs/operations.md: {missing:#?}"
+    );
+}
+
+#[test]
+fn doc_checks_see_flags_and_metrics() {
+    assert!(names_flag("`-v`, `--log-file`", "v"));
+    assert!(!names_flag("`--version`", "v"));
+    assert!(!names_flag("--config-file", "config"));
+    assert_eq!(
+        help_flags("Flags:\n  --mode string\n        x\n  -v, --v int\n"),
+        ["mode", "v"]
+    );
+    let src =
+        "const A: &str = \"x_total\";\nr.describe_counter(A, \"h\");\nr.gauge(\"y_active\", &[]);";
+    assert_eq!(
+        registered_metrics(src),
+        BTreeSet::from(["x_total".to_string(), "y_active".to_string()])
+    );
 }
