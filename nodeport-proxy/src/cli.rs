@@ -71,6 +71,8 @@ pub fn flag_set() -> FlagSet {
     .int("max-pending-connections-per-ip", p.max_pending_connections_per_ip as i64, "connections one client IP may hold on the SNI and tunneling listeners before sending a ClientHello or request head; past it, its oldest is closed (0: no limit)")
     .int("buffer-size", p.buffer_size as i64, "bytes per direction buffered for each proxied connection")
     .int("tunneling-max-concurrent-streams", i64::from(p.max_streams_per_connection), "CONNECT streams per HTTP/2 connection")
+    .string("access-log", "", "write one access-log line per connection (per CONNECT stream) to this file; /dev/stdout or - for standard output; empty: off")
+    .string("access-log-format", "json", "access-log lines as json (fields named after Envoy's command operators) or envoy (Envoy's default text format, plus listener, SNI host and close reason)")
     .int("worker-threads", 0, "runtime worker threads (0: one per core)")
     .with_klog(0)
 }
@@ -171,6 +173,10 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             .filter(|d| !d.is_zero())
             .unwrap_or(default)
     };
+    let access_log_format: crate::access_log::Format = v
+        .string("access-log-format")
+        .parse()
+        .map_err(|e| format!("-access-log-format: {e}"))?;
     let config = ProxyConfig {
         source,
         expose_annotation_key: v.string("expose-annotation-key"),
@@ -194,6 +200,10 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         buffer_size: positive(v, "buffer-size")?.clamp(1024, 1 << 20),
         max_streams_per_connection: u32::try_from(positive(v, "tunneling-max-concurrent-streams")?)
             .unwrap_or(u32::MAX),
+        access_log: match (v.string("access-log"), access_log_format) {
+            (p, _) if p.is_empty() => None,
+            (path, format) => Some(crate::access_log::AccessLogConfig { path, format }),
+        },
     };
     if config.expose_annotation_key.is_empty() {
         return Err("-expose-annotation-key must not be empty".into());

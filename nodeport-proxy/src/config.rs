@@ -88,6 +88,8 @@ pub struct ProxyConfig {
     pub max_pending_connections_per_ip: usize,
     /// Each direction of each proxied connection has one buffer of this size.
     pub buffer_size: usize,
+    /// `-access-log`: one line per connection or stream; `None`: off.
+    pub access_log: Option<crate::access_log::AccessLogConfig>,
     /// Concurrent CONNECT streams per HTTP/2 connection.
     pub max_streams_per_connection: u32,
 }
@@ -111,6 +113,7 @@ impl Default for ProxyConfig {
             max_connections_per_listener: 10_000,
             max_pending_connections_per_ip: 0,
             buffer_size: 16 * 1024,
+            access_log: None,
             max_streams_per_connection: 1024,
         }
     }

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::drain::Drain;
-use daemon::relay::{RelayEnd, RelayOptions, Tally, relay};
+use daemon::relay::{RelayBytes, RelayEnd, RelayOptions, Tally, relay};
 use metrics::{Counter, Gauge};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::access_log::Access;
 use crate::config::ProxyConfig;
 use crate::metrics::Metrics;
 use crate::store::TableStore;
@@ -28,6 +29,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub drain: Drain,
     pub connect: ConnectOptions,
+    /// `-access-log`; `None` when off.
+    pub access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
 
 /// Increments a gauge now and decrements it when dropped.
@@ -79,16 +82,22 @@ pub async fn forward<C>(
     idle: Duration,
     bytes: &ByteCounters,
     shared: &Shared,
+    access: &mut Access,
 ) -> RelayEnd
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
     let _active = Active::new(&route.cluster.stats.upstream_cx_active);
+    access.cluster(route.cluster.name.as_str());
+    access.upstream(endpoint.addr);
+    let early_len = early.len() as u64;
     if !early.is_empty() {
         if let Err(e) = upstream.write_all(&early).await {
-            return RelayEnd::UpstreamError(e);
+            let end = RelayEnd::UpstreamError(e);
+            access.ended(&end, RelayBytes::default());
+            return end;
         }
-        bytes.client_bytes(early.len() as u64);
+        bytes.client_bytes(early_len);
     }
     drop(early);
     let options = RelayOptions {
@@ -109,6 +118,13 @@ where
         from_client = moved.from_client,
         from_upstream = moved.from_upstream,
         "connection closed"
+    );
+    access.ended(
+        &end,
+        RelayBytes {
+            from_client: moved.from_client + early_len,
+            from_upstream: moved.from_upstream,
+        },
     );
     end
 }
@@ -135,6 +151,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         table,
         metrics,
         drain,
+        access_log: None,
     })
 }
 

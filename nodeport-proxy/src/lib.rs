@@ -4,6 +4,7 @@
 //! NodePort, SNI (6443) and CONNECT tunneling (8088) listeners route by it;
 //! Envoy-compatible stats and health are served on 8002.
 
+pub mod access_log;
 pub mod cli;
 pub mod client_hello;
 pub mod cluster_stats;

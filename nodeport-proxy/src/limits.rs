@@ -64,3 +64,7 @@ pub const REFUSAL_DRAIN_TIME: Duration = Duration::from_secs(1);
 /// and their EndpointSlices writes about 30 MB of YAML; a larger file is
 /// refused with an error naming it, and the current table stays.
 pub const MAX_TABLE_FILE: u64 = 256 << 20;
+
+/// Access-log lines queued for the writer thread; when it falls behind this
+/// far, further lines are dropped (and counted) rather than held.
+pub const ACCESS_LOG_QUEUE: usize = 8192;

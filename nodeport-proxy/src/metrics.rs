@@ -35,6 +35,7 @@ pub struct Metrics {
     last_reload_success: Gauge,
     pub node_ports_unbound: Gauge,
     pub node_port_bind_failures: Counter,
+    pub access_log_dropped: Counter,
     routes_node_port: Gauge,
     routes_sni: Gauge,
     routes_tunnel: Gauge,
@@ -159,6 +160,7 @@ impl Metrics {
             ),
             node_ports_unbound: r.gauge("nodeport_proxy_node_ports_unbound", &[]),
             node_port_bind_failures: r.counter("nodeport_proxy_node_port_bind_failures_total", &[]),
+            access_log_dropped: r.counter("nodeport_proxy_access_log_dropped_total", &[]),
             routes_node_port: r.gauge("nodeport_proxy_routes", &[("kind", "nodeport")]),
             routes_sni: r.gauge("nodeport_proxy_routes", &[("kind", "sni")]),
             routes_tunnel: r.gauge("nodeport_proxy_routes", &[("kind", "tunnel")]),
@@ -349,6 +351,10 @@ fn describe(r: &Registry) {
     r.describe_counter(
         "nodeport_proxy_node_port_bind_failures_total",
         "Failed attempts to bind a NodePort listener.",
+    );
+    r.describe_counter(
+        "nodeport_proxy_access_log_dropped_total",
+        "Access-log lines dropped because the writer fell behind (-access-log).",
     );
     r.describe_gauge(
         "nodeport_proxy_routes",

@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::access_log::Access;
 use crate::forward::{Active, ByteCounters, Shared, forward};
 use crate::metrics::ListenerStats;
 
@@ -161,8 +162,14 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
+    let mut access = Access::start(
+        shared.access_log.as_ref(),
+        client.local_addr().ok(),
+        client.peer_addr().ok(),
+    );
     let Some(route) = shared.table.current().node_ports.get(&port).cloned() else {
         // The port left the table between accept and lookup.
+        access.answer(0, "NR", "no_route");
         listener.reject("no_route");
         shared.metrics.tcp.downstream_cx_no_route.increment(1);
         return;
@@ -171,6 +178,8 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     {
         Ok(c) => c,
         Err(e) => {
+            access.cluster(route.cluster.name.as_str());
+            access.answer(0, e.flags(), "upstream_unavailable");
             listener.reject("upstream_unavailable");
             tracing::warn!(port, error = %e, "NodePort connection closed");
             return;
@@ -192,6 +201,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         shared.config.node_port_idle_timeout,
         &counters,
         &shared,
+        &mut access,
     )
     .await;
     if matches!(end, daemon::relay::RelayEnd::Idle) {

@@ -53,6 +53,11 @@ pub enum ProxyError {
     Source(SourceError),
     #[error("listener: {0}")]
     Listener(#[from] std::io::Error),
+    #[error("-access-log {path}: {source}")]
+    AccessLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 pub struct NodePortProxy {
@@ -102,7 +107,19 @@ impl NodePortProxy {
                 .and_then(|l| l.local_addr().ok()),
         };
         let health = Arc::new(Health::new(store.subscribe()));
+        let access_log = match &config.access_log {
+            None => None,
+            Some(c) => Some(
+                crate::access_log::AccessLog::open(c, metrics.access_log_dropped.clone()).map_err(
+                    |source| ProxyError::AccessLog {
+                        path: c.path.clone(),
+                        source,
+                    },
+                )?,
+            ),
+        };
         let shared = Arc::new(Shared {
+            access_log,
             health: health.clone(),
             connect: ConnectOptions {
                 timeout: config.upstream_connect_timeout,

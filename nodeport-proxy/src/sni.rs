@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpStream;
 
+use crate::access_log::Access;
 use crate::client_hello::{self, Hello, HelloError};
 use crate::first_bytes;
 use crate::forward::{Active, ByteCounters, Shared, forward};
@@ -102,8 +103,15 @@ async fn serve(client: TcpStream, shared: &Shared) -> Result<(), SniError> {
         .cloned()
         .ok_or_else(|| SniError::NoRoute(host.to_string()))?;
     drop(table);
+    // Envoy logs only connections that reached a filter chain (a route).
+    let mut access = Access::start(
+        shared.access_log.as_ref(),
+        client.local_addr().ok(),
+        client.peer_addr().ok(),
+    );
+    access.sni(host.as_str());
     // Allocated only for a routed connection, so a silent one stays small.
-    Box::pin(proxy(client, buf, route, shared)).await
+    Box::pin(proxy(client, buf, route, shared, access)).await
 }
 
 async fn proxy(
@@ -111,8 +119,17 @@ async fn proxy(
     hello: Vec<u8>,
     route: Arc<Route>,
     shared: &Shared,
+    mut access: Access,
 ) -> Result<(), SniError> {
-    let (upstream, endpoint) = crate::upstream::connect(&route.cluster, &shared.connect).await?;
+    let (upstream, endpoint) = match crate::upstream::connect(&route.cluster, &shared.connect).await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            access.cluster(route.cluster.name.as_str());
+            access.answer(0, e.flags(), "upstream_unavailable");
+            return Err(e.into());
+        }
+    };
     let tcp = &shared.metrics.tcp;
     let counters = ByteCounters {
         downstream_rx: tcp.downstream_cx_rx_bytes_total.clone(),
@@ -129,6 +146,7 @@ async fn proxy(
         shared.config.connection.sni_idle_timeout,
         &counters,
         shared,
+        &mut access,
     )
     .await;
     if matches!(end, daemon::relay::RelayEnd::Idle) {

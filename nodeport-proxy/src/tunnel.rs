@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::access_log::Access;
 use crate::connect_request::{self, Parsed, RequestError};
 use crate::first_bytes;
 use crate::forward::{Active, ByteCounters, Shared, forward};
@@ -67,6 +68,17 @@ impl TunnelError {
         }
     }
 
+    /// Envoy's response flag for this refusal.
+    fn flags(&self) -> &'static str {
+        match self {
+            TunnelError::Request(RequestError::NotConnect(_)) | TunnelError::NoRoute(_) => "NR",
+            TunnelError::Request(_) => "DPE",
+            TunnelError::HeaderTimeout => "-",
+            TunnelError::Overloaded => "UO",
+            TunnelError::Upstream(e) => e.flags(),
+        }
+    }
+
     fn reason(&self) -> &'static str {
         match self {
             TunnelError::Request(RequestError::NotConnect(_)) => "not_connect",
@@ -98,6 +110,14 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
     if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
+    // Written for a request only, as Envoy's HTTP connection manager does:
+    // a connection that never sent one leaves no line.
+    let mut access = Access::start(
+        shared.access_log.as_ref(),
+        client.local_addr().ok(),
+        client.peer_addr().ok(),
+    );
+    access.skip_unless_answered();
     let deadline = Instant::now() + shared.config.request_header_timeout;
     // Nothing is buffered until the client sends.
     let mut buf = Vec::new();
@@ -111,6 +131,8 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
                 http.downstream_rq_header_timeout.increment(1);
                 l.stats.reject("request_header_timeout");
                 if !buf.is_empty() {
+                    access.protocol("HTTP/1.1");
+                    access.answer(408, "-", "request_header_timeout");
                     reply_h1(&mut client, 408).await;
                 }
                 return;
@@ -137,14 +159,21 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         }
         let _h2 = Active::new(&http.downstream_cx_http2_active);
         let io = PrefixedIo::new(buf.into(), client);
-        Box::pin(crate::tunnel_h2::serve(io, l.clone(), deadline)).await;
+        Box::pin(crate::tunnel_h2::serve(io, l.clone(), deadline, &access)).await;
     } else {
         let _h1 = Active::new(&http.downstream_cx_http1_active);
-        Box::pin(http1(client, buf, deadline, &l)).await;
+        access.protocol("HTTP/1.1");
+        Box::pin(http1(client, buf, deadline, &l, access)).await;
     }
 }
 
-async fn http1(mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant, l: &TunnelListener) {
+async fn http1(
+    mut client: TcpStream,
+    mut buf: Vec<u8>,
+    deadline: Instant,
+    l: &TunnelListener,
+    mut access: Access,
+) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
     // A head is parsed again only when a line has ended since the last try.
@@ -157,7 +186,7 @@ async fn http1(mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant, l: &T
                 Err(e) => {
                     http.downstream_rq_total.increment(1);
                     http.downstream_cx_protocol_error.increment(1);
-                    return refuse_h1(&mut client, TunnelError::Request(e), l).await;
+                    return refuse_h1(&mut client, TunnelError::Request(e), l, &mut access).await;
                 }
             }
         }
@@ -168,19 +197,22 @@ async fn http1(mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant, l: &T
             Ok(Ok(_)) => {}
             Err(_) => {
                 http.downstream_rq_header_timeout.increment(1);
-                return refuse_h1(&mut client, TunnelError::HeaderTimeout, l).await;
+                return refuse_h1(&mut client, TunnelError::HeaderTimeout, l, &mut access).await;
             }
         }
     };
     daemon::listen::settle();
     http.downstream_rq_total.increment(1);
     let _rq = Active::new(&http.downstream_rq_active);
+    access.authority(&head.authority.to_string());
     let opened = open(&head.authority, l).await;
     let (route, upstream, endpoint, _permit) = match opened {
         Ok(o) => o,
-        Err(e) => return refuse_h1(&mut client, e, l).await,
+        Err(e) => return refuse_h1(&mut client, e, l, &mut access).await,
     };
+    access.answer(200, "-", "-");
     if client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.is_err() {
+        access.answer(200, "DC", "client_error");
         return;
     }
     http.downstream_rq_2xx.increment(1);
@@ -196,6 +228,7 @@ async fn http1(mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant, l: &T
         shared.config.connection.tunneling_stream_idle_timeout,
         &counters(l, &route),
         shared,
+        &mut access,
     )
     .await;
 }
@@ -248,8 +281,9 @@ pub(crate) async fn open(
 }
 
 /// Counts a refused request and logs it at a level matching whose fault it is.
-pub(crate) fn record_refusal(e: &TunnelError, l: &TunnelListener) {
+pub(crate) fn record_refusal(e: &TunnelError, l: &TunnelListener, access: &mut Access) {
     let http = &l.shared.metrics.http;
+    access.answer(e.status(), e.flags(), e.reason());
     l.stats.reject(e.reason());
     if matches!(e, TunnelError::NoRoute(_)) {
         http.no_route.increment(1);
@@ -263,8 +297,13 @@ pub(crate) fn record_refusal(e: &TunnelError, l: &TunnelListener) {
     }
 }
 
-async fn refuse_h1(client: &mut TcpStream, e: TunnelError, l: &TunnelListener) {
-    record_refusal(&e, l);
+async fn refuse_h1(
+    client: &mut TcpStream,
+    e: TunnelError,
+    l: &TunnelListener,
+    access: &mut Access,
+) {
+    record_refusal(&e, l, access);
     reply_h1(client, e.status()).await;
 }
 

@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::access_log::Access;
 use crate::connect_request::RequestError;
 use crate::forward::{Active, forward};
 use crate::limits;
@@ -19,7 +20,7 @@ use crate::tunnel::{TunnelError, TunnelListener, counters, open, record_refusal}
 
 /// `deadline` bounded the client preface (read before this is called); it
 /// also bounds our side of the handshake.
-pub async fn serve<T>(io: T, l: Arc<TunnelListener>, deadline: Instant)
+pub async fn serve<T>(io: T, l: Arc<TunnelListener>, deadline: Instant, access: &Access)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -68,8 +69,9 @@ where
                     streams.send_modify(|n| *n += 1);
                     let l = l.clone();
                     let streams = streams.clone();
+                    let access = access.stream("HTTP/2");
                     shared.drain.spawn(async move {
-                        stream(req, respond, &l).await;
+                        stream(req, respond, &l, access).await;
                         streams.send_modify(|n| *n = n.saturating_sub(1));
                     });
                 }
@@ -118,6 +120,7 @@ async fn stream(
     req: Request<h2::RecvStream>,
     mut respond: SendResponse<Bytes>,
     l: &TunnelListener,
+    mut access: Access,
 ) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
@@ -125,15 +128,18 @@ async fn stream(
     let _rq = Active::new(&http.downstream_rq_active);
     let authority = match request_authority(&req) {
         Ok(a) => a,
-        Err(e) => return refuse(&mut respond, TunnelError::Request(e), l),
+        Err(e) => return refuse(&mut respond, TunnelError::Request(e), l, &mut access),
     };
+    access.authority(&authority.to_string());
     let (route, upstream, endpoint, _permit) = match open(&authority, l).await {
         Ok(o) => o,
-        Err(e) => return refuse(&mut respond, e, l),
+        Err(e) => return refuse(&mut respond, e, l, &mut access),
     };
+    access.answer(200, "-", "-");
     let send = match respond.send_response(Response::new(()), false) {
         Ok(s) => s,
         Err(e) => {
+            access.answer(200, "DC", "client_error");
             tracing::debug!(error = %e, "client: stream gone before 200");
             return;
         }
@@ -150,6 +156,7 @@ async fn stream(
         shared.config.connection.tunneling_stream_idle_timeout,
         &counters(l, &route),
         shared,
+        &mut access,
     )
     .await;
 }
@@ -165,8 +172,13 @@ fn request_authority(req: &Request<h2::RecvStream>) -> Result<ConnectAuthority, 
     ConnectAuthority::parse(a.as_str()).map_err(|_| RequestError::BadTarget(a.to_string()))
 }
 
-fn refuse(respond: &mut SendResponse<Bytes>, e: TunnelError, l: &TunnelListener) {
-    record_refusal(&e, l);
+fn refuse(
+    respond: &mut SendResponse<Bytes>,
+    e: TunnelError,
+    l: &TunnelListener,
+    access: &mut Access,
+) {
+    record_refusal(&e, l, access);
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
     let mut resp = Response::new(());
     *resp.status_mut() = status;

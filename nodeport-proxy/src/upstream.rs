@@ -33,6 +33,16 @@ pub enum UpstreamError {
     },
 }
 
+impl UpstreamError {
+    /// Envoy's response flag for this failure.
+    pub fn flags(&self) -> &'static str {
+        match self {
+            UpstreamError::NoEndpoints(_) => "UH",
+            UpstreamError::Timeout { .. } | UpstreamError::Connect { .. } => "UF",
+        }
+    }
+}
+
 /// Connects to the next endpoints of `cluster` in turn until one answers.
 pub async fn connect(
     cluster: &Cluster,

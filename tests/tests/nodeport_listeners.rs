@@ -1,4 +1,5 @@
-//! NodePort listeners (round robin, readiness), health and shutdown order.
+//! NodePort listeners (round robin, readiness), health and shutdown order,
+//! and the access log of every listener.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -168,5 +169,139 @@ async fn shutdown_fails_health_first_then_drains() {
     assert!(
         TcpStream::connect(tunnel).await.is_err(),
         "listener must be closed after shutdown"
+    );
+}
+
+#[tokio::test]
+async fn access_log_has_one_line_per_routed_connection_and_request() {
+    const WEB: &str = "web.seed.example.com";
+    const WEB_TUNNEL: &str = "web.cluster-a.svc.cluster.local";
+    let pki = integration_tests::certs::Pki::new();
+    let web = tls_named(&pki, "web", &[WEB, WEB_TUNNEL]).await;
+    let echo = dest::echo().await;
+    let np = loopback().await;
+    let port = np.local_addr().unwrap().port();
+    let inv = inventory(
+        vec![
+            with_mapping(
+                service(
+                    "cluster-a",
+                    "web",
+                    "SNI,Tunneling",
+                    "ClusterIP",
+                    &[("https", 443, 0)],
+                ),
+                &[("https", WEB)],
+            ),
+            service(
+                "cluster-a",
+                "echo",
+                "NodePort",
+                "NodePort",
+                &[("tcp", 7000, port)],
+            ),
+        ],
+        vec![
+            slices("cluster-a", "web", "https", &[(web, true)]),
+            slices("cluster-a", "echo", "tcp", &[(echo, true)]),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut cfg = test_config();
+    cfg.access_log = Some(nodeport_proxy::access_log::AccessLogConfig {
+        path: log.display().to_string(),
+        format: nodeport_proxy::access_log::Format::Json,
+    });
+    let p = start_proxy(&inv, vec![np], cfg).await;
+    // Not routed: no line (Envoy logs only connections that reach a route).
+    let mut unrouted = TcpStream::connect(p.sni).await.unwrap();
+    unrouted
+        .write_all(&client_hello("nobody.seed.example.com"))
+        .await
+        .unwrap();
+    assert!(
+        read_until_closed(&mut unrouted, Duration::from_secs(5))
+            .await
+            .1
+    );
+    let ca = pki.ca();
+    let resolve = format!("{WEB}:{}:127.0.0.1", p.sni.port());
+    let url = format!("https://{WEB}:{}/", p.sni.port());
+    let (ok, body, err) = curl(&[
+        "--resolve",
+        &resolve,
+        "--cacert",
+        ca.to_str().unwrap(),
+        &url,
+    ])
+    .await;
+    assert!(ok && body == "web", "{err}");
+    let proxy = format!("http://127.0.0.1:{}", p.tunnel.port());
+    let url = format!("https://{WEB_TUNNEL}:443/");
+    let (ok, body, err) = curl(&["--proxy", &proxy, "--cacert", ca.to_str().unwrap(), &url]).await;
+    assert!(ok && body == "web", "{err}");
+    assert_eq!(
+        connect_h1(p.tunnel, "nope.cluster-a.svc.cluster.local:1")
+            .await
+            .0,
+        404
+    );
+    let h2 = h2_client(p.tunnel).await;
+    let (code, stream) = connect_h2(&h2, &format!("{WEB_TUNNEL}:443")).await;
+    assert_eq!(code, 200);
+    drop((stream, h2));
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(b"hi").await.unwrap();
+    let mut back = [0u8; 2];
+    s.read_exact(&mut back).await.unwrap();
+    drop(s);
+    // Lines come from a writer thread as connections end.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let lines = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 5 || tokio::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let entries: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(entries.len(), 5, "{lines}");
+    let find = |pred: &dyn Fn(&serde_json::Value) -> bool| {
+        entries
+            .iter()
+            .find(|e| pred(e))
+            .unwrap_or_else(|| panic!("no such line in {lines}"))
+            .clone()
+    };
+    let sni = find(&|e| e["requested_server_name"] == WEB);
+    assert_eq!(sni["protocol"], "-");
+    assert_eq!(sni["upstream_host"], web.to_string());
+    assert_eq!(sni["upstream_cluster"], "cluster-a/web-https");
+    assert_eq!(sni["downstream_local_address"], p.sni.to_string());
+    assert_eq!(sni["connection_termination_details"], "closed");
+    assert!(sni["bytes_received"].as_u64().unwrap() > 200, "{sni}");
+    assert!(sni["bytes_sent"].as_u64().unwrap() > 200, "{sni}");
+    let stream = find(&|e| e["protocol"] == "HTTP/2");
+    assert_eq!(stream["response_code"], 200);
+    assert_eq!(stream["authority"], format!("{WEB_TUNNEL}:443"));
+    let tunnel = find(&|e| e["response_code"] == 200 && e["protocol"] == "HTTP/1.1");
+    assert_eq!(tunnel["method"], "CONNECT");
+    assert_eq!(tunnel["protocol"], "HTTP/1.1");
+    assert_eq!(tunnel["authority"], format!("{WEB_TUNNEL}:443"));
+    assert_eq!(tunnel["upstream_host"], web.to_string());
+    let refused = find(&|e| e["response_code"] == 404);
+    assert_eq!(refused["response_flags"], "NR");
+    assert_eq!(refused["authority"], "nope.cluster-a.svc.cluster.local:1");
+    assert_eq!(refused["upstream_host"], "-");
+    let node_port = find(&|e| e["upstream_host"] == echo.to_string());
+    assert_eq!(node_port["bytes_received"], 2);
+    assert_eq!(node_port["bytes_sent"], 2);
+    assert_eq!(
+        node_port["downstream_local_address"],
+        format!("127.0.0.1:{port}")
     );
 }
