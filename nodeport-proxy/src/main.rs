@@ -1,4 +1,7 @@
 //! The nodeport-proxy binary: flags, a runtime, bound listeners, signals.
+//! Invoked as `cp` it copies one file: KKP's nodeport-proxy pod runs
+//! `/bin/cp /envoy.yaml /etc/envoy/envoy.yaml` from this image in an init
+//! container, and the image (distroless) has no other `cp` (docs/kkp.md).
 
 use std::sync::Arc;
 
@@ -8,6 +11,11 @@ use nodeport_proxy::{Listeners, NodePortProxy, cli};
 use tokio::net::TcpListener;
 
 fn main() {
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("cp")) {
+        std::process::exit(copy_file(args.collect()));
+    }
     let values = cli::flag_set().parse_env_or_exit();
     if let Err(e) = daemon::logging::init(&values) {
         usage_error(&e);
@@ -89,4 +97,28 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
         _ = terms.next() => tracing::warn!("second termination signal: exiting now"),
     }
     Ok(())
+}
+
+/// `cp SOURCE DEST` (DEST may be a directory), nothing more; 0 on success,
+/// 1 with one line on stderr otherwise.
+fn copy_file(args: Vec<std::ffi::OsString>) -> i32 {
+    let [src, dst] = args.as_slice() else {
+        eprintln!(
+            "cp: usage: cp SOURCE DEST (this cp copies one file, for KKP's copy-envoy-config init container)"
+        );
+        return 1;
+    };
+    let (src, mut dst) = (std::path::Path::new(src), std::path::PathBuf::from(dst));
+    if dst.is_dir()
+        && let Some(name) = src.file_name()
+    {
+        dst.push(name);
+    }
+    match std::fs::copy(src, &dst) {
+        Ok(_) => 0,
+        Err(e) => {
+            eprintln!("cp: copying {} to {}: {e}", src.display(), dst.display());
+            1
+        }
+    }
 }

@@ -196,3 +196,70 @@ endpointSlices:
     drop(seed);
     drop(api);
 }
+
+/// KKP's nodeport-proxy pod with the kkp-nodeport-proxy and kkp-envoy images
+/// (deploy/docker/Dockerfile): the init container's `/bin/cp /envoy.yaml
+/// /etc/envoy/envoy.yaml` is nodeport-proxy invoked as `cp`; the `envoy`
+/// container, tunnel-agent with KKP's arguments, finds a bootstrap that
+/// declares nothing and waits without serving; given KKP's own xDS bootstrap
+/// instead (only half of the pod swapped) it refuses to start, saying so.
+#[tokio::test]
+async fn nodeport_proxy_pod_runs_the_kkp_layout_images_with_kkps_commands() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = tempfile::tempdir().unwrap();
+    let cp = dir.path().join("cp");
+    std::os::unix::fs::symlink(binary("nodeport-proxy"), &cp).unwrap();
+    let etc_envoy = dir.path().join("etc-envoy");
+    std::fs::create_dir(&etc_envoy).unwrap();
+    let marker = repo.join("deploy/docker/kkp-envoy.yaml");
+    let out = std::process::Command::new(&cp)
+        .arg(&marker)
+        .arg(etc_envoy.join("envoy.yaml"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read(etc_envoy.join("envoy.yaml")).unwrap(),
+        std::fs::read(&marker).unwrap()
+    );
+    let out = std::process::Command::new(&cp)
+        .arg(dir.path().join("missing.yaml"))
+        .arg(&etc_envoy)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.yaml"));
+
+    let config = etc_envoy.join("envoy.yaml").display().to_string();
+    let kkp_args = |config: &str| -> Vec<String> {
+        [
+            "-c",
+            config,
+            "--service-cluster",
+            "cluster0",
+            "--service-node",
+            "kube",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut envoy = integration_tests::procs::Proc::spawn("tunnel-agent", &kkp_args(&config));
+    envoy.wait_line("nothing to serve here").await;
+    envoy.signal(15);
+    assert_eq!(envoy.wait_exit().await, Some(0));
+
+    let xds = repo.join("tunnel-agent/testdata/kkp-nodeport-proxy-envoy.yaml");
+    let (code, text) = integration_tests::procs::run(
+        "tunnel-agent",
+        &kkp_args(&xds.display().to_string())
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("dynamic_resources") && text.contains("docs/kkp.md"),
+        "{text}"
+    );
+}

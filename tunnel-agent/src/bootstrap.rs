@@ -525,19 +525,41 @@ fn flow_depth(bytes: &[u8]) -> usize {
 
 /// Parses and checks a bootstrap; `bytes` is the whole file.
 pub fn parse(bytes: &[u8]) -> Result<Bootstrap, BootstrapError> {
+    parse_any(bytes)?.ok_or_else(|| invalid("static_resources.listeners", "no tunneling listener"))
+}
+
+/// KKP's nodeport-proxy pods run Envoy with a bootstrap that fetches
+/// everything from envoy-manager over xDS; named in the error when that file
+/// is given, since it means only half of that pod was swapped.
+const XDS_HINT: &str = "this is the xDS bootstrap of KKP's nodeport-proxy pod, which needs KKP's envoy-manager; with nodeport-proxy's KKP image as the envoy-manager image, /etc/envoy/envoy.yaml declares nothing and this container only waits (docs/kkp.md)";
+
+/// Like [`parse`], but a bootstrap that declares no listener and no cluster
+/// at all is `None`: nothing to serve (the `envoy` container of KKP's
+/// nodeport-proxy pod, whose traffic nodeport-proxy serves from the
+/// envoy-manager container).
+pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
     if bytes.len() > MAX_CONFIG_BYTES {
         return Err(BootstrapError::TooLarge);
     }
     if flow_depth(bytes) > MAX_FLOW_DEPTH {
         return Err(BootstrapError::TooDeep);
     }
-    let file: File =
-        serde_yaml_ng::from_slice(bytes).map_err(|e| BootstrapError::Syntax(e.to_string()))?;
+    let file: File = serde_yaml_ng::from_slice(bytes).map_err(|e| {
+        let e = e.to_string();
+        if e.contains("unknown field `dynamic_resources`") {
+            BootstrapError::Syntax(format!("{e} ({XDS_HINT})"))
+        } else {
+            BootstrapError::Syntax(e)
+        }
+    })?;
     let admin = match &file.admin {
         Some(a) => Some(bind_addr("admin.address", &a.address)?),
         None => None,
     };
     let resources = &file.static_resources;
+    if resources.listeners.is_empty() && resources.clusters.is_empty() {
+        return Ok(None);
+    }
     if resources.listeners.len() > MAX_LISTENERS {
         return Err(invalid(
             "static_resources.listeners",
@@ -633,12 +655,12 @@ pub fn parse(bytes: &[u8]) -> Result<Bootstrap, BootstrapError> {
             endpoint(&path, c)?;
         }
     }
-    Ok(Bootstrap {
+    Ok(Some(Bootstrap {
         admin,
         stats,
         tunnels,
         seed,
-    })
+    }))
 }
 
 /// The file's bytes, read up to the size bound (one byte more, so that
@@ -655,6 +677,11 @@ pub fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
 /// Reads and parses the file at `path`.
 pub fn load(path: &std::path::Path) -> Result<Bootstrap, String> {
     parse(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Reads the file at `path` with [`parse_any`].
+pub fn load_any(path: &std::path::Path) -> Result<Option<Bootstrap>, String> {
+    parse_any(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -24,6 +24,11 @@ pub struct Cli {
     pub config_path: Option<PathBuf>,
     /// The flags, to lay over the file again when it changes.
     pub flags: FlagSettings,
+    /// The bootstrap declares nothing and no flag names a listener: serve
+    /// nothing, wait for termination. This is the `envoy` container of KKP's
+    /// nodeport-proxy pod, whose traffic nodeport-proxy serves from the
+    /// envoy-manager container beside it.
+    pub idle: bool,
 }
 
 /// What the command line sets, laid over the bootstrap at start and on every
@@ -79,6 +84,8 @@ pub fn flag_set() -> FlagSet {
     .deprecated("use --config-path")
     .bool("use-dynamic-base-id", false, "accepted for Envoy compatibility; no shared memory is used")
     .int("base-id", 0, "accepted for Envoy compatibility; no shared memory is used")
+    .string("service-cluster", "", "accepted for Envoy compatibility (KKP's nodeport-proxy pod passes it); unused")
+    .string("service-node", "", "accepted for Envoy compatibility (KKP's nodeport-proxy pod passes it); unused")
     .string("proxy-host", "", "seed proxy host (KKP: the cluster URL's host); overrides the bootstrap's cluster")
     .int("proxy-port", i64::from(d.proxy_port), "seed proxy tunneling port; overrides the bootstrap's cluster")
     .strings("listener", &[], "address:port=authority; repeatable; added to the bootstrap's listeners")
@@ -154,19 +161,35 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         .find(|p| !p.is_empty())
         .map(PathBuf::from);
     let bootstrap = match &path {
-        Some(p) => Some(crate::bootstrap::load(p)?),
+        Some(p) => crate::bootstrap::load_any(p)?,
         None => None,
     };
+    let worker_threads = usize::try_from(v.int("worker-threads"))
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or("-worker-threads must be positive")?;
+    if path.is_some()
+        && bootstrap.is_none()
+        && flags.listeners.is_empty()
+        && flags.default_listener.is_none()
+    {
+        return Ok(Cli {
+            config: AgentConfig::default(),
+            stats: None,
+            worker_threads,
+            config_path: path,
+            flags,
+            idle: true,
+        });
+    }
     let (config, stats) = flags.resolve(bootstrap.as_ref())?;
     Ok(Cli {
         config,
         stats,
-        worker_threads: usize::try_from(v.int("worker-threads"))
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or("-worker-threads must be positive")?,
+        worker_threads,
         config_path: path,
         flags,
+        idle: false,
     })
 }
 

@@ -36,6 +36,9 @@ fn main() {
 }
 
 async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
+    if cli.idle {
+        return idle(cli).await;
+    }
     let stats = match cli.stats {
         None => None,
         Some(addr) => Some(
@@ -87,5 +90,18 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
         _ = agent.shutdown() => {}
         _ = terms.next() => tracing::warn!("second termination signal: exiting now"),
     }
+    Ok(())
+}
+
+/// A bootstrap declaring nothing: serve nothing, bind nothing, exit 0 on the
+/// first termination signal.
+async fn idle(cli: cli::Cli) -> anyhow::Result<()> {
+    let mut terms =
+        daemon::signals::Terminations::install().context("installing signal handlers")?;
+    tracing::info!(
+        config = %cli.config_path.map(|p| p.display().to_string()).unwrap_or_default(),
+        "the bootstrap declares no listener and no cluster: nothing to serve here (in KKP's nodeport-proxy pod, nodeport-proxy serves from the envoy-manager container); waiting for termination"
+    );
+    terms.next().await;
     Ok(())
 }

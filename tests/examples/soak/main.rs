@@ -12,7 +12,9 @@
 //! `abuse` (header bombs, oversize messages and heads), `slowloris`
 //! (nodeport-proxy's listeners full of half-open connections, legitimate
 //! clients timed through them), `peers` (frozen, killed and restarted
-//! peers), `config` (a broken table file, a taken node port). Limits that
+//! peers), `config` (a broken table file, a taken node port), `kkp` (an
+//! idle tunnel-agent keeps one connection to nodeport-proxy: 65 s, quick
+//! 12 s; issue 15.1). Limits that
 //! are not wall-clock figures (memory, counts, "still serving") make the run
 //! fail; times are reported beside their aims.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -784,6 +786,9 @@ async fn main() {
     }
     if run("config") {
         nodeport::config(&mut report, scale.nodeport(), None).await;
+    }
+    if run("kkp") {
+        nodeport::idle_agent(&mut report, scale.nodeport(), None).await;
     }
     println!("soak took {:.0} s", started.elapsed().as_secs_f64());
     if let Some(path) = out {
