@@ -292,3 +292,149 @@ pub async fn run(
     proxy.shutdown().await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::config::TableSource;
+    use crate::model::*;
+
+    fn tunneled(name: &str, echo: SocketAddr) -> (Service, EndpointSlice) {
+        let svc = Service {
+            metadata: ObjectMeta {
+                namespace: "ns".into(),
+                name: name.into(),
+                annotations: [(
+                    crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
+                    "Tunneling".to_string(),
+                )]
+                .into(),
+                ..ObjectMeta::default()
+            },
+            spec: ServiceSpec {
+                ports: vec![ServicePort {
+                    name: "tcp".into(),
+                    port: 7000,
+                    ..ServicePort::default()
+                }],
+                ..ServiceSpec::default()
+            },
+        };
+        let slice = EndpointSlice {
+            metadata: ObjectMeta {
+                namespace: "ns".into(),
+                name: format!("{name}-1"),
+                labels: [(SERVICE_NAME_LABEL.to_string(), name.to_string())].into(),
+                ..ObjectMeta::default()
+            },
+            ports: vec![EndpointPort {
+                name: Some("tcp".into()),
+                port: Some(echo.port()),
+                protocol: Protocol::Tcp,
+            }],
+            endpoints: vec![Endpoint {
+                addresses: vec![echo.ip()],
+                conditions: EndpointConditions { ready: Some(true) },
+            }],
+        };
+        (svc, slice)
+    }
+
+    /// With a single runtime worker (a one-CPU pod), a connection that
+    /// arrives while a table is being rebuilt is served: the rebuild runs on
+    /// a blocking thread. Here the rebuild is held until the connection has
+    /// been served; if it ran on the worker, nothing would be.
+    #[test]
+    fn a_connection_is_served_during_a_slow_rebuild_on_one_worker() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        rt.block_on(async {
+            let echo = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let echo_addr = echo.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            tokio::spawn(async move {
+                while let Ok((mut s, _)) = echo.accept().await {
+                    tokio::spawn(async move {
+                        let (mut r, mut w) = s.split();
+                        let _ = tokio::io::copy(&mut r, &mut w).await;
+                    });
+                }
+            });
+            let (svc, slice) = tunneled("echo", echo_addr);
+            let config = ProxyConfig {
+                source: TableSource::Inline(Inventory {
+                    services: vec![svc],
+                    endpoint_slices: vec![slice],
+                }),
+                ..ProxyConfig::default()
+            };
+            let tunnel = TcpListener::bind("127.0.0.1:0")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let addr = tunnel.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            let proxy = NodePortProxy::start(
+                config,
+                Listeners {
+                    tunneling: Some(tunnel),
+                    ..Listeners::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            let (started_tx, started) = mpsc::channel::<()>();
+            let (release, released) = mpsc::channel::<()>();
+            let released = parking_lot::Mutex::new(released);
+            *proxy.shared.table.before_apply.lock() = Some(Box::new(move || {
+                let _ = started_tx.send(());
+                let _ = released.lock().recv_timeout(Duration::from_secs(30));
+            }));
+            let version = proxy.table().version;
+            proxy.reload();
+            // The rebuild has begun and is held.
+            let started =
+                tokio::task::spawn_blocking(move || started.recv_timeout(Duration::from_secs(30)));
+            assert!(
+                matches!(started.await, Ok(Ok(()))),
+                "the rebuild never started"
+            );
+            let served = tokio::time::timeout(Duration::from_secs(10), async {
+                let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+                s.write_all(b"CONNECT echo.ns.svc.cluster.local:7000 HTTP/1.1\r\n\r\n")
+                    .await
+                    .ok()?;
+                let mut head = [0u8; 19];
+                s.read_exact(&mut head).await.ok()?;
+                s.write_all(b"ping").await.ok()?;
+                let mut back = [0u8; 4];
+                s.read_exact(&mut back).await.ok()?;
+                Some((head, back))
+            })
+            .await;
+            let _ = release.send(());
+            let (head, back) = served
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| panic!("no connection was served while the table was rebuilt"));
+            assert_eq!(&head, b"HTTP/1.1 200 OK\r\n\r\n");
+            assert_eq!(&back, b"ping");
+            // The rebuild then completes (it changed nothing: same version).
+            let mut status = proxy.status();
+            let loads = status.borrow().loads;
+            let _ = tokio::time::timeout(
+                Duration::from_secs(30),
+                status.wait_for(|s| s.loads > loads),
+            )
+            .await;
+            assert_eq!(proxy.table().version, version);
+        });
+    }
+}

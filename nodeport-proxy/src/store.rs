@@ -45,6 +45,10 @@ pub struct TableStore {
     drain_timeout: Duration,
     drain: Drain,
     metrics: Arc<Metrics>,
+    /// Runs at the start of every whole-inventory apply (tests make it
+    /// slow, to show nothing waits for it).
+    #[cfg(test)]
+    pub(crate) before_apply: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl TableStore {
@@ -61,6 +65,8 @@ impl TableStore {
             drain_timeout,
             drain,
             metrics,
+            #[cfg(test)]
+            before_apply: Mutex::new(None),
         }
     }
 
@@ -77,6 +83,10 @@ impl TableStore {
     /// whether the table changed. Takes long at seed scale: call it off the
     /// runtime's workers (`spawn_blocking`).
     pub fn apply(&self, inventory: &Inventory) -> bool {
+        #[cfg(test)]
+        if let Some(hook) = self.before_apply.lock().as_ref() {
+            hook();
+        }
         let mut index = self.index.lock();
         index.replace_all(inventory);
         self.publish(&mut index)
