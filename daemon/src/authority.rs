@@ -4,9 +4,11 @@
 
 use std::fmt;
 
+/// The host is shared, not copied, by clones (a seed's routing table holds
+/// each authority in several places).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnectAuthority {
-    host: String,
+    host: std::sync::Arc<str>,
     port: u16,
 }
 
@@ -44,7 +46,7 @@ impl ConnectAuthority {
             return Err(AuthorityError::BadHost(format!("{host}:{port}")));
         }
         Ok(ConnectAuthority {
-            host: host.to_ascii_lowercase(),
+            host: host.to_ascii_lowercase().into(),
             port,
         })
     }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::model::{Protocol, Service};
+use crate::model::{Protocol, Service, ServicePort};
 use crate::names::SniHost;
 
 /// `nodeport-proxy.k8s.io/expose`, the default of `-expose-annotation-key`.
@@ -78,11 +78,23 @@ pub enum PortMappingError {
 /// mapping. Host names KKP leaves unchecked must here at least be usable as an
 /// SNI value (non-empty, no spaces).
 pub fn port_mapping(service: &Service) -> Result<BTreeMap<String, SniHost>, PortMappingError> {
-    let Some(raw) = service
-        .metadata
-        .annotations
-        .get(PORT_MAPPING_ANNOTATION_KEY)
-    else {
+    port_mapping_of(
+        service
+            .metadata
+            .annotations
+            .get(PORT_MAPPING_ANNOTATION_KEY)
+            .map(String::as_str),
+        &service.spec.ports,
+    )
+}
+
+/// [`port_mapping`] from the annotation's text (`None`: absent) and the
+/// Service's ports.
+pub fn port_mapping_of(
+    raw: Option<&str>,
+    ports: &[ServicePort],
+) -> Result<BTreeMap<String, SniHost>, PortMappingError> {
+    let Some(raw) = raw else {
         return Ok(BTreeMap::new());
     };
     let parsed: BTreeMap<String, String> =
@@ -93,9 +105,7 @@ pub fn port_mapping(service: &Service) -> Result<BTreeMap<String, SniHost>, Port
             return Err(PortMappingError::DuplicateHost(host.clone()));
         }
     }
-    let tcp_ports: BTreeSet<&str> = service
-        .spec
-        .ports
+    let tcp_ports: BTreeSet<&str> = ports
         .iter()
         .filter(|p| p.protocol == Protocol::Tcp)
         .map(|p| p.name.as_str())

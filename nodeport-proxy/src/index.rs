@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::expose::{port_mapping, service_expose};
+use crate::expose::{ExposeTypes, port_mapping_of, service_expose};
 use crate::model::{
     EndpointSlice, Inventory, ObjectMeta, Protocol, Service, ServicePort, ServiceType, Timestamp,
 };
@@ -54,12 +54,73 @@ impl std::fmt::Display for ObjKey {
     }
 }
 
-/// Which of two Services is older: the older one wins conflicts.
+/// Which of two Services is older: the older one wins conflicts. Shared by
+/// every claim of its Service.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Order {
+struct Order(Arc<Age>);
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Age {
     created: Option<Timestamp>,
-    uid: Arc<str>,
+    uid: Box<str>,
     key: ObjKey,
+}
+
+impl std::ops::Deref for Order {
+    type Target = Age;
+    fn deref(&self) -> &Age {
+        &self.0
+    }
+}
+
+/// A small map kept as a sorted vector: most keys have one claimant, and a
+/// B-tree node would cost a kilobyte for it.
+#[derive(Debug, Clone)]
+struct Sorted<K, V>(Vec<(K, V)>);
+
+impl<K, V> Default for Sorted<K, V> {
+    fn default() -> Self {
+        Sorted(Vec::new())
+    }
+}
+
+impl<K: Ord, V> Sorted<K, V> {
+    fn insert(&mut self, k: K, v: V) {
+        match self.0.binary_search_by(|(x, _)| x.cmp(&k)) {
+            Ok(i) => self.0[i].1 = v,
+            Err(i) => self.0.insert(i, (k, v)),
+        }
+    }
+
+    fn remove(&mut self, k: &K) {
+        if let Ok(i) = self.0.binary_search_by(|(x, _)| x.cmp(k)) {
+            self.0.remove(i);
+        }
+        if self.0.capacity() > 2 * self.0.len() + 1 {
+            self.0.shrink_to_fit();
+        }
+    }
+
+    fn get(&self, k: &K) -> Option<&V> {
+        let i = self.0.binary_search_by(|(x, _)| x.cmp(k)).ok()?;
+        Some(&self.0[i].1)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn keys(&self) -> impl DoubleEndedIterator<Item = &K> {
+        self.0.iter().map(|(k, _)| k)
+    }
+
+    fn values(&self) -> impl DoubleEndedIterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
+    }
+
+    fn iter(&self) -> impl DoubleEndedIterator<Item = (&K, &V)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
 }
 
 /// A Service's claim on a key through one of its ports (by index).
@@ -143,7 +204,7 @@ impl SliceEntry {
 struct SniClaims {
     /// Every eligible Service whose mapping names the host, with the
     /// cluster it would route to.
-    claimants: BTreeMap<Order, ClusterName>,
+    claimants: Sorted<Order, ClusterName>,
     owner: Option<Order>,
 }
 
@@ -160,15 +221,15 @@ pub struct Index {
     options: PlanOptions,
     /// The Services held (exposed, in the namespace), reduced to what the
     /// plan reads.
-    models: HashMap<ObjKey, Service>,
+    models: HashMap<ObjKey, Inputs>,
     applied: HashMap<ObjKey, Applied>,
     slices: HashMap<ObjKey, SliceEntry>,
     /// Slice names by the Service (namespace and name) they belong to.
-    by_service: HashMap<ObjKey, BTreeSet<Arc<str>>>,
-    node_ports: BTreeMap<u16, BTreeMap<Claim, ClusterName>>,
-    tunnels: HashMap<ConnectAuthority, BTreeMap<Claim, ClusterName>>,
+    by_service: HashMap<ObjKey, Vec<Arc<str>>>,
+    node_ports: BTreeMap<u16, Sorted<Claim, ClusterName>>,
+    tunnels: HashMap<ConnectAuthority, Sorted<Claim, ClusterName>>,
     sni: HashMap<SniHost, SniClaims>,
-    clusters: HashMap<ClusterName, BTreeMap<Claim, Arc<[SocketAddr]>>>,
+    clusters: HashMap<ClusterName, Sorted<Claim, Arc<[SocketAddr]>>>,
     delta: Delta,
     warnings: Vec<String>,
     /// Services whose conflicts may have changed in the operation under way.
@@ -176,33 +237,39 @@ pub struct Index {
 }
 
 fn order_of(s: &Service) -> Order {
-    Order {
+    Order(Arc::new(Age {
         created: s.metadata.creation_timestamp,
         uid: s.metadata.uid.as_str().into(),
         key: ObjKey::of(&s.metadata),
-    }
+    }))
 }
 
 /// A Service reduced to what the plan reads: other annotations (often
-/// large, such as kubectl's last-applied-configuration) and labels dropped.
-fn strip(s: &Service, expose_key: &str) -> Service {
-    let keep = |k: &str| k == expose_key || k == crate::expose::PORT_MAPPING_ANNOTATION_KEY;
-    Service {
-        metadata: ObjectMeta {
-            namespace: s.metadata.namespace.clone(),
-            name: s.metadata.name.clone(),
-            uid: s.metadata.uid.clone(),
-            creation_timestamp: s.metadata.creation_timestamp,
-            annotations: s
+/// large, such as kubectl's last-applied-configuration) and labels are not
+/// kept.
+#[derive(Debug, PartialEq)]
+struct Inputs {
+    order: Order,
+    expose: ExposeTypes,
+    service_type: ServiceType,
+    ports: Box<[ServicePort]>,
+    /// The port-mapping annotation as written.
+    mapping: Option<Box<str>>,
+}
+
+impl Inputs {
+    fn of(s: &Service, expose: ExposeTypes) -> Self {
+        Inputs {
+            order: order_of(s),
+            expose,
+            service_type: s.spec.service_type,
+            ports: s.spec.ports.clone().into(),
+            mapping: s
                 .metadata
                 .annotations
-                .iter()
-                .filter(|(k, _)| keep(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            labels: BTreeMap::new(),
-        },
-        spec: s.spec.clone(),
+                .get(crate::expose::PORT_MAPPING_ANNOTATION_KEY)
+                .map(|m| m.as_str().into()),
+        }
     }
 }
 
@@ -383,8 +450,10 @@ impl Index {
                     .as_deref()
                     .is_none_or(|ns| s.metadata.namespace == ns)
             })
-            .filter(|s| service_expose(s, &self.options.expose_annotation_key).is_some())
-            .map(|s| strip(s, &self.options.expose_annotation_key));
+            .and_then(|s| {
+                let expose = service_expose(s, &self.options.expose_annotation_key)?;
+                Some(Inputs::of(s, expose))
+            });
         match kept {
             None => self.models.remove(key).is_some(),
             Some(s) => {
@@ -413,7 +482,7 @@ impl Index {
         let mut affected = Vec::new();
         if let Some(svc) = old.and_then(owner) {
             if let Some(names) = self.by_service.get_mut(&svc) {
-                names.remove(&key.name);
+                names.retain(|n| *n != key.name);
                 if names.is_empty() {
                     self.by_service.remove(&svc);
                 }
@@ -423,10 +492,10 @@ impl Index {
         match new {
             Some(e) => {
                 if let Some(svc) = owner(&e) {
-                    self.by_service
-                        .entry(svc.clone())
-                        .or_default()
-                        .insert(key.name.clone());
+                    let names = self.by_service.entry(svc.clone()).or_default();
+                    if !names.contains(&key.name) {
+                        names.push(key.name.clone());
+                    }
                     if !affected.contains(&svc) {
                         affected.push(svc);
                     }
@@ -447,7 +516,10 @@ impl Index {
     fn refresh(&mut self, key: &ObjKey) {
         let mut warnings = Vec::new();
         let (candidates, order) = match self.models.get(key) {
-            Some(s) => (self.candidates(key, s, &mut warnings), Some(order_of(s))),
+            Some(s) => (
+                self.candidates(key, s, &mut warnings),
+                Some(s.order.clone()),
+            ),
             None => (Candidates::default(), None),
         };
         let old = self.applied.remove(key);
@@ -697,11 +769,7 @@ impl Index {
     /// Ready `address:port` for one Service port: slice ports (TCP) matched
     /// by the Service port's name, or every slice port when it is unnamed.
     fn endpoints(&self, key: &ObjKey, port_index: usize) -> Arc<[SocketAddr]> {
-        let Some(port) = self
-            .models
-            .get(key)
-            .and_then(|s| s.spec.ports.get(port_index))
-        else {
+        let Some(port) = self.models.get(key).and_then(|s| s.ports.get(port_index)) else {
             return Arc::from([]);
         };
         let mut out = BTreeSet::new();
@@ -734,7 +802,7 @@ impl Index {
 
     /// What `service` asks for, if it is eligible at all (it has slices,
     /// one of them a Ready endpoint), before conflicts with others.
-    fn candidates(&self, key: &ObjKey, svc: &Service, warnings: &mut Vec<String>) -> Candidates {
+    fn candidates(&self, key: &ObjKey, svc: &Inputs, warnings: &mut Vec<String>) -> Candidates {
         let mut out = Candidates::default();
         let name = key.to_string();
         let mut slices = self.slices_of(key).peekable();
@@ -746,36 +814,39 @@ impl Index {
             warnings.push(format!("{name}: no ready endpoints, skipped"));
             return out;
         }
-        let Some(types) = service_expose(svc, &self.options.expose_annotation_key) else {
-            return out;
-        };
+        let types = svc.expose;
         let tcp_ports = || {
-            svc.spec
-                .ports
+            svc.ports
                 .iter()
                 .enumerate()
                 .filter(|(_, p)| p.protocol == Protocol::Tcp)
         };
-        let cluster = |p: &ServicePort| ClusterName::for_port(&key.namespace, &key.name, &p.name);
+        // One name per port, shared by every claim and table entry.
+        let clusters: Vec<ClusterName> = svc
+            .ports
+            .iter()
+            .map(|p| ClusterName::for_port(&key.namespace, &key.name, &p.name))
+            .collect();
+        let cluster = |i: usize| clusters[i].clone();
         if types.node_port {
-            if svc.spec.service_type != ServiceType::NodePort {
+            if svc.service_type != ServiceType::NodePort {
                 warnings.push(format!(
                     "{name}: exposed as NodePort but of type {:?}, NodePort listeners skipped",
-                    svc.spec.service_type
+                    svc.service_type
                 ));
             } else {
                 for (i, p) in tcp_ports().filter(|(_, p)| p.node_port != 0) {
-                    out.node_ports.push((p.node_port, i, cluster(p)));
+                    out.node_ports.push((p.node_port, i, cluster(i)));
                 }
             }
         }
         if types.sni && self.options.sni {
-            match port_mapping(svc) {
+            match port_mapping_of(svc.mapping.as_deref(), &svc.ports) {
                 Err(e) => warnings.push(format!("{name}: SNI skipped: {e}")),
                 Ok(mapping) => {
                     for (port_name, host) in mapping {
-                        if let Some((i, p)) = tcp_ports().find(|(_, p)| p.name == port_name) {
-                            out.sni.push((host, i, cluster(p)));
+                        if let Some((i, _)) = tcp_ports().find(|(_, p)| p.name == port_name) {
+                            out.sni.push((host, i, cluster(i)));
                         }
                     }
                 }
@@ -784,7 +855,7 @@ impl Index {
         if types.tunneling && self.options.tunneling {
             for (i, p) in tcp_ports() {
                 match tunnel_authority(&key.namespace, &key.name, p.port) {
-                    Ok(a) => out.tunnels.push((a, i, cluster(p))),
+                    Ok(a) => out.tunnels.push((a, i, cluster(i))),
                     Err(e) => warnings.push(format!("{name}: tunneling skipped: {e}")),
                 }
             }
@@ -831,7 +902,7 @@ impl Index {
     }
 }
 
-fn first_claim(claims: Option<&BTreeMap<Claim, ClusterName>>) -> Option<(&Order, usize)> {
+fn first_claim(claims: Option<&Sorted<Claim, ClusterName>>) -> Option<(&Order, usize)> {
     claims?.keys().next().map(|(o, i)| (o, *i))
 }
 
@@ -840,7 +911,7 @@ trait ClaimMap<K, V> {
     fn remove_claim(&mut self, key: &K, claim: &Claim);
 }
 
-impl<K: Ord, V> ClaimMap<K, V> for BTreeMap<K, BTreeMap<Claim, V>> {
+impl<K: Ord, V> ClaimMap<K, V> for BTreeMap<K, Sorted<Claim, V>> {
     fn remove_claim(&mut self, key: &K, claim: &Claim) {
         if let Some(m) = self.get_mut(key) {
             m.remove(claim);
@@ -851,7 +922,7 @@ impl<K: Ord, V> ClaimMap<K, V> for BTreeMap<K, BTreeMap<Claim, V>> {
     }
 }
 
-impl<K: std::hash::Hash + Eq, V> ClaimMap<K, V> for HashMap<K, BTreeMap<Claim, V>> {
+impl<K: std::hash::Hash + Eq, V> ClaimMap<K, V> for HashMap<K, Sorted<Claim, V>> {
     fn remove_claim(&mut self, key: &K, claim: &Claim) {
         if let Some(m) = self.get_mut(key) {
             m.remove(claim);

@@ -2,12 +2,14 @@
 //! cluster (upstream set) a route points at, and the key a route is found by.
 
 use std::fmt;
+use std::sync::Arc;
 
 pub use daemon::authority::ConnectAuthority;
 
 /// A TLS server name, lower-cased (DNS names compare case-insensitively).
+/// Shared, not copied, by the index, the table and its routes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SniHost(String);
+pub struct SniHost(Arc<str>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid SNI host name {0:?}")]
@@ -21,7 +23,7 @@ impl SniHost {
         if !ok {
             return Err(InvalidSniHost(s.to_string()));
         }
-        Ok(SniHost(s.to_ascii_lowercase()))
+        Ok(SniHost(s.to_ascii_lowercase().into()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -38,14 +40,14 @@ impl fmt::Display for SniHost {
 /// KKP's cluster name `<ns>/<svc>-<portName>` (or `<ns>/<svc>` for an unnamed
 /// port); dashboards read it as `envoy_cluster_name`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClusterName(String);
+pub struct ClusterName(Arc<str>);
 
 impl ClusterName {
     pub fn for_port(namespace: &str, service: &str, port_name: &str) -> Self {
         if port_name.is_empty() {
-            ClusterName(format!("{namespace}/{service}"))
+            ClusterName(format!("{namespace}/{service}").into())
         } else {
-            ClusterName(format!("{namespace}/{service}-{port_name}"))
+            ClusterName(format!("{namespace}/{service}-{port_name}").into())
         }
     }
 

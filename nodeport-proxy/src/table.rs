@@ -11,39 +11,55 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Notify;
 
 use crate::index::{Delta, Index};
 use crate::metrics::{ClusterStats, Metrics};
 use crate::names::{ClusterName, ConnectAuthority, RouteKey, SniHost};
 use crate::shards::Shards;
 
-/// Whether a route is still in the table. `retired` fires when it
-/// leaves the table, `expired` when its connections must end.
+/// Whether a route is still in the table: retired when it leaves the table,
+/// expired when its connections must end. One atomic and one `Notify`:
+/// a seed holds one per route.
 #[derive(Debug, Default)]
 pub struct Lifetime {
-    retired: CancellationToken,
-    expired: CancellationToken,
+    state: AtomicU8,
+    expired: Notify,
 }
+
+const RETIRED: u8 = 1;
+const EXPIRED: u8 = 2;
 
 impl Lifetime {
     pub fn is_retired(&self) -> bool {
-        self.retired.is_cancelled()
+        self.state.load(Ordering::Acquire) >= RETIRED
     }
 
-    /// Resolves once connections on this route/endpoint must close.
+    /// Resolves once connections on this route must close.
     pub async fn expired(&self) {
-        self.expired.cancelled().await
+        loop {
+            // Registered before the check, so an expiry in between is seen.
+            let notified = self.expired.notified();
+            if self.state.load(Ordering::Acquire) >= EXPIRED {
+                return;
+            }
+            notified.await;
+        }
     }
 
     pub(crate) fn retire(&self) {
-        self.retired.cancel();
+        let _ = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                Some(s.max(RETIRED))
+            });
     }
 
     pub(crate) fn expire(&self) {
-        self.expired.cancel();
+        self.state.store(EXPIRED, Ordering::Release);
+        self.expired.notify_waiters();
     }
 }
 
@@ -195,5 +211,37 @@ impl RoutingTable {
 
     pub fn route_count(&self) -> usize {
         self.node_ports.len() + self.sni.len() + self.tunnels.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn expiry_reaches_every_waiter_before_and_after_it() {
+        let life = Arc::new(Lifetime::default());
+        let waiting: Vec<_> = (0..3)
+            .map(|_| {
+                let l = life.clone();
+                tokio::spawn(async move { l.expired().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert!(!life.is_retired());
+        life.retire();
+        assert!(life.is_retired());
+        life.expire();
+        for w in waiting {
+            tokio::time::timeout(std::time::Duration::from_secs(5), w)
+                .await
+                .unwrap_or_else(|_| panic!("a waiter missed the expiry"))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        // Asked after the fact: at once.
+        tokio::time::timeout(std::time::Duration::from_secs(5), life.expired())
+            .await
+            .unwrap_or_else(|_| panic!("expired() after expiry must not wait"));
+        assert!(life.is_retired());
     }
 }

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use integration_tests::k8s::{Cluster, ClusterOpts, TestNet, free_port};
+use integration_tests::nodeport::try_connect_h1;
 use integration_tests::procs::{Proc, status_kib};
 use integration_tests::{dest, http_get};
 use k8s_openapi::api::core::v1::Service;
@@ -92,19 +93,7 @@ fn write_table(file: &Path, text: &str) {
 /// Sends a CONNECT; returns the status and how long the answer took.
 async fn connect(tunnel: SocketAddr, authority: &str) -> Option<(u16, TcpStream, Duration)> {
     let t0 = Instant::now();
-    let mut s = TcpStream::connect(tunnel).await.ok()?;
-    s.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if s.read(&mut b).await.ok()? == 0 {
-            return None;
-        }
-        head.push(b[0]);
-    }
-    let code = std::str::from_utf8(&head).ok()?.get(9..12)?.parse().ok()?;
+    let (code, s) = try_connect_h1(tunnel, authority).await?;
     Some((code, s, t0.elapsed()))
 }
 

@@ -64,6 +64,12 @@ pub fn slices(
 
 /// A minimal TLS 1.3 ClientHello naming `sni`, in one record.
 pub fn client_hello(sni: &str) -> Vec<u8> {
+    client_hello_records(sni, 16 << 10)
+}
+
+/// The same ClientHello, its handshake message split into records of at
+/// most `record` bytes.
+pub fn client_hello_records(sni: &str, record: usize) -> Vec<u8> {
     let mut list = vec![0u8];
     list.extend_from_slice(&(sni.len() as u16).to_be_bytes());
     list.extend_from_slice(sni.as_bytes());
@@ -80,9 +86,12 @@ pub fn client_hello(sni: &str) -> Vec<u8> {
     let mut hs = vec![1];
     hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
     hs.extend_from_slice(&body);
-    let mut out = vec![22, 3, 1];
-    out.extend_from_slice(&(hs.len() as u16).to_be_bytes());
-    out.extend_from_slice(&hs);
+    let mut out = Vec::new();
+    for chunk in hs.chunks(record.max(1)) {
+        out.extend_from_slice(&[22, 3, 1]);
+        out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
+        out.extend_from_slice(chunk);
+    }
     out
 }
 
@@ -278,10 +287,22 @@ pub async fn read_until_closed<S: tokio::io::AsyncRead + Unpin>(
 
 /// Sends an HTTP/1.1 CONNECT and returns the status line's code and the stream.
 pub async fn connect_h1(proxy: SocketAddr, authority: &str) -> (u16, tokio::net::TcpStream) {
-    let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    try_connect_h1(proxy, authority)
+        .await
+        .unwrap_or_else(|| panic!("CONNECT {authority} through {proxy} got no answer"))
+}
+
+/// [`connect_h1`] that says `None` instead of panicking when the proxy
+/// refuses the connection or closes before a whole response head (status 0:
+/// not a status line).
+pub async fn try_connect_h1(
+    proxy: SocketAddr,
+    authority: &str,
+) -> Option<(u16, tokio::net::TcpStream)> {
+    let mut s = tokio::net::TcpStream::connect(proxy).await.ok()?;
     s.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
         .await
-        .unwrap();
+        .ok()?;
     let mut head = Vec::new();
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -290,12 +311,15 @@ pub async fn connect_h1(proxy: SocketAddr, authority: &str) -> (u16, tokio::net:
             Ok(_) => head.push(b[0]),
         }
     }
+    if head.is_empty() {
+        return None;
+    }
     let code = std::str::from_utf8(&head)
         .ok()
         .and_then(|h| h.get(9..12))
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    (code, s)
+    Some((code, s))
 }
 
 /// An HTTP/2 (h2c) client connection to the tunneling port.

@@ -43,35 +43,6 @@ async fn setup(pki: &Pki) -> Proxy {
     start_proxy(&inv, vec![], cfg).await
 }
 
-/// A ClientHello for `sni`, as the proxy's own tests build it, split into
-/// handshake records of `record` bytes.
-fn client_hello(sni: &str, record: usize) -> Vec<u8> {
-    let mut list = vec![0u8];
-    list.extend_from_slice(&(sni.len() as u16).to_be_bytes());
-    list.extend_from_slice(sni.as_bytes());
-    let mut ext = (list.len() as u16).to_be_bytes().to_vec();
-    ext.extend_from_slice(&list);
-    let mut exts = vec![0, 0];
-    exts.extend_from_slice(&(ext.len() as u16).to_be_bytes());
-    exts.extend_from_slice(&ext);
-    let mut body = vec![3, 3];
-    body.extend_from_slice(&[9u8; 32]);
-    body.push(0);
-    body.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]);
-    body.extend_from_slice(&(exts.len() as u16).to_be_bytes());
-    body.extend_from_slice(&exts);
-    let mut hs = vec![1];
-    hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
-    hs.extend_from_slice(&body);
-    let mut out = Vec::new();
-    for chunk in hs.chunks(record) {
-        out.extend_from_slice(&[22, 3, 1]);
-        out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
-        out.extend_from_slice(chunk);
-    }
-    out
-}
-
 #[tokio::test]
 async fn curl_reaches_tls_destination_by_server_name() {
     let pki = Pki::new();
@@ -131,7 +102,7 @@ async fn client_hello_split_across_segments_and_records_passes_untouched() {
     let pki = Pki::new();
     let p = setup(&pki).await;
     for record in [7, 40, 16384] {
-        let hello = client_hello(ECHO_HOST, record);
+        let hello = client_hello_records(ECHO_HOST, record);
         let mut s = TcpStream::connect(p.sni).await.unwrap();
         s.set_nodelay(true).unwrap();
         // One byte per write; nodelay makes most of them separate segments.
@@ -157,13 +128,13 @@ async fn bad_client_hellos_are_closed_and_others_unaffected() {
     let p = setup(&pki).await;
     // A slow client holds its connection open while the others are tested.
     let mut slow = TcpStream::connect(p.sni).await.unwrap();
-    slow.write_all(&client_hello(ECHO_HOST, 16384)[..20])
+    slow.write_all(&client_hello_records(ECHO_HOST, 16384)[..20])
         .await
         .unwrap();
     let mut oversize = vec![22, 3, 1, 0, 4, 1, 0x01, 0, 0];
     oversize.extend(std::iter::repeat_n(0u8, 100));
-    let truncated = client_hello(ECHO_HOST, 16384)[..30].to_vec();
-    let mut interleaved = client_hello(ECHO_HOST, 10)[..30].to_vec();
+    let truncated = client_hello_records(ECHO_HOST, 16384)[..30].to_vec();
+    let mut interleaved = client_hello_records(ECHO_HOST, 10)[..30].to_vec();
     interleaved.extend_from_slice(&[21, 3, 3, 0, 2, 2, 40]);
     let cases: Vec<(&str, Vec<u8>, bool)> = vec![
         ("oversize", oversize, false),
@@ -182,7 +153,7 @@ async fn bad_client_hellos_are_closed_and_others_unaffected() {
         assert!(got.is_empty(), "{name}: got bytes back");
     }
     // Meanwhile a good client works.
-    let hello = client_hello(ECHO_HOST, 16384);
+    let hello = client_hello_records(ECHO_HOST, 16384);
     let mut good = TcpStream::connect(p.sni).await.unwrap();
     good.write_all(&hello).await.unwrap();
     let mut back = vec![0u8; hello.len()];

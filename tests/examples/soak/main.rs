@@ -88,6 +88,46 @@ impl Report {
         });
     }
 
+    /// One memory cycle of one process: its peak and lowest RSS after the
+    /// load, and the limit on the latter.
+    fn cycle(
+        &mut self,
+        section: &'static str,
+        label: &str,
+        settle: Duration,
+        peak: u64,
+        low: u64,
+        idle: u64,
+    ) {
+        self.figure(
+            section,
+            format!("{label}: peak / lowest within {settle:?} after"),
+            format!("{} / {}", mib(peak), mib(low)),
+            String::new(),
+        );
+        self.limit(
+            section,
+            format!("{label}: lowest RSS after the load"),
+            mib(low),
+            format!("≤ idle ({}) + 10 % + 16 MiB", mib(idle)),
+            low <= idle + idle / 10 + 16 * 1024,
+        );
+    }
+
+    /// The limit on a process's cycle peaks: none over 1.1× the first.
+    fn peaks(&mut self, section: &'static str, label: &str, peaks: impl Iterator<Item = u64>) {
+        let peaks: Vec<u64> = peaks.collect();
+        let first = peaks.first().copied().unwrap_or(0);
+        let worst = peaks.iter().copied().max().unwrap_or(0);
+        self.limit(
+            section,
+            format!("{label}: highest cycle peak / cycle 1 peak"),
+            format!("{:.2}", worst as f64 / first.max(1) as f64),
+            "≤ 1.10".into(),
+            worst as f64 <= first as f64 * 1.1,
+        );
+    }
+
     fn failed(&self) -> usize {
         self.rows.iter().filter(|r| r.ok == Some(false)).count()
     }
@@ -392,35 +432,16 @@ async fn memory(report: &mut Report, scale: Scale, grpc: bool, bins: Option<(&Pa
         let peak = watch.finish().await;
         let low = lowest(&pids, scale.settle).await;
         for (i, name) in ["proxy-server", "proxy-agent"].iter().enumerate() {
-            report.figure(
-                section,
-                format!(
-                    "{name}, {mode}, cycle {cycle}: peak / lowest within {:?} after",
-                    scale.settle
-                ),
-                format!("{} / {}", mib(peak[i]), mib(low[i])),
-                String::new(),
-            );
-            let bound = idle[i] + idle[i] / 10 + 16 * 1024;
-            report.limit(
-                section,
-                format!("{name}, {mode}, cycle {cycle}: lowest RSS after the load"),
-                mib(low[i]),
-                format!("≤ idle ({}) + 10 % + 16 MiB", mib(idle[i])),
-                low[i] <= bound,
-            );
+            let label = format!("{name}, {mode}, cycle {cycle}");
+            report.cycle(section, &label, scale.settle, peak[i], low[i], idle[i]);
         }
         peaks.push(peak);
     }
     for (i, name) in ["proxy-server", "proxy-agent"].iter().enumerate() {
-        let first = peaks[0][i];
-        let worst = peaks.iter().map(|p| p[i]).max().unwrap_or(0);
-        report.limit(
+        report.peaks(
             section,
-            format!("{name}, {mode}: highest cycle peak / cycle 1 peak"),
-            format!("{:.2}", worst as f64 / first.max(1) as f64),
-            "≤ 1.10".into(),
-            worst as f64 <= first as f64 * 1.1,
+            &format!("{name}, {mode}"),
+            peaks.iter().map(|p| p[i]),
         );
     }
     report.limit(

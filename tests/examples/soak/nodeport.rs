@@ -15,7 +15,9 @@ use integration_tests::dest;
 use integration_tests::http_get;
 use integration_tests::k8s::free_port;
 use integration_tests::konnectivity::metric;
-use integration_tests::nodeport::{client_hello, inventory, service, slices, with_mapping};
+use integration_tests::nodeport::{
+    client_hello, inventory, service, slices, try_connect_h1, with_mapping,
+};
 use integration_tests::procs::{Proc, status_kib};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -192,47 +194,29 @@ const KINDS: [Kind; 4] = [Kind::Sni, Kind::Connect, Kind::Agent, Kind::NodePort]
 /// byte back through the route).
 async fn open(a: Addrs, kind: Kind, payload: usize) -> Option<(TcpStream, Duration)> {
     let t0 = Instant::now();
-    let mut s = match kind {
-        Kind::Sni => TcpStream::connect(a.sni).await.ok()?,
-        Kind::Connect => TcpStream::connect(a.tunnel).await.ok()?,
-        Kind::Agent => TcpStream::connect(a.agent?).await.ok()?,
-        Kind::NodePort => TcpStream::connect(a.node_port).await.ok()?,
-    };
-    let routed = match kind {
+    let (mut s, routed) = match kind {
         Kind::Sni => {
+            let mut s = TcpStream::connect(a.sni).await.ok()?;
             let hello = client_hello(HOST);
             s.write_all(&hello).await.ok()?;
             let mut back = vec![0u8; hello.len()];
             s.read_exact(&mut back).await.ok()?;
-            (back == hello).then(|| t0.elapsed())?
+            (back == hello).then_some(())?;
+            (s, Some(t0.elapsed()))
         }
         Kind::Connect => {
-            s.write_all(
-                format!("CONNECT {AUTHORITY} HTTP/1.1\r\nHost: {AUTHORITY}\r\n\r\n").as_bytes(),
-            )
-            .await
-            .ok()?;
-            let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                if s.read(&mut b).await.ok()? == 0 {
-                    return None;
-                }
-                head.push(b[0]);
-            }
-            head.starts_with(b"HTTP/1.1 200").then(|| t0.elapsed())?
+            let (code, s) = try_connect_h1(a.tunnel, AUTHORITY).await?;
+            (code == 200).then_some(())?;
+            (s, Some(t0.elapsed()))
         }
-        Kind::Agent | Kind::NodePort => Duration::ZERO,
+        Kind::Agent => (TcpStream::connect(a.agent?).await.ok()?, None),
+        Kind::NodePort => (TcpStream::connect(a.node_port).await.ok()?, None),
     };
     let data = vec![b'x'; payload];
     s.write_all(&data).await.ok()?;
     let mut back = vec![0u8; payload];
     s.read_exact(&mut back).await.ok()?;
-    let routed = if routed.is_zero() {
-        t0.elapsed()
-    } else {
-        routed
-    };
+    let routed = routed.unwrap_or_else(|| t0.elapsed());
     (back == data).then_some((s, routed))
 }
 
@@ -317,35 +301,13 @@ pub async fn memory(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         let peak = watch.finish().await;
         let low = lowest(&pids, scale.settle).await;
         for (i, name) in names.iter().enumerate() {
-            report.figure(
-                section,
-                format!(
-                    "{name}, cycle {cycle}: peak / lowest within {:?} after",
-                    scale.settle
-                ),
-                format!("{} / {}", mib(peak[i]), mib(low[i])),
-                String::new(),
-            );
-            report.limit(
-                section,
-                format!("{name}, cycle {cycle}: lowest RSS after the load"),
-                mib(low[i]),
-                format!("≤ idle ({}) + 10 % + 16 MiB", mib(idle[i])),
-                low[i] <= idle[i] + idle[i] / 10 + 16 * 1024,
-            );
+            let label = format!("{name}, cycle {cycle}");
+            report.cycle(section, &label, scale.settle, peak[i], low[i], idle[i]);
         }
         peaks.push(peak);
     }
     for (i, name) in names.iter().enumerate() {
-        let first = peaks[0][i];
-        let worst = peaks.iter().map(|p| p[i]).max().unwrap_or(0);
-        report.limit(
-            section,
-            format!("{name}: highest cycle peak / cycle 1 peak"),
-            format!("{:.2}", worst as f64 / first.max(1) as f64),
-            "≤ 1.10".into(),
-            worst as f64 <= first as f64 * 1.1,
-        );
+        report.peaks(section, name, peaks.iter().map(|p| p[i]));
     }
     report.limit(
         section,
