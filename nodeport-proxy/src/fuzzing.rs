@@ -20,7 +20,30 @@ pub fn table_file(data: &[u8]) {
     } else {
         "table.yaml"
     });
-    let Ok(inventory) = crate::source::parse_file(path, text) else {
+    // Loading by items (plain block YAML) must agree with loading whole.
+    let mut cache = crate::source::ItemCache::default();
+    let by_items = crate::source::load_items(path, text, &mut cache);
+    let whole = crate::source::parse_file(path, text);
+    match (&by_items, &whole) {
+        (Ok(crate::source::Loaded::Changes(changes)), Ok(inv)) => {
+            let mut services = Vec::new();
+            let mut slices = Vec::new();
+            for c in changes {
+                match c {
+                    crate::store::Change::Service(_, Some(s)) => services.push(s.clone()),
+                    crate::store::Change::Slice(_, Some(s)) => slices.push(s.clone()),
+                    other => panic!("a first load deletes nothing: {other:?}"),
+                }
+            }
+            assert_eq!(services, inv.services, "services by items differ");
+            assert_eq!(slices, inv.endpoint_slices, "slices by items differ");
+        }
+        (Ok(crate::source::Loaded::Whole(a)), Ok(b)) => assert_eq!(a, b),
+        (Ok(_), Err(e)) => panic!("loaded by items but not whole: {e}"),
+        (Err(_), Ok(_)) => panic!("loaded whole but not by items"),
+        (Err(_), Err(_)) => {}
+    }
+    let Ok(inventory) = whole else {
         return;
     };
     for options in [

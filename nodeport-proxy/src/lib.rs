@@ -34,6 +34,7 @@ pub mod table;
 mod tunnel;
 mod tunnel_h2;
 pub mod upstream;
+pub mod yaml_items;
 
 pub use config::{ConnectionSettings, ProxyConfig, TableSource};
 pub use model::Inventory;

@@ -92,10 +92,10 @@ impl NodePortProxy {
             metrics.clone(),
         ));
         let (follower, first) = source::Follower::start(config.source.clone());
-        let inventory = first.map_err(ProxyError::Source)?;
+        let loaded = first.map_err(ProxyError::Source)?;
         // At seed scale the first table takes a while: not on a worker.
         let s = store.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || s.apply(&inventory)).await {
+        if let Err(e) = tokio::task::spawn_blocking(move || loaded.apply(&s)).await {
             return Err(ProxyError::Listener(std::io::Error::other(e)));
         }
         let addrs = BoundAddrs {

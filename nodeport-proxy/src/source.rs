@@ -6,16 +6,20 @@
 //! per event in its directory. Reading and parsing run on a blocking thread,
 //! never on a runtime worker that serves connections.
 
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use daemon::file_watch::{FileWatch, read_bounded};
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::config::TableSource;
+use crate::index::ObjKey;
 use crate::limits::MAX_TABLE_FILE;
 use crate::model::Inventory;
-use crate::store::TableStore;
+use crate::store::{Change, TableStore};
 
 /// The demo inventory used when no file is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../config/demo.yaml");
@@ -75,17 +79,166 @@ pub fn load(source: &TableSource) -> Result<Inventory, SourceError> {
     }
 }
 
+/// What one load of the source says.
+#[derive(Debug)]
+pub enum Loaded {
+    /// The whole inventory (the table becomes exactly this).
+    Whole(Inventory),
+    /// What changed since the last load (the file's items that changed).
+    Changes(Vec<Change>),
+}
+
+impl Loaded {
+    /// Applies it to `store`; returns whether the table changed.
+    pub fn apply(self, store: &TableStore) -> bool {
+        match self {
+            Loaded::Whole(inv) => store.apply(&inv),
+            Loaded::Changes(changes) => store.apply_changes(changes),
+        }
+    }
+}
+
+/// The items of the last load of a YAML table file (by a hash of their
+/// text) and the objects they made, so the next load parses only the items
+/// whose text is new (see yaml_items.rs).
+pub struct ItemCache {
+    services: HashMap<u64, ObjKey>,
+    slices: HashMap<u64, ObjKey>,
+    /// Whether the maps describe what the table holds (not after a load
+    /// that had to parse the whole file).
+    valid: bool,
+}
+
+impl Default for ItemCache {
+    /// Nothing loaded yet: an empty table, described exactly.
+    fn default() -> Self {
+        ItemCache {
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            valid: true,
+        }
+    }
+}
+
+fn item_hash(text: &str) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// One list's items against their previous load: new items parsed and
+/// upserted, vanished ones deleted. `None` when an item does not parse on
+/// its own or two items name one object (the whole file is parsed then).
+fn diff_items<T: serde::de::DeserializeOwned>(
+    texts: &[String],
+    before: &HashMap<u64, ObjKey>,
+    key_of: impl Fn(&T) -> ObjKey,
+    change: impl Fn(ObjKey, Option<T>) -> Change,
+    changes: &mut Vec<Change>,
+) -> Option<HashMap<u64, ObjKey>> {
+    let mut now: HashMap<u64, ObjKey> = HashMap::with_capacity(texts.len());
+    let mut keys: HashSet<ObjKey> = HashSet::with_capacity(texts.len());
+    for text in texts {
+        let h = item_hash(text);
+        let key = match before.get(&h) {
+            Some(k) => k.clone(),
+            None => {
+                let mut one: Vec<T> = serde_yaml_ng::from_str(text).ok()?;
+                let item = one.pop().filter(|_| one.is_empty())?;
+                let k = key_of(&item);
+                changes.push(change(k.clone(), Some(item)));
+                k
+            }
+        };
+        if !keys.insert(key.clone()) || now.insert(h, key).is_some() {
+            return None;
+        }
+    }
+    for (h, k) in before {
+        if !now.contains_key(h) && !keys.contains(k) {
+            changes.push(change(k.clone(), None));
+        }
+    }
+    Some(now)
+}
+
+/// Loads the table file's `bytes`: only the items that changed since the
+/// load `cache` remembers when the file is plain block YAML, else all of it.
+/// A file that does not load leaves `cache` as it was (the table stays).
+pub fn load_items(path: &Path, bytes: &[u8], cache: &mut ItemCache) -> Result<Loaded, SourceError> {
+    let json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let split = (!json)
+        .then(|| std::str::from_utf8(bytes).ok())
+        .flatten()
+        .and_then(crate::yaml_items::split);
+    if let Some(items) = split {
+        let empty = HashMap::new();
+        let (before_services, before_slices) = if cache.valid {
+            (&cache.services, &cache.slices)
+        } else {
+            (&empty, &empty)
+        };
+        let mut changes = Vec::new();
+        let services = diff_items(
+            &items.services,
+            before_services,
+            |s: &crate::model::Service| ObjKey::new(&s.metadata.namespace, &s.metadata.name),
+            Change::Service,
+            &mut changes,
+        );
+        let slices = diff_items(
+            &items.slices,
+            before_slices,
+            |s: &crate::model::EndpointSlice| ObjKey::new(&s.metadata.namespace, &s.metadata.name),
+            Change::Slice,
+            &mut changes,
+        );
+        if let (Some(services), Some(slices)) = (services, slices) {
+            let loaded = if cache.valid {
+                Loaded::Changes(changes)
+            } else {
+                // The table was loaded whole last time: replace it whole.
+                let mut inv = Inventory::default();
+                for c in changes {
+                    match c {
+                        Change::Service(_, Some(s)) => inv.services.push(s),
+                        Change::Slice(_, Some(s)) => inv.endpoint_slices.push(s),
+                        _ => {}
+                    }
+                }
+                Loaded::Whole(inv)
+            };
+            *cache = ItemCache {
+                services,
+                slices,
+                valid: true,
+            };
+            return Ok(loaded);
+        }
+    }
+    let inventory = parse_file(path, bytes)?;
+    *cache = ItemCache {
+        valid: false,
+        ..ItemCache::default()
+    };
+    Ok(Loaded::Whole(inventory))
+}
+
 /// A table source being followed: the file watch starts before the first
 /// read, so no change between the two is missed.
 pub struct Follower {
     source: TableSource,
     watch: Option<FileWatch>,
+    cache: Arc<Mutex<ItemCache>>,
 }
 
 impl Follower {
     /// Starts watching `source` and loads it once. Without a watch (the
     /// directory cannot be watched) reloads happen on SIGHUP only.
-    pub fn start(source: TableSource) -> (Self, Result<Inventory, SourceError>) {
+    pub fn start(source: TableSource) -> (Self, Result<Loaded, SourceError>) {
+        let mut cache = ItemCache::default();
         let (watch, first) = match &source {
             TableSource::File(path) => {
                 let mut watch = FileWatch::new(path, MAX_TABLE_FILE)
@@ -102,12 +255,20 @@ impl Follower {
                         path: path.clone(),
                         source,
                     })
-                    .and_then(|b| parse_file(path, &b));
+                    .and_then(|b| load_items(path, &b, &mut cache));
                 (watch, first)
             }
-            TableSource::Inline(inv) => (None, Ok(inv.clone())),
+            TableSource::Inline(inv) => (None, Ok(Loaded::Whole(inv.clone()))),
         };
-        (Follower { source, watch }, first)
+        let cache = Arc::new(Mutex::new(cache));
+        (
+            Follower {
+                source,
+                watch,
+                cache,
+            },
+            first,
+        )
     }
 
     /// Re-applies the source whenever `reload` is notified or (for a file)
@@ -133,22 +294,24 @@ impl Follower {
                 Some(read) = changed => Some(read),
                 _ = drain.draining() => return,
             };
-            let (source, store) = (self.source.clone(), store.clone());
+            let (source, store, cache) = (self.source.clone(), store.clone(), self.cache.clone());
             // Parsing and building the table take long at seed scale: not
             // on a worker that serves connections.
             let applied = tokio::task::spawn_blocking(move || {
+                let mut cache = cache.lock();
                 let loaded = match (&source, bytes) {
-                    (TableSource::File(path), Some(read)) => read
+                    (TableSource::File(path), read) => read
+                        .unwrap_or_else(|| read_bounded(path, MAX_TABLE_FILE))
                         .map_err(|e| SourceError::Read {
                             path: path.clone(),
                             source: e,
                         })
-                        .and_then(|b| parse_file(path, &b)),
-                    (source, _) => load(source),
+                        .and_then(|b| load_items(path, &b, &mut cache)),
+                    (TableSource::Inline(inv), _) => Ok(Loaded::Whole(inv.clone())),
                 };
                 match loaded {
-                    Ok(inv) => {
-                        store.apply(&inv);
+                    Ok(l) => {
+                        l.apply(&store);
                     }
                     Err(e) => store.failed(e.to_string()),
                 }
@@ -190,3 +353,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "source_tests.rs"]
+mod item_tests;
