@@ -663,15 +663,10 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
     }))
 }
 
-/// The file's bytes, read up to the size bound (one byte more, so that
-/// [`parse`] sees an oversize file as such).
+/// The file's bytes, at most [`MAX_CONFIG_BYTES`] of them.
 pub fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_CONFIG_BYTES as u64 + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("reading {}: {e}", path.display()))?;
-    Ok(bytes)
+    daemon::file_watch::read_bounded(path, MAX_CONFIG_BYTES as u64)
+        .map_err(|e| format!("reading {}: {e}", path.display()))
 }
 
 /// Reads and parses the file at `path`.

@@ -1,26 +1,24 @@
-//! Following the bootstrap file: it is read again when it changes (its
-//! directory is watched, so editors' rename-into-place and a ConfigMap
-//! volume's symlink swap count) and on SIGHUP, and applied without a
+//! Following the bootstrap file: it is read again when it changes
+//! ([`daemon::file_watch`]: its directory is watched, so editors'
+//! rename-into-place and a ConfigMap volume's symlink swap count, and only a
+//! different outcome counts as a change) and on SIGHUP, and applied without a
 //! restart. A file that does not load is logged once per change, counted,
 //! and shown on `/healthz`; the agent keeps the last good configuration.
 //!
 //! Under KKP this rarely matters: the ConfigMap is mounted by subPath, which
 //! never updates, and a changed config restarts the pods (`checksum/config`).
 
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use notify::Watcher;
+use daemon::file_watch::FileWatch;
 use tokio::sync::mpsc;
 
 use crate::TunnelAgent;
-use crate::bootstrap::read;
 use crate::cli::FlagSettings;
+use crate::limits::MAX_CONFIG_BYTES;
 use crate::metrics::ReloadResult;
-
-/// Events arriving within this are one change (editors write in bursts).
-const SETTLE: Duration = Duration::from_millis(50);
 
 /// Reloads `path` into `agent` until `stop` resolves. `stats` is the stats
 /// address in use (changing it needs a restart). `hangups` delivers SIGHUP.
@@ -32,38 +30,44 @@ pub async fn follow(
     mut hangups: Option<mpsc::Receiver<()>>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let (tx, mut rx) = mpsc::channel::<()>(1);
-    let _watcher = match watch(&path, tx) {
-        Ok(w) => Some(w),
+    let mut watch = match FileWatch::new(&path, MAX_CONFIG_BYTES as u64) {
+        Ok(mut w) => {
+            // What was loaded at start is no change.
+            let _ = w.read_now().await;
+            Some(w)
+        }
         Err(e) => {
-            tracing::error!(path = %path.display(), error = %e, "configuration file not watched; reload with SIGHUP only");
+            tracing::error!(error = %e, "configuration file not watched; reload with SIGHUP only");
             None
         }
     };
-    let mut follower = Follower {
+    let follower = Follower {
         agent,
         flags,
         stats,
-        last: read(&path),
-        path,
+        name: path.display().to_string(),
     };
     tokio::pin!(stop);
     loop {
-        let forced = tokio::select! {
-            Some(()) = rx.recv() => {
-                tokio::time::sleep(SETTLE).await;
-                while rx.try_recv().is_ok() {}
-                false
-            }
+        let outcome = tokio::select! {
+            Some(outcome) = async {
+                match &mut watch {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => outcome,
             Some(()) = async {
                 match &mut hangups {
                     Some(h) => h.recv().await,
                     None => std::future::pending().await,
                 }
-            } => true,
+            } => match &mut watch {
+                Some(w) => w.read_now().await,
+                None => daemon::file_watch::read_bounded(&path, MAX_CONFIG_BYTES as u64),
+            },
             _ = &mut stop => return,
         };
-        follower.reload(forced).await;
+        follower.apply(outcome).await;
     }
 }
 
@@ -71,27 +75,21 @@ struct Follower {
     agent: Arc<TunnelAgent>,
     flags: FlagSettings,
     stats: Option<std::net::SocketAddr>,
-    path: PathBuf,
-    /// What the file held when last acted on (or why it could not be read).
-    last: Result<Vec<u8>, String>,
+    name: String,
 }
 
 impl Follower {
-    /// Reads and applies the file if it changed (or `forced`: SIGHUP).
-    async fn reload(&mut self, forced: bool) {
-        let now = read(&self.path);
-        if now == self.last && !forced {
-            return;
-        }
-        self.last = now.clone();
-        let metrics = self.agent.metrics();
-        let name = self.path.display().to_string();
-        let loaded = now.and_then(|bytes| {
-            let b = crate::bootstrap::parse(&bytes).map_err(|e| format!("{name}: {e}"))?;
-            self.flags
-                .resolve(Some(&b))
-                .map_err(|e| format!("{name}: {e}"))
-        });
+    /// Applies what a read of the file gave.
+    async fn apply(&self, outcome: io::Result<Vec<u8>>) {
+        let name = &self.name;
+        let loaded = outcome
+            .map_err(|e| format!("reading {name}: {e}"))
+            .and_then(|bytes| {
+                let b = crate::bootstrap::parse(&bytes).map_err(|e| format!("{name}: {e}"))?;
+                self.flags
+                    .resolve(Some(&b))
+                    .map_err(|e| format!("{name}: {e}"))
+            });
         let result = match loaded {
             Err(e) => Err(e),
             Ok((config, stats)) => {
@@ -104,6 +102,7 @@ impl Follower {
                     .map_err(|e| format!("{name}: {e}"))
             }
         };
+        let metrics = self.agent.metrics();
         match result {
             Ok(changed) => {
                 self.agent.set_reload_error(None);
@@ -116,30 +115,12 @@ impl Follower {
                 metrics.reload(r);
             }
             Err(e) => {
-                // Once per change: the same broken file is not re-read until
-                // it changes again.
+                // Once per change: the watch reports the same broken file
+                // only once.
                 tracing::error!(error = %e, "configuration not reloaded; keeping the previous one");
                 metrics.reload(ReloadResult::Failed);
                 self.agent.set_reload_error(Some(e));
             }
         }
     }
-}
-
-fn watch(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if let Ok(ev) = ev
-            && !matches!(ev.kind, notify::EventKind::Access(_))
-        {
-            // A full channel already means "read again"; nothing is lost.
-            let _ = tx.try_send(());
-        }
-    })?;
-    watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
-    Ok(watcher)
 }
