@@ -133,48 +133,16 @@ impl Access {
         listener: Option<SocketAddr>,
         downstream: Option<SocketAddr>,
     ) -> Access {
-        Access(log.map(|log| {
-            Box::new(Record {
-                log: log.clone(),
-                start: SystemTime::now(),
-                started: Instant::now(),
-                listener,
-                downstream,
-                protocol: None,
-                sni: None,
-                authority: None,
-                code: 0,
-                flags: "-",
-                upstream: None,
-                cluster: None,
-                bytes: RelayBytes::default(),
-                reason: "-",
-                needs_answer: false,
-            })
-        }))
+        Access(log.map(|log| Record::new(log.clone(), listener, downstream, None)))
     }
 
     /// Another record for a stream of the same connection.
     pub fn stream(&self, protocol: &'static str) -> Access {
-        Access(self.0.as_ref().map(|r| {
-            Box::new(Record {
-                log: r.log.clone(),
-                start: SystemTime::now(),
-                started: Instant::now(),
-                listener: r.listener,
-                downstream: r.downstream,
-                protocol: Some(protocol),
-                sni: None,
-                authority: None,
-                code: 0,
-                flags: "-",
-                upstream: None,
-                cluster: None,
-                bytes: RelayBytes::default(),
-                reason: "-",
-                needs_answer: false,
-            })
-        }))
+        Access(
+            self.0
+                .as_ref()
+                .map(|r| Record::new(r.log.clone(), r.listener, r.downstream, Some(protocol))),
+        )
     }
 
     /// Written only once a response code is set: a tunneling connection
@@ -257,6 +225,31 @@ fn dash(s: Option<impl ToString>) -> String {
 }
 
 impl Record {
+    fn new(
+        log: Arc<AccessLog>,
+        listener: Option<SocketAddr>,
+        downstream: Option<SocketAddr>,
+        protocol: Option<&'static str>,
+    ) -> Box<Record> {
+        Box::new(Record {
+            log,
+            start: SystemTime::now(),
+            started: Instant::now(),
+            listener,
+            downstream,
+            protocol,
+            sni: None,
+            authority: None,
+            code: 0,
+            flags: "-",
+            upstream: None,
+            cluster: None,
+            bytes: RelayBytes::default(),
+            reason: "-",
+            needs_answer: false,
+        })
+    }
+
     fn line(&self) -> String {
         let start = rfc3339_millis(self.start);
         let duration = self.started.elapsed().as_millis() as u64;

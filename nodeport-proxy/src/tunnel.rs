@@ -123,11 +123,10 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
     let mut buf = Vec::new();
     // Read until the bytes either are the HTTP/2 preface or cannot be.
     while buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&buf) {
-        let read = first_bytes::read_some(&client, &mut buf, MAX_CONNECT_HEAD);
-        match tokio::time::timeout_at(deadline, read).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(_)) => {}
-            Err(_) => {
+        match read_head(&client, &mut buf, MAX_CONNECT_HEAD, deadline).await {
+            HeadRead::Closed => return,
+            HeadRead::More => {}
+            HeadRead::TimedOut => {
                 http.downstream_rq_header_timeout.increment(1);
                 l.stats.reject("request_header_timeout");
                 if !buf.is_empty() {
@@ -146,11 +145,10 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         // the connection is still opening and the head deadline applies.
         while !client_preface_complete(&buf) {
             let max = MAX_CLIENT_PREFACE.max(buf.len() + 1);
-            let read = first_bytes::read_some(&client, &mut buf, max);
-            match tokio::time::timeout_at(deadline, read).await {
-                Ok(Ok(0)) | Ok(Err(_)) => return,
-                Ok(Ok(_)) => {}
-                Err(_) => {
+            match read_head(&client, &mut buf, max, deadline).await {
+                HeadRead::Closed => return,
+                HeadRead::More => {}
+                HeadRead::TimedOut => {
                     http.downstream_rq_header_timeout.increment(1);
                     l.stats.reject("request_header_timeout");
                     return;
@@ -191,11 +189,10 @@ async fn http1(
             }
         }
         unparsed_from = buf.len();
-        let read = first_bytes::read_some(&client, &mut buf, MAX_CONNECT_HEAD);
-        match tokio::time::timeout_at(deadline, read).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(_)) => {}
-            Err(_) => {
+        match read_head(&client, &mut buf, MAX_CONNECT_HEAD, deadline).await {
+            HeadRead::Closed => return,
+            HeadRead::More => {}
+            HeadRead::TimedOut => {
                 http.downstream_rq_header_timeout.increment(1);
                 return refuse_h1(&mut client, TunnelError::HeaderTimeout, l, &mut access).await;
             }
@@ -231,6 +228,26 @@ async fn http1(
         &mut access,
     )
     .await;
+}
+
+/// What one read of a request head (or preface) before its deadline gave.
+enum HeadRead {
+    More,
+    Closed,
+    TimedOut,
+}
+
+async fn read_head(
+    client: &TcpStream,
+    buf: &mut Vec<u8>,
+    max: usize,
+    deadline: Instant,
+) -> HeadRead {
+    match tokio::time::timeout_at(deadline, first_bytes::read_some(client, buf, max)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => HeadRead::Closed,
+        Ok(Ok(_)) => HeadRead::More,
+        Err(_) => HeadRead::TimedOut,
+    }
 }
 
 pub(crate) fn counters(l: &TunnelListener, route: &Route) -> ByteCounters {

@@ -24,6 +24,19 @@ fn spec(l: &TcpListener, authority: &str) -> ListenerSpec {
     }
 }
 
+/// An agent with its one listener bound already, without stats.
+async fn agent_on(config: AgentConfig, local: TcpListener) -> TunnelAgent {
+    TunnelAgent::start(
+        config,
+        AgentListeners {
+            tunnels: vec![local],
+            stats: None,
+        },
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn agent_tunnels_through_proxy_over_one_connection_and_reconnects() {
     let pki = Pki::new();
@@ -189,15 +202,7 @@ async fn unanswered_ping_drops_the_connection_and_redials() {
         drain_timeout: Duration::from_secs(1),
         ..AgentConfig::default()
     };
-    let agent = TunnelAgent::start(
-        config,
-        AgentListeners {
-            tunnels: vec![local],
-            stats: None,
-        },
-    )
-    .await
-    .unwrap();
+    let agent = agent_on(config, local).await;
     tokio::time::timeout(Duration::from_secs(5), rx.recv())
         .await
         .expect("agent never dialled")
@@ -261,15 +266,7 @@ async fn idle_agent_keeps_one_connection_past_the_head_deadline() {
         drain_timeout: Duration::from_secs(1),
         ..AgentConfig::default()
     };
-    let agent = TunnelAgent::start(
-        config,
-        AgentListeners {
-            tunnels: vec![local],
-            stats: None,
-        },
-    )
-    .await
-    .unwrap();
+    let agent = agent_on(config, local).await;
     tokio::time::timeout(Duration::from_secs(5), agent.connected())
         .await
         .expect("agent never connected");
@@ -335,15 +332,7 @@ async fn a_seed_that_drops_every_connection_is_retried_with_growing_backoff() {
         drain_timeout: Duration::from_secs(1),
         ..AgentConfig::default()
     };
-    let agent = TunnelAgent::start(
-        config,
-        AgentListeners {
-            tunnels: vec![local],
-            stats: None,
-        },
-    )
-    .await
-    .unwrap();
+    let agent = agent_on(config, local).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let n = dials.load(std::sync::atomic::Ordering::Relaxed);
     // Dials at 0 and after ≥ 80, 240, 560 and 1200 ms: at most 5 in 1.5 s
