@@ -438,17 +438,18 @@ async fn a_broken_config_is_reported_once_per_change_and_the_last_good_one_kept(
         .await
         .unwrap(),
     );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let follower = tokio::spawn(tunnel_agent::reload::follow(
+    // Watching from here on: what the test writes next is seen.
+    let follow = tunnel_agent::reload::Follow::new(
         agent.clone(),
         path.clone(),
+        good.clone().into_bytes(),
         flags,
         None,
-        None,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let follower = tokio::spawn(follow.run(None, async move {
+        let _ = stopped.await;
+    }));
     let greet = |want: &'static [u8]| async move {
         let mut s = TcpStream::connect(local_addr).await.unwrap();
         let mut got = [0u8; 1];

@@ -674,11 +674,6 @@ pub fn load(path: &std::path::Path) -> Result<Bootstrap, String> {
     parse(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Reads the file at `path` with [`parse_any`].
-pub fn load_any(path: &std::path::Path) -> Result<Option<Bootstrap>, String> {
-    parse_any(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 #[cfg(test)]
 #[path = "bootstrap_tests.rs"]
 mod tests;

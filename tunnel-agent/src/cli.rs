@@ -22,6 +22,8 @@ pub struct Cli {
     pub worker_threads: usize,
     /// The bootstrap file, followed for changes.
     pub config_path: Option<PathBuf>,
+    /// What that file held when it was read, so a follower knows it.
+    pub config_bytes: Vec<u8>,
     /// The flags, to lay over the file again when it changes.
     pub flags: FlagSettings,
     /// The bootstrap declares nothing and no flag names a listener: serve
@@ -160,8 +162,13 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         .into_iter()
         .find(|p| !p.is_empty())
         .map(PathBuf::from);
+    let mut config_bytes = Vec::new();
     let bootstrap = match &path {
-        Some(p) => crate::bootstrap::load_any(p)?,
+        Some(p) => {
+            config_bytes = crate::bootstrap::read(p)?;
+            crate::bootstrap::parse_any(&config_bytes)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+        }
         None => None,
     };
     let worker_threads = usize::try_from(v.int("worker-threads"))
@@ -178,6 +185,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             stats: None,
             worker_threads,
             config_path: path,
+            config_bytes,
             flags,
             idle: true,
         });
@@ -188,6 +196,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         stats,
         worker_threads,
         config_path: path,
+        config_bytes,
         flags,
         idle: false,
     })

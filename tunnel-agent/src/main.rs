@@ -70,18 +70,15 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
                 }
             });
         }
-        let (agent, stop) = (agent.clone(), stop.clone());
-        tokio::spawn(async move {
-            tunnel_agent::reload::follow(
-                agent,
-                path,
-                cli.flags,
-                cli.stats,
-                Some(rx),
-                stop.cancelled_owned(),
-            )
-            .await
-        });
+        let follow = tunnel_agent::reload::Follow::new(
+            agent.clone(),
+            path,
+            cli.config_bytes,
+            cli.flags,
+            cli.stats,
+        );
+        let stop = stop.clone();
+        tokio::spawn(follow.run(Some(rx), stop.cancelled_owned()));
     }
     terms.next().await;
     stop.cancel();

@@ -20,54 +20,85 @@ use crate::cli::FlagSettings;
 use crate::limits::MAX_CONFIG_BYTES;
 use crate::metrics::ReloadResult;
 
-/// Reloads `path` into `agent` until `stop` resolves. `stats` is the stats
-/// address in use (changing it needs a restart). `hangups` delivers SIGHUP.
-pub async fn follow(
-    agent: Arc<TunnelAgent>,
+/// A configuration file being followed. Made before the agent serves (or
+/// at least before anyone may change the file): from then on every change
+/// is seen.
+pub struct Follow {
+    watch: Option<FileWatch>,
+    /// What the agent was configured from.
+    loaded: Vec<u8>,
     path: PathBuf,
-    flags: FlagSettings,
-    stats: Option<std::net::SocketAddr>,
-    mut hangups: Option<mpsc::Receiver<()>>,
-    stop: impl std::future::Future<Output = ()>,
-) {
-    let mut watch = match FileWatch::new(&path, MAX_CONFIG_BYTES as u64) {
-        Ok(mut w) => {
-            // What was loaded at start is no change.
-            let _ = w.read_now().await;
-            Some(w)
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "configuration file not watched; reload with SIGHUP only");
-            None
-        }
-    };
-    let follower = Follower {
-        agent,
-        flags,
-        stats,
-        name: path.display().to_string(),
-    };
-    tokio::pin!(stop);
-    loop {
-        let outcome = tokio::select! {
-            Some(outcome) = async {
-                match &mut watch {
-                    Some(w) => w.changed().await,
-                    None => std::future::pending().await,
-                }
-            } => outcome,
-            Some(()) = async {
-                match &mut hangups {
-                    Some(h) => h.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => match &mut watch {
-                Some(w) => w.read_now().await,
-                None => daemon::file_watch::read_bounded(&path, MAX_CONFIG_BYTES as u64),
-            },
-            _ = &mut stop => return,
+    follower: Follower,
+}
+
+impl Follow {
+    /// Starts watching `path`, whose content the agent was configured from
+    /// is `loaded`; `stats` is the stats address in use (changing it takes a
+    /// restart).
+    pub fn new(
+        agent: Arc<TunnelAgent>,
+        path: PathBuf,
+        loaded: Vec<u8>,
+        flags: FlagSettings,
+        stats: Option<std::net::SocketAddr>,
+    ) -> Follow {
+        let watch = match FileWatch::new(&path, MAX_CONFIG_BYTES as u64) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::error!(error = %e, "configuration file not watched; reload with SIGHUP only");
+                None
+            }
         };
-        follower.apply(outcome).await;
+        Follow {
+            watch,
+            loaded,
+            follower: Follower {
+                agent,
+                flags,
+                stats,
+                name: path.display().to_string(),
+            },
+            path,
+        }
+    }
+
+    /// Applies every change (and a re-read on each `hangups` message) until
+    /// `stop` resolves.
+    pub async fn run(
+        mut self,
+        mut hangups: Option<mpsc::Receiver<()>>,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(stop);
+        // A change between the first load and the watch's start is caught
+        // here.
+        if let Some(w) = &mut self.watch {
+            let now = w.read_now().await;
+            if now.as_ref().ok() != Some(&self.loaded) {
+                self.follower.apply(now).await;
+            }
+        }
+        loop {
+            let outcome = tokio::select! {
+                Some(outcome) = async {
+                    match &mut self.watch {
+                        Some(w) => w.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => outcome,
+                Some(()) = async {
+                    match &mut hangups {
+                        Some(h) => h.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => match &mut self.watch {
+                    Some(w) => w.read_now().await,
+                    None => daemon::file_watch::read_bounded(&self.path, MAX_CONFIG_BYTES as u64),
+                },
+                _ = &mut stop => return,
+            };
+            self.follower.apply(outcome).await;
+        }
     }
 }
 
