@@ -239,15 +239,23 @@ impl Agent {
         );
 
         tokio::pin!(drain, stop);
-        tokio::select! {
+        let stopped_first = tokio::select! {
             // A `stop` that follows the drain signal must not skip the DRAIN.
             biased;
-            _ = &mut drain => {
-                tracing::info!("draining: no new servers; telling connected servers to route new dials elsewhere");
-                clients.drain_all().await;
-                stop.await;
-            }
-            _ = &mut stop => {}
+            _ = &mut drain => false,
+            _ = &mut stop => true,
+        };
+        // `drain` and `stop` may wait on the same signal, which another
+        // worker can deliver between the two polls above: a `stop` that won
+        // that race still owes the servers the DRAIN the signal asked for.
+        if !stopped_first || futures::FutureExt::now_or_never(&mut drain).is_some() {
+            tracing::info!(
+                "draining: no new servers; telling connected servers to route new dials elsewhere"
+            );
+            clients.drain_all().await;
+        }
+        if !stopped_first {
+            stop.await;
         }
         tracing::info!("stopping");
         stop_counting.cancel();
