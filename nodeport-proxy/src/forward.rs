@@ -87,7 +87,7 @@ pub async fn forward<C>(
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
-    let _active = Active::new(&route.cluster.stats.upstream_cx_active);
+    let _active = Active::new(&route.cluster.stats.upstream_cx_active());
     access.cluster(route.cluster.name.as_str());
     access.upstream(endpoint.addr);
     let early_len = early.len() as u64;

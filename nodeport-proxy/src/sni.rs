@@ -134,8 +134,8 @@ async fn proxy(
     let counters = ByteCounters {
         downstream_rx: tcp.downstream_cx_rx_bytes_total.clone(),
         downstream_tx: tcp.downstream_cx_tx_bytes_total.clone(),
-        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total.clone(),
-        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total.clone(),
+        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total(),
+        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
     };
     let end = forward(
         client,

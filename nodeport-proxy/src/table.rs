@@ -139,8 +139,8 @@ impl RoutingTable {
                 let stats = old
                     .map(|c| c.stats.clone())
                     .unwrap_or_else(|| metrics.cluster(name));
-                stats.membership_total.set(endpoints.len() as f64);
-                stats.membership_healthy.set(endpoints.len() as f64);
+                stats.membership_total().set(endpoints.len() as f64);
+                stats.membership_healthy().set(endpoints.len() as f64);
                 Arc::new(Cluster {
                     name: name.clone(),
                     endpoints,

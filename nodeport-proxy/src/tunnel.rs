@@ -215,7 +215,7 @@ async fn http1(
     http.downstream_rq_2xx.increment(1);
     let early = Bytes::copy_from_slice(&buf[head.head_len..]);
     drop(buf);
-    let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active);
+    let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active());
     forward(
         client,
         early,
@@ -255,8 +255,8 @@ pub(crate) fn counters(l: &TunnelListener, route: &Route) -> ByteCounters {
     ByteCounters {
         downstream_rx: http.downstream_cx_rx_bytes_total.clone(),
         downstream_tx: http.downstream_cx_tx_bytes_total.clone(),
-        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total.clone(),
-        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total.clone(),
+        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total(),
+        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
     }
 }
 
@@ -288,11 +288,11 @@ pub(crate) async fn open(
         .cloned()
         .ok_or_else(|| TunnelError::NoRoute(authority.clone()))?;
     let stats = &route.cluster.stats;
-    stats.upstream_rq_total.increment(1);
+    stats.upstream_rq_total().increment(1);
     let started = std::time::Instant::now();
     let (upstream, endpoint) = crate::upstream::connect(&route.cluster, &l.shared.connect).await?;
     stats
-        .upstream_rq_time
+        .upstream_rq_time()
         .record(started.elapsed().as_secs_f64() * 1000.0);
     Ok((route, upstream, endpoint, permit))
 }

@@ -145,7 +145,7 @@ async fn stream(
         }
     };
     http.downstream_rq_2xx.increment(1);
-    let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active);
+    let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active());
     let io = H2Io::new(send, req.into_body());
     forward(
         io,

@@ -50,7 +50,7 @@ pub async fn connect(
 ) -> Result<(TcpStream, Arc<UpstreamEndpoint>), UpstreamError> {
     let stats = &cluster.stats;
     if cluster.endpoints.is_empty() {
-        stats.upstream_cx_none_healthy.increment(1);
+        stats.upstream_cx_none_healthy().increment(1);
         return Err(UpstreamError::NoEndpoints(cluster.name.to_string()));
     }
     let mut last = None;
@@ -59,9 +59,9 @@ pub async fn connect(
         match tokio::time::timeout(options.timeout, TcpStream::connect(ep.addr)).await {
             Ok(Ok(stream)) => {
                 stats
-                    .upstream_cx_connect_ms
+                    .upstream_cx_connect_ms()
                     .record(started.elapsed().as_secs_f64() * 1000.0);
-                stats.upstream_cx_total.increment(1);
+                stats.upstream_cx_total().increment(1);
                 let _ = stream.set_nodelay(true);
                 if let Err(e) = options.keepalive.apply(&stream) {
                     tracing::debug!(error = %e, "upstream keepalive not set");
@@ -69,7 +69,7 @@ pub async fn connect(
                 return Ok((stream, ep.clone()));
             }
             Ok(Err(e)) => {
-                stats.upstream_cx_connect_fail.increment(1);
+                stats.upstream_cx_connect_fail().increment(1);
                 tracing::debug!(upstream = %ep.addr, error = %e, "upstream connect failed");
                 last = Some(UpstreamError::Connect {
                     addr: ep.addr,
@@ -77,7 +77,7 @@ pub async fn connect(
                 });
             }
             Err(_) => {
-                stats.upstream_cx_connect_timeout.increment(1);
+                stats.upstream_cx_connect_timeout().increment(1);
                 tracing::debug!(upstream = %ep.addr, "upstream connect timed out");
                 last = Some(UpstreamError::Timeout {
                     addr: ep.addr,
