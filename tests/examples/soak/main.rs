@@ -813,7 +813,12 @@ async fn main() {
     }
     println!("soak took {:.0} s", started.elapsed().as_secs_f64());
     if let Some(path) = out {
-        let text = format!("{}{}", header(quick), report.markdown());
+        // The fuzzing figures (scripts/fuzz --record) stay.
+        let kept = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.find("\n## Fuzzing").map(|i| t[i..].to_string()))
+            .unwrap_or_default();
+        let text = format!("{}{}{kept}", header(quick), report.markdown());
         std::fs::write(&path, text).unwrap();
         println!("wrote {}", path.display());
     }
