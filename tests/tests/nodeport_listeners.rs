@@ -305,3 +305,71 @@ async fn access_log_has_one_line_per_routed_connection_and_request() {
         format!("127.0.0.1:{port}")
     );
 }
+
+/// `ss -tno` lines of established connections whose local (field 2) or
+/// peer (field 3) address is `addr`.
+fn ss_lines(field: usize, addr: &str) -> Vec<String> {
+    let out = std::process::Command::new("ss")
+        .args(["-tnoH", "state", "established"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(field) == Some(addr))
+        .map(String::from)
+        .collect()
+}
+
+#[tokio::test]
+async fn tcp_keepalive_only_when_a_keepalive_flag_is_set() {
+    // KKP's seed passes every keepalive setting as 0: Envoy then sets no
+    // tcp_keepalive on either side. A setting > 0 turns keepalive on for
+    // that side, with only the fields given.
+    for (label, keepalive) in [
+        ("unset", daemon::keepalive::TcpKeepalive::default()),
+        (
+            "time 30s",
+            daemon::keepalive::TcpKeepalive {
+                time: Some(Duration::from_secs(30)),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let echo = dest::echo().await;
+        let np = loopback().await;
+        let port = np.local_addr().unwrap().port();
+        let inv = inventory(
+            vec![service(
+                "k",
+                "echo",
+                "NodePort",
+                "NodePort",
+                &[("tcp", 7000, port)],
+            )],
+            vec![slices("k", "echo", "tcp", &[(echo, true)])],
+        );
+        let mut cfg = test_config();
+        cfg.connection.downstream_keepalive = keepalive;
+        cfg.connection.upstream_keepalive = keepalive;
+        let _p = start_proxy(&inv, vec![np], cfg).await;
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(b"k").await.unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await.unwrap();
+        // The proxy's two sockets: accepted on `port`, and dialled to `echo`.
+        let accepted = ss_lines(2, &format!("127.0.0.1:{port}"));
+        let dialled = ss_lines(3, &echo.to_string());
+        assert_eq!(
+            (accepted.len(), dialled.len()),
+            (1, 1),
+            "{label}: {accepted:?} {dialled:?}"
+        );
+        for line in accepted.iter().chain(&dialled) {
+            assert_eq!(
+                line.contains("timer:(keepalive"),
+                keepalive.is_set(),
+                "{label}: {line}"
+            );
+        }
+    }
+}
