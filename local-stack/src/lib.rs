@@ -24,6 +24,8 @@ use tokio::task::JoinHandle;
 /// nodeport-proxy's embedded table).
 pub const DEMO_SNI_HOST: &str = "demo.seed.example.com";
 pub const DEMO_AUTHORITY_HOST: &str = "apiserver-external.cluster-demo.svc.cluster.local";
+/// The demo echo Service's tunneling authority host; its port is 7000.
+pub const DEMO_ECHO_AUTHORITY_HOST: &str = "echo.cluster-demo.svc.cluster.local";
 
 /// Ports the demo listens on. The destinations and node ports are the ones
 /// in nodeport-proxy's embedded table.
@@ -303,6 +305,12 @@ impl Running {
              # nodeport-proxy NodePort listeners -> TLS apiserver, and -> echo\n\
              curl --cacert {ca} --resolve {sni}:{npt}:127.0.0.1 https://{sni}:{npt}/version\n\
              curl http://127.0.0.1:{npe}/hello\n\n\
+             # Source allow-list: the echo Service admits only 127.0.0.1/32 and ::1\n\
+             # (annotation nodeport-proxy.k8s.io/source-ranges); from 127.0.0.2 the\n\
+             # CONNECT gets 403 and the node port closes unserved; each refusal is counted\n\
+             curl -s -o /dev/null -w '%{{http_connect}}\\n' -p -x http://127.0.0.1:{tunneling} --interface 127.0.0.2 http://{echo_auth}:7000/\n\
+             curl --interface 127.0.0.2 http://127.0.0.1:{npe}/hello\n\
+             curl -s http://127.0.0.1:{stats}/stats/prometheus | grep source_denied\n\n\
              # Health and metrics\n\
              curl http://{health}/readyz ; curl -s http://{health}/metrics | grep konnectivity_network_proxy_server\n\
              curl -s http://127.0.0.1:{stats}/stats/prometheus | head\n\n\
@@ -314,6 +322,7 @@ impl Running {
             sni_port = p.sni,
             tunneling = p.tunneling,
             auth = DEMO_AUTHORITY_HOST,
+            echo_auth = DEMO_ECHO_AUTHORITY_HOST,
             ta = p.tunnel_agent,
             npt = p.node_port_tls,
             npe = p.node_port_echo,

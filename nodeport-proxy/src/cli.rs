@@ -73,6 +73,8 @@ pub fn flag_set() -> FlagSet {
     .int("tunneling-max-concurrent-streams", i64::from(p.max_streams_per_connection), "CONNECT streams per HTTP/2 connection")
     .string("access-log", "", "write one access-log line per connection (per CONNECT stream) to this file; /dev/stdout or - for standard output; empty: off")
     .string("access-log-format", "json", "access-log lines as json (fields named after Envoy's command operators) or envoy (Envoy's default text format, plus listener, SNI host and close reason)")
+    .string("accept-proxy-protocol", "", "listeners whose clients must start with a PROXY protocol v1 or v2 header, a comma list of sni, tunneling, nodeport (a load balancer sending one is in front; source allow-lists then see the real client); empty: none")
+    .duration("proxy-protocol-timeout", p.proxy_protocol_timeout, "close clients of such a listener that have not sent a complete PROXY header within this")
     .int("worker-threads", 0, "runtime worker threads (0: one per core)")
     .with_klog(0)
 }
@@ -200,6 +202,11 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         buffer_size: positive(v, "buffer-size")?.clamp(1024, 1 << 20),
         max_streams_per_connection: u32::try_from(positive(v, "tunneling-max-concurrent-streams")?)
             .unwrap_or(u32::MAX),
+        accept_proxy_protocol: v
+            .string("accept-proxy-protocol")
+            .parse()
+            .map_err(|e| format!("-accept-proxy-protocol: {e}"))?,
+        proxy_protocol_timeout: nonzero("proxy-protocol-timeout", p.proxy_protocol_timeout),
         access_log: match (v.string("access-log"), access_log_format) {
             (p, _) if p.is_empty() => None,
             (path, format) => Some(crate::access_log::AccessLogConfig { path, format }),
@@ -333,6 +340,22 @@ mod tests {
         assert!(parse(&["-envoy-sni-port=70000"]).is_err());
         assert!(parse(&["-max-connections-per-listener=0"]).is_err());
         assert!(parse(&["-bind-address=nowhere"]).is_err());
+        let e = parse(&["-accept-proxy-protocol=sni,http"])
+            .err()
+            .unwrap_or_default();
+        assert!(
+            e.contains("-accept-proxy-protocol") && e.contains("\"http\""),
+            "{e}"
+        );
+        let ok = parse(&["-accept-proxy-protocol=sni, nodeport"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            ok.config.accept_proxy_protocol,
+            crate::config::AcceptProxyProtocol {
+                sni: true,
+                tunneling: false,
+                node_ports: true
+            }
+        );
     }
 
     #[test]

@@ -48,6 +48,37 @@ impl Default for ConnectionSettings {
     }
 }
 
+/// Listeners whose clients must start with a PROXY protocol header
+/// (`-accept-proxy-protocol`): a load balancer that sends one sits in front.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AcceptProxyProtocol {
+    pub sni: bool,
+    pub tunneling: bool,
+    pub node_ports: bool,
+}
+
+impl std::str::FromStr for AcceptProxyProtocol {
+    type Err = String;
+
+    /// A comma list of `sni`, `tunneling`, `nodeport`; empty: none.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut a = AcceptProxyProtocol::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item {
+                "sni" => a.sni = true,
+                "tunneling" => a.tunneling = true,
+                "nodeport" => a.node_ports = true,
+                other => {
+                    return Err(format!(
+                        "{other:?} is not a listener (sni, tunneling or nodeport)"
+                    ));
+                }
+            }
+        }
+        Ok(a)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
     pub source: TableSource,
@@ -92,6 +123,11 @@ pub struct ProxyConfig {
     pub access_log: Option<crate::access_log::AccessLogConfig>,
     /// Concurrent CONNECT streams per HTTP/2 connection.
     pub max_streams_per_connection: u32,
+    /// `-accept-proxy-protocol`.
+    pub accept_proxy_protocol: AcceptProxyProtocol,
+    /// A client on such a listener must send its PROXY header within this
+    /// (Envoy's listener-filter timeout, 15 s).
+    pub proxy_protocol_timeout: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -115,6 +151,8 @@ impl Default for ProxyConfig {
             buffer_size: 16 * 1024,
             access_log: None,
             max_streams_per_connection: 1024,
+            accept_proxy_protocol: AcceptProxyProtocol::default(),
+            proxy_protocol_timeout: Duration::from_secs(15),
         }
     }
 }

@@ -98,3 +98,30 @@ fn annotations_corpus() {
         crate::fuzzing::annotations(&bytes);
     }
 }
+
+/// `ok-*` inputs are complete headers (the real shapes: v1 TCP4/TCP6/UNKNOWN,
+/// v2 IPv4/IPv6/LOCAL, an AWS-style TLV) and every prefix of one asks for
+/// more; `bad-*` are refused, `truncated-*` wait for more.
+#[test]
+fn proxy_header_corpus() {
+    use crate::proxy_protocol::parse;
+    for (name, bytes) in corpus("proxy_header") {
+        crate::fuzzing::proxy_header(&bytes);
+        let result = parse(&bytes);
+        if name.starts_with("ok-") {
+            let h = match result {
+                Ok(Some(h)) => h,
+                other => panic!("{name}: {other:?}"),
+            };
+            for n in 0..h.len {
+                assert!(matches!(parse(&bytes[..n]), Ok(None)), "{name} prefix {n}");
+            }
+        }
+        if name.starts_with("bad-") || name.starts_with("too-long") {
+            assert!(result.is_err(), "{name}: {result:?}");
+        }
+        if name.starts_with("truncated-") {
+            assert_eq!(result, Ok(None), "{name}");
+        }
+    }
+}

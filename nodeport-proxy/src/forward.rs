@@ -4,6 +4,7 @@
 //! stops. An endpoint leaving its cluster ends nothing (Envoy keeps such
 //! connections too).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +32,56 @@ pub struct Shared {
     pub connect: ConnectOptions,
     /// `-access-log`; `None` when off.
     pub access_log: Option<Arc<crate::access_log::AccessLog>>,
+}
+
+/// The client as allow-lists, logs and upstreams see it: the connection's
+/// own addresses, or those a PROXY protocol header named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Downstream {
+    pub source: SocketAddr,
+    pub local: SocketAddr,
+}
+
+impl Downstream {
+    /// The connection's addresses, then, when the listener expects a PROXY
+    /// header, the header's (read within the PROXY timeout), with the bytes
+    /// the client sent after it.
+    pub async fn of(
+        client: &TcpStream,
+        expect_proxy_header: bool,
+        shared: &Shared,
+    ) -> Result<(Downstream, Vec<u8>), crate::proxy_protocol::ProxyHeaderError> {
+        let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
+        let mut d = Downstream {
+            source: client.peer_addr().unwrap_or(unspecified),
+            local: client.local_addr().unwrap_or(unspecified),
+        };
+        if !expect_proxy_header {
+            return Ok((d, Vec::new()));
+        }
+        let got = crate::proxy_protocol::read(client, shared.config.proxy_protocol_timeout).await?;
+        if let Some((source, local)) = got.header.addresses {
+            d = Downstream { source, local };
+        }
+        Ok((d, got.rest))
+    }
+
+    /// Whether `route`'s Service admits this client; counts and logs a
+    /// refusal (`kind`: nodeport, sni or tunnel).
+    pub fn admitted(&self, route: &Route, shared: &Shared, kind: &'static str) -> bool {
+        if route.cluster.admits(self.source.ip()) {
+            return true;
+        }
+        shared.metrics.source_denied(&route.cluster.name, kind);
+        tracing::info!(
+            client = %self.source,
+            route = %route.key,
+            cluster = %route.cluster.name,
+            "refused: client address not in the Service's {}",
+            crate::policy::SOURCE_RANGES_ANNOTATION_KEY
+        );
+        false
+    }
 }
 
 /// Increments a gauge now and decrements it when dropped.
@@ -77,6 +128,7 @@ pub async fn forward<C>(
     client: C,
     early: Bytes,
     route: &Route,
+    downstream: &Downstream,
     mut upstream: TcpStream,
     endpoint: Arc<UpstreamEndpoint>,
     idle: Duration,
@@ -90,6 +142,14 @@ where
     let _active = Active::new(&route.cluster.stats.upstream_cx_active());
     access.cluster(route.cluster.name.as_str());
     access.upstream(endpoint.addr);
+    if route.cluster.upstream_proxy_protocol() {
+        let header = crate::proxy_protocol::v2_header(downstream.source, downstream.local);
+        if let Err(e) = upstream.write_all(&header).await {
+            let end = RelayEnd::UpstreamError(e);
+            access.ended(&end, RelayBytes::default());
+            return end;
+        }
+    }
     let early_len = early.len() as u64;
     if !early.is_empty() {
         if let Err(e) = upstream.write_all(&early).await {

@@ -130,3 +130,37 @@ pub fn annotations(data: &[u8]) {
         }
     }
 }
+
+/// A client's first bytes on a listener that expects a PROXY header. A
+/// complete header lies within the input and the bound, parses the same from
+/// exactly its own bytes, and every shorter prefix of it asks for more (or
+/// is refused); an unfinished one is shorter than the bound.
+pub fn proxy_header(data: &[u8]) {
+    use crate::limits::MAX_PROXY_HEADER;
+    use crate::proxy_protocol::parse;
+    match parse(data) {
+        Ok(Some(h)) => {
+            assert!(h.len <= data.len() && h.len <= MAX_PROXY_HEADER, "{h:?}");
+            assert_eq!(parse(&data[..h.len]), Ok(Some(h)));
+            if let Some((src, dst)) = h.addresses {
+                // What we would send on names the same client.
+                let v2 = crate::proxy_protocol::v2_header(src, dst);
+                let back = parse(&v2).ok().flatten().and_then(|h| h.addresses);
+                assert_eq!(
+                    back.map(|(s, _)| (s.ip().to_canonical(), s.port())),
+                    Some((src.ip().to_canonical(), src.port()))
+                );
+            }
+        }
+        Ok(None) => assert!(data.len() < MAX_PROXY_HEADER),
+        Err(_) => {}
+    }
+    // The allow-list annotation, from the same bytes.
+    let text = String::from_utf8_lossy(data);
+    if let Ok(crate::policy::SourceRanges::Only(nets)) = crate::policy::parse_source_ranges(&text) {
+        assert!(!nets.is_empty() && nets.len() <= crate::limits::MAX_SOURCE_RANGES);
+        for n in nets.iter() {
+            assert!(crate::policy::SourceRanges::Only(nets.clone()).allows(n.network()));
+        }
+    }
+}

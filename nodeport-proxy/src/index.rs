@@ -27,6 +27,7 @@ use crate::model::{
 };
 use crate::names::{ClusterName, ConnectAuthority, RouteKey, SniHost, tunnel_authority};
 use crate::plan::{Plan, PlanOptions};
+use crate::policy::ServicePolicy;
 
 /// A Service or EndpointSlice: namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -126,6 +127,14 @@ impl<K: Ord, V> Sorted<K, V> {
 /// A Service's claim on a key through one of its ports (by index).
 type Claim = (Order, usize);
 
+/// A cluster as one Service port's claim holds it: its Ready endpoints and
+/// the Service's connection policy (`None`: none, the common case).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ClusterEntry {
+    endpoints: Arc<[SocketAddr]>,
+    policy: Option<Arc<ServicePolicy>>,
+}
+
 /// What changed since the last [`Index::take_delta`]: the keys whose route
 /// (or cluster endpoints) must be looked up again.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -214,7 +223,7 @@ struct Touched {
     node_ports: BTreeMap<u16, Option<(Claim, ClusterName)>>,
     tunnels: HashMap<ConnectAuthority, Option<(Claim, ClusterName)>>,
     sni: HashMap<SniHost, Option<ClusterName>>,
-    clusters: HashMap<ClusterName, Option<Arc<[SocketAddr]>>>,
+    clusters: HashMap<ClusterName, Option<ClusterEntry>>,
 }
 
 pub struct Index {
@@ -229,7 +238,7 @@ pub struct Index {
     node_ports: BTreeMap<u16, Sorted<Claim, ClusterName>>,
     tunnels: HashMap<ConnectAuthority, Sorted<Claim, ClusterName>>,
     sni: HashMap<SniHost, SniClaims>,
-    clusters: HashMap<ClusterName, Sorted<Claim, Arc<[SocketAddr]>>>,
+    clusters: HashMap<ClusterName, Sorted<Claim, ClusterEntry>>,
     delta: Delta,
     warnings: Vec<String>,
     /// Services whose conflicts may have changed in the operation under way.
@@ -255,6 +264,7 @@ struct Inputs {
     ports: Box<[ServicePort]>,
     /// The port-mapping annotation as written.
     mapping: Option<Box<str>>,
+    policy: Option<Arc<ServicePolicy>>,
 }
 
 impl Inputs {
@@ -269,6 +279,9 @@ impl Inputs {
                 .annotations
                 .get(crate::expose::PORT_MAPPING_ANNOTATION_KEY)
                 .map(|m| m.as_str().into()),
+            policy: Some(ServicePolicy::of(s))
+                .filter(|p| !p.is_open())
+                .map(Arc::new),
         }
     }
 }
@@ -381,6 +394,15 @@ impl Index {
 
     /// A cluster's Ready endpoints, sorted; `None` when no route uses it.
     pub fn cluster(&self, name: &ClusterName) -> Option<&Arc<[SocketAddr]>> {
+        self.cluster_entry(name).map(|e| &e.endpoints)
+    }
+
+    /// The connection policy of a cluster's Service; `None`: open to all.
+    pub fn cluster_policy(&self, name: &ClusterName) -> Option<&Arc<ServicePolicy>> {
+        self.cluster_entry(name)?.policy.as_ref()
+    }
+
+    fn cluster_entry(&self, name: &ClusterName) -> Option<&ClusterEntry> {
         self.clusters.get(name)?.values().next_back()
     }
 
@@ -719,12 +741,16 @@ impl Index {
         for (name, i) in &old_used {
             self.release_cluster(name, &(order.clone(), *i), t);
         }
-        let endpoints: Vec<Arc<[SocketAddr]>> = new_used
+        let policy = self.models.get(key).and_then(|s| s.policy.clone());
+        let endpoints: Vec<ClusterEntry> = new_used
             .iter()
-            .map(|(_, i)| self.endpoints(key, *i))
+            .map(|(_, i)| ClusterEntry {
+                endpoints: self.endpoints(key, *i),
+                policy: policy.clone(),
+            })
             .collect();
         for ((name, i), eps) in new_used.iter().zip(endpoints) {
-            let before = self.cluster(name).cloned();
+            let before = self.cluster_entry(name).cloned();
             t.clusters.entry(name.clone()).or_insert(before);
             self.clusters
                 .entry(name.clone())
@@ -737,7 +763,7 @@ impl Index {
     }
 
     fn release_cluster(&mut self, name: &ClusterName, claim: &Claim, t: &mut Touched) {
-        let before = self.cluster(name).cloned();
+        let before = self.cluster_entry(name).cloned();
         t.clusters.entry(name.clone()).or_insert(before);
         self.clusters.remove_claim(name, claim);
     }
@@ -760,7 +786,7 @@ impl Index {
             }
         }
         for (c, before) in t.clusters {
-            if self.cluster(&c) != before.as_ref() {
+            if self.cluster_entry(&c) != before.as_ref() {
                 self.delta.clusters.insert(c);
             }
         }
@@ -813,6 +839,9 @@ impl Index {
         if !slices.any(|s| !s.ready.is_empty()) {
             warnings.push(format!("{name}: no ready endpoints, skipped"));
             return out;
+        }
+        for p in svc.policy.iter().flat_map(|p| &p.problems) {
+            warnings.push(format!("{name}: {p}"));
         }
         let types = svc.expose;
         let tcp_ports = || {

@@ -68,3 +68,15 @@ pub const MAX_TABLE_FILE: u64 = 256 << 20;
 /// Access-log lines queued for the writer thread; when it falls behind this
 /// far, further lines are dropped (and counted) rather than held.
 pub const ACCESS_LOG_QUEUE: usize = 8192;
+
+/// Longest PROXY protocol header read from a client on a listener given
+/// `-accept-proxy-protocol`: v1 lines are at most 107 bytes; v2 headers are
+/// 16 bytes plus addresses (at most 216) plus TLVs, which load balancers
+/// keep small (AWS's VPC endpoint id, Azure's link id: tens of bytes).
+pub const MAX_PROXY_HEADER: usize = 4096;
+
+/// Longest `nodeport-proxy.k8s.io/source-ranges` value read, and most ranges
+/// in it; past either the Service refuses every client (and the log says
+/// why).
+pub const MAX_SOURCE_RANGES_ANNOTATION: usize = 64 << 10;
+pub const MAX_SOURCE_RANGES: usize = 1024;

@@ -198,6 +198,17 @@ impl Metrics {
         self.clusters.add(name)
     }
 
+    /// Counts a connection or CONNECT refused because its client is not in
+    /// the Service's `source-ranges`; `kind`: nodeport, sni or tunnel.
+    pub fn source_denied(&self, cluster: &ClusterName, kind: &'static str) {
+        self.registry
+            .counter(
+                "nodeport_proxy_source_denied_total",
+                &[("envoy_cluster_name", cluster.as_str()), ("kind", kind)],
+            )
+            .increment(1);
+    }
+
     /// Drops the series of a cluster that left the table.
     pub fn remove_cluster(&self, name: &ClusterName) {
         self.clusters.remove(name);
@@ -363,6 +374,10 @@ fn describe(r: &Registry) {
     r.describe_gauge(
         "nodeport_proxy_draining_routes",
         "Removed routes whose connections are draining.",
+    );
+    r.describe_counter(
+        "nodeport_proxy_source_denied_total",
+        "Connections and CONNECT requests refused because the client address is outside the Service's nodeport-proxy.k8s.io/source-ranges, by cluster and route kind.",
     );
     r.describe_counter(
         "nodeport_proxy_rejected_connections_total",

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::access_log::Access;
-use crate::forward::{Active, ByteCounters, Shared, forward};
+use crate::forward::{Active, ByteCounters, Downstream, Shared, forward};
 use crate::metrics::ListenerStats;
 
 /// First wait before binding a node port again, doubled per failure up to
@@ -162,10 +162,19 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
+    let expect = shared.config.accept_proxy_protocol.node_ports;
+    let (downstream, early) = match Downstream::of(&client, expect, &shared).await {
+        Ok(d) => d,
+        Err(e) => {
+            listener.reject(e.reason());
+            tracing::debug!(port, error = %e, "NodePort connection closed");
+            return;
+        }
+    };
     let mut access = Access::start(
         shared.access_log.as_ref(),
-        client.local_addr().ok(),
-        client.peer_addr().ok(),
+        Some(downstream.local),
+        Some(downstream.source),
     );
     let Some(route) = shared.table.current().node_ports.get(&port).cloned() else {
         // The port left the table between accept and lookup.
@@ -174,6 +183,12 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         shared.metrics.tcp.downstream_cx_no_route.increment(1);
         return;
     };
+    if !downstream.admitted(&route, &shared, "nodeport") {
+        access.cluster(route.cluster.name.as_str());
+        access.answer(0, "RBAC", "source_denied");
+        listener.reject("source_denied");
+        return;
+    }
     let (upstream, endpoint) = match crate::upstream::connect(&route.cluster, &shared.connect).await
     {
         Ok(c) => c,
@@ -194,8 +209,9 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     };
     let end = forward(
         client,
-        bytes::Bytes::new(),
+        early.into(),
         &route,
+        &downstream,
         upstream,
         endpoint,
         shared.config.node_port_idle_timeout,

@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::access_log::Access;
 use crate::client_hello::{self, Hello, HelloError};
 use crate::first_bytes;
-use crate::forward::{Active, ByteCounters, Shared, forward};
+use crate::forward::{Active, ByteCounters, Downstream, Shared, forward};
 use crate::limits::MAX_SNI_PREFIX;
 use crate::metrics::ListenerStats;
 use crate::table::Route;
@@ -31,6 +32,10 @@ pub enum SniError {
     #[error("no route for server name {0}")]
     NoRoute(String),
     #[error(transparent)]
+    ProxyHeader(#[from] crate::proxy_protocol::ProxyHeaderError),
+    #[error("client {0} is not in the allow-list of server name {1}")]
+    Denied(std::net::SocketAddr, String),
+    #[error(transparent)]
     Upstream(#[from] crate::upstream::UpstreamError),
 }
 
@@ -44,10 +49,17 @@ impl SniError {
             SniError::Hello(_) => "client_hello_malformed",
             SniError::NoServerName => "no_server_name",
             SniError::NoRoute(_) => "no_route",
+            SniError::ProxyHeader(e) => e.reason(),
+            SniError::Denied(..) => "source_denied",
             SniError::Upstream(_) => "upstream_unavailable",
         }
     }
 }
+
+/// A fatal TLS alert record, access_denied (49): what a refused client's TLS
+/// library reports ("tlsv1 alert access denied") instead of a bare reset. It
+/// is plaintext, as alerts before the ServerHello are.
+const ACCESS_DENIED_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49];
 
 pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerStats) {
     listener.downstream_cx_total.increment(1);
@@ -69,9 +81,14 @@ pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerSt
 }
 
 async fn serve(client: TcpStream, shared: &Shared) -> Result<(), SniError> {
+    let (downstream, mut buf) = Box::pin(Downstream::of(
+        &client,
+        shared.config.accept_proxy_protocol.sni,
+        shared,
+    ))
+    .await?;
     // Nothing is buffered until the client sends, and its bytes are parsed
     // only once enough have come for the ClientHello to be complete.
-    let mut buf = Vec::new();
     let mut parse_at = 1;
     let host = tokio::time::timeout(shared.config.client_hello_timeout, async {
         loop {
@@ -103,21 +120,27 @@ async fn serve(client: TcpStream, shared: &Shared) -> Result<(), SniError> {
         .cloned()
         .ok_or_else(|| SniError::NoRoute(host.to_string()))?;
     drop(table);
+    if !downstream.admitted(&route, shared, "sni") {
+        let mut client = client;
+        let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
+        return Err(SniError::Denied(downstream.source, host.to_string()));
+    }
     // Envoy logs only connections that reached a filter chain (a route).
     let mut access = Access::start(
         shared.access_log.as_ref(),
-        client.local_addr().ok(),
-        client.peer_addr().ok(),
+        Some(downstream.local),
+        Some(downstream.source),
     );
     access.sni(host.as_str());
     // Allocated only for a routed connection, so a silent one stays small.
-    Box::pin(proxy(client, buf, route, shared, access)).await
+    Box::pin(proxy(client, buf, route, &downstream, shared, access)).await
 }
 
 async fn proxy(
     client: TcpStream,
     hello: Vec<u8>,
     route: Arc<Route>,
+    downstream: &Downstream,
     shared: &Shared,
     mut access: Access,
 ) -> Result<(), SniError> {
@@ -141,6 +164,7 @@ async fn proxy(
         client,
         hello.into(),
         &route,
+        downstream,
         upstream,
         endpoint,
         shared.config.connection.sni_idle_timeout,

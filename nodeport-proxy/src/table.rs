@@ -75,6 +75,9 @@ pub struct Cluster {
     /// robin carries on across reloads.
     next: Arc<AtomicUsize>,
     pub stats: ClusterStats,
+    /// Its Service's source allow-list and upstream PROXY header; `None`:
+    /// open to all, nothing sent first.
+    pub policy: Option<Arc<crate::policy::ServicePolicy>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -87,6 +90,19 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
+    /// Whether `source` may connect through any listener.
+    pub fn admits(&self, source: std::net::IpAddr) -> bool {
+        self.policy
+            .as_ref()
+            .is_none_or(|p| p.source_ranges.allows(source))
+    }
+
+    pub fn upstream_proxy_protocol(&self) -> bool {
+        self.policy
+            .as_ref()
+            .is_some_and(|p| p.upstream_proxy_protocol)
+    }
+
     /// The endpoints in round-robin order starting at the next one.
     pub fn round_robin(&self) -> impl Iterator<Item = &Arc<UpstreamEndpoint>> {
         let n = self.endpoints.len();
@@ -146,6 +162,7 @@ impl RoutingTable {
                     endpoints,
                     next: old.map(|c| c.next.clone()).unwrap_or_default(),
                     stats,
+                    policy: index.cluster_policy(name).cloned(),
                 })
             });
             if new.is_none() {

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::access_log::Access;
 use crate::connect_request::{self, Parsed, RequestError};
 use crate::first_bytes;
-use crate::forward::{Active, ByteCounters, Shared, forward};
+use crate::forward::{Active, ByteCounters, Downstream, Shared, forward};
 use crate::limits::{MAX_CONNECT_HEAD, MAX_REFUSAL_DRAIN, REFUSAL_DRAIN_TIME};
 use crate::metrics::ListenerStats;
 use crate::names::ConnectAuthority;
@@ -54,6 +54,8 @@ pub enum TunnelError {
     NoRoute(ConnectAuthority),
     #[error("too many open tunnels")]
     Overloaded,
+    #[error("client {0} is not in the allow-list of {1}")]
+    Denied(std::net::SocketAddr, ConnectAuthority),
     #[error(transparent)]
     Upstream(#[from] crate::upstream::UpstreamError),
 }
@@ -64,6 +66,7 @@ impl TunnelError {
             TunnelError::Request(e) => e.status(),
             TunnelError::HeaderTimeout => 408,
             TunnelError::NoRoute(_) => 404,
+            TunnelError::Denied(..) => 403,
             TunnelError::Overloaded | TunnelError::Upstream(_) => 503,
         }
     }
@@ -75,6 +78,7 @@ impl TunnelError {
             TunnelError::Request(_) => "DPE",
             TunnelError::HeaderTimeout => "-",
             TunnelError::Overloaded => "UO",
+            TunnelError::Denied(..) => "RBAC",
             TunnelError::Upstream(e) => e.flags(),
         }
     }
@@ -87,6 +91,7 @@ impl TunnelError {
             TunnelError::HeaderTimeout => "request_header_timeout",
             TunnelError::NoRoute(_) => "no_route",
             TunnelError::Overloaded => "overloaded",
+            TunnelError::Denied(..) => "source_denied",
             TunnelError::Upstream(_) => "upstream_unavailable",
         }
     }
@@ -110,17 +115,25 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
     if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
+    let expect = shared.config.accept_proxy_protocol.tunneling;
+    // Nothing is buffered until the client sends.
+    let (downstream, mut buf) = match Box::pin(Downstream::of(&client, expect, shared)).await {
+        Ok(d) => d,
+        Err(e) => {
+            l.stats.reject(e.reason());
+            tracing::debug!(error = %e, "tunneling connection closed");
+            return;
+        }
+    };
     // Written for a request only, as Envoy's HTTP connection manager does:
     // a connection that never sent one leaves no line.
     let mut access = Access::start(
         shared.access_log.as_ref(),
-        client.local_addr().ok(),
-        client.peer_addr().ok(),
+        Some(downstream.local),
+        Some(downstream.source),
     );
     access.skip_unless_answered();
     let deadline = Instant::now() + shared.config.request_header_timeout;
-    // Nothing is buffered until the client sends.
-    let mut buf = Vec::new();
     // Read until the bytes either are the HTTP/2 preface or cannot be.
     while buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&buf) {
         match read_head(&client, &mut buf, MAX_CONNECT_HEAD, deadline).await {
@@ -157,11 +170,18 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         }
         let _h2 = Active::new(&http.downstream_cx_http2_active);
         let io = PrefixedIo::new(buf.into(), client);
-        Box::pin(crate::tunnel_h2::serve(io, l.clone(), deadline, &access)).await;
+        Box::pin(crate::tunnel_h2::serve(
+            io,
+            l.clone(),
+            deadline,
+            &access,
+            downstream,
+        ))
+        .await;
     } else {
         let _h1 = Active::new(&http.downstream_cx_http1_active);
         access.protocol("HTTP/1.1");
-        Box::pin(http1(client, buf, deadline, &l, access)).await;
+        Box::pin(http1(client, buf, deadline, &l, access, &downstream)).await;
     }
 }
 
@@ -171,6 +191,7 @@ async fn http1(
     deadline: Instant,
     l: &TunnelListener,
     mut access: Access,
+    downstream: &Downstream,
 ) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
@@ -202,7 +223,7 @@ async fn http1(
     http.downstream_rq_total.increment(1);
     let _rq = Active::new(&http.downstream_rq_active);
     access.authority(&head.authority.to_string());
-    let opened = open(&head.authority, l).await;
+    let opened = open(&head.authority, l, downstream).await;
     let (route, upstream, endpoint, _permit) = match opened {
         Ok(o) => o,
         Err(e) => return refuse_h1(&mut client, e, l, &mut access).await,
@@ -220,6 +241,7 @@ async fn http1(
         client,
         early,
         &route,
+        downstream,
         upstream,
         endpoint,
         shared.config.connection.tunneling_stream_idle_timeout,
@@ -265,6 +287,7 @@ pub(crate) fn counters(l: &TunnelListener, route: &Route) -> ByteCounters {
 pub(crate) async fn open(
     authority: &ConnectAuthority,
     l: &TunnelListener,
+    downstream: &Downstream,
 ) -> Result<
     (
         Arc<Route>,
@@ -287,6 +310,9 @@ pub(crate) async fn open(
         .get(authority)
         .cloned()
         .ok_or_else(|| TunnelError::NoRoute(authority.clone()))?;
+    if !downstream.admitted(&route, &l.shared, "tunnel") {
+        return Err(TunnelError::Denied(downstream.source, authority.clone()));
+    }
     let stats = &route.cluster.stats;
     stats.upstream_rq_total().increment(1);
     let started = std::time::Instant::now();

@@ -13,15 +13,20 @@ use tokio::time::Instant;
 
 use crate::access_log::Access;
 use crate::connect_request::RequestError;
-use crate::forward::{Active, forward};
+use crate::forward::{Active, Downstream, forward};
 use crate::limits;
 use crate::names::ConnectAuthority;
 use crate::tunnel::{TunnelError, TunnelListener, counters, open, record_refusal};
 
 /// `deadline` bounded the client preface (read before this is called); it
 /// also bounds our side of the handshake.
-pub async fn serve<T>(io: T, l: Arc<TunnelListener>, deadline: Instant, access: &Access)
-where
+pub async fn serve<T>(
+    io: T,
+    l: Arc<TunnelListener>,
+    deadline: Instant,
+    access: &Access,
+    downstream: Downstream,
+) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let shared = &l.shared;
@@ -71,7 +76,7 @@ where
                     let streams = streams.clone();
                     let access = access.stream("HTTP/2");
                     shared.drain.spawn(async move {
-                        stream(req, respond, &l, access).await;
+                        stream(req, respond, &l, access, &downstream).await;
                         streams.send_modify(|n| *n = n.saturating_sub(1));
                     });
                 }
@@ -121,6 +126,7 @@ async fn stream(
     mut respond: SendResponse<Bytes>,
     l: &TunnelListener,
     mut access: Access,
+    downstream: &Downstream,
 ) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
@@ -131,7 +137,7 @@ async fn stream(
         Err(e) => return refuse(&mut respond, TunnelError::Request(e), l, &mut access),
     };
     access.authority(&authority.to_string());
-    let (route, upstream, endpoint, _permit) = match open(&authority, l).await {
+    let (route, upstream, endpoint, _permit) = match open(&authority, l, downstream).await {
         Ok(o) => o,
         Err(e) => return refuse(&mut respond, e, l, &mut access),
     };
@@ -151,6 +157,7 @@ async fn stream(
         io,
         bytes::Bytes::new(),
         &route,
+        downstream,
         upstream,
         endpoint,
         shared.config.connection.tunneling_stream_idle_timeout,
