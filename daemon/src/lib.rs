@@ -5,6 +5,7 @@
 
 pub mod authority;
 pub mod chunks;
+pub mod debug_connections;
 pub mod drain;
 pub mod duration;
 pub mod endpoints;
