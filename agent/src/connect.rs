@@ -50,7 +50,8 @@ pub enum ConnectError {
 pub struct Connector {
     pub host: String,
     pub port: u16,
-    pub tls: Arc<rustls::ClientConfig>,
+    /// Reloaded when its files change; each attempt takes the current one.
+    pub tls: daemon::tls_reload::Reloading<rustls::ClientConfig>,
     pub agent_id: AgentId,
     pub identifiers: String,
     pub token_path: Option<PathBuf>,
@@ -103,7 +104,7 @@ impl Connector {
             .tcp_nodelay(true);
         let name = ServerName::try_from(self.host.clone())
             .map_err(|_| ConnectError::Address(self.host.clone()))?;
-        let tls = TlsConnector::from(self.tls.clone());
+        let tls = TlsConnector::from(self.tls.current());
         let target = (self.host.clone(), self.port);
         let tls_error = Arc::new(std::sync::OnceLock::new());
         let seen = tls_error.clone();

@@ -32,6 +32,12 @@ pub enum Segment {
     ToAgent = 1,
 }
 
+/// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
+pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames {
+    expiry: "konnectivity_network_proxy_agent_certificate_expiration_timestamp_seconds",
+    reloads: "konnectivity_network_proxy_agent_tls_reloads_total",
+};
+
 pub struct Metrics {
     registry: Arc<Registry>,
     pub dial_duration: Histogram,

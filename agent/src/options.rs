@@ -100,11 +100,9 @@ pub struct Addresses {
 pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     let cert = v.existing_file("agent-cert")?;
     let key = v.existing_file("agent-key")?;
-    let identity = match (&cert, &key) {
-        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
-        (None, None) => None,
-        _ => return Err("--agent-cert and --agent-key must be set together".into()),
-    };
+    if cert.is_some() != key.is_some() {
+        return Err("--agent-cert and --agent-key must be set together".into());
+    }
     let Some(ca) = v.existing_file("ca-cert")? else {
         return Err("--ca-cert is required to verify the proxy server".into());
     };
@@ -117,12 +115,22 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     if !alpn.iter().any(|p| p == b"h2") {
         alpn.push(b"h2".to_vec());
     }
-    let tls = daemon::tls::client_config(&ca, identity, &alpn).map_err(|e| {
-        e.naming(daemon::tls::FileFlags {
-            cert: "agent-cert",
-            key: "agent-key",
-            ca: "ca-cert",
-        })
+    let files = daemon::tls_reload::Files {
+        cert,
+        key,
+        ca: Some(ca),
+    };
+    let flags = daemon::tls::FileFlags {
+        cert: "agent-cert",
+        key: "agent-key",
+        ca: "ca-cert",
+    };
+    let tls = daemon::tls_reload::Reloading::from_files("server", flags, files, move |f| {
+        let identity = f.cert.as_deref().zip(f.key.as_deref());
+        match &f.ca {
+            Some(ca) => daemon::tls::client_config(ca, identity, &alpn),
+            None => Err(daemon::tls::TlsError::Verifier("no CA".into())),
+        }
     })?;
 
     let identifiers = v.string("agent-identifiers");
@@ -166,7 +174,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         connector: Connector {
             host: v.string("proxy-server-host"),
             port: v.port("proxy-server-port")?,
-            tls: Arc::new(tls),
+            tls,
             agent_id: AgentId(agent_id),
             identifiers,
             token_path,

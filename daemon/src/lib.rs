@@ -26,4 +26,5 @@ pub mod process;
 pub mod relay;
 pub mod signals;
 pub mod tls;
+pub mod tls_reload;
 pub mod x509v1;

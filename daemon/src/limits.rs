@@ -16,3 +16,7 @@ pub const ENDPOINT_HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read buffer, and so the largest request head, on an endpoint connection
 /// (hyper's minimum).
 pub const ENDPOINT_MAX_BUF: usize = 8 << 10;
+
+/// Largest certificate, key or CA bundle file read (a bundle of a few
+/// hundred CAs fits; a wrong path naming a huge file does not fill memory).
+pub const MAX_PEM_FILE: u64 = 1 << 20;

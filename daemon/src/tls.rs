@@ -243,10 +243,12 @@ pub fn read_buffered<IO: tokio::io::AsyncRead>(io: IO) -> tokio::io::BufReader<I
 }
 
 fn read(role: Role, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        role,
-        path: path.to_path_buf(),
-        source,
+    crate::file_watch::read_bounded(path, crate::limits::MAX_PEM_FILE).map_err(|source| {
+        TlsError::Read {
+            role,
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }
 

@@ -150,8 +150,8 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
     };
     let server = proxy_server::Server::new(proxy_server::Config {
         mode: proxy_server::Mode::HttpConnect,
-        frontend_tls: Some(Arc::new(frontend_tls)),
-        agent_tls: Arc::new(agent_tls),
+        frontend_tls: Some(Arc::new(frontend_tls).into()),
+        agent_tls: Arc::new(agent_tls).into(),
         server_id: ServerId("local-stack".into()),
         server_count: 1,
         strategies: vec![proxy_server::Strategy::Default],
@@ -190,7 +190,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         connector: proxy_agent::Connector {
             host: "127.0.0.1".into(),
             port: agent_addr.port(),
-            tls: Arc::new(client_tls),
+            tls: Arc::new(client_tls).into(),
             agent_id: AgentId("local-stack-agent".into()),
             identifiers: String::new(),
             token_path: None,

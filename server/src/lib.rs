@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use daemon::drain::Drain;
 use daemon::listen::{AcceptOptions, Listener, accept_loop};
+use daemon::tls_reload::Reloading;
 use konnectivity_proto::agent_service_server::AgentServiceServer;
 use konnectivity_proto::ids::ServerId;
 use konnectivity_proto::proxy_service_server::ProxyServiceServer;
@@ -60,9 +61,10 @@ pub enum Mode {
 #[derive(Clone)]
 pub struct Config {
     pub mode: Mode,
-    /// TLS for a TCP frontend (client certificates required); `None` for a Unix socket.
-    pub frontend_tls: Option<Arc<rustls::ServerConfig>>,
-    pub agent_tls: Arc<rustls::ServerConfig>,
+    /// TLS for a TCP frontend (client certificates required); `None` for a
+    /// Unix socket. Reloaded when its files change, as `agent_tls` is.
+    pub frontend_tls: Option<Reloading<rustls::ServerConfig>>,
+    pub agent_tls: Reloading<rustls::ServerConfig>,
     pub server_id: ServerId,
     pub server_count: u32,
     pub strategies: Vec<Strategy>,
@@ -284,6 +286,12 @@ impl Server {
         }
 
         let registry = core.metrics.registry().clone();
+        for tls in config.frontend_tls.iter().chain([&config.agent_tls]) {
+            drain.spawn(
+                tls.clone()
+                    .follow(registry.clone(), metrics::TLS, drain.clone()),
+            );
+        }
         drain.spawn(registry.run_upkeep(drain.clone()));
         drain.spawn(daemon::endpoints::serve(
             listeners.health,
@@ -366,7 +374,7 @@ fn serve_agents(
     })
     .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
     let settings = H2Settings::agent(config.keepalive_time, config.keepalive_timeout);
-    let tls = acceptor(config.agent_tls.clone());
+    let tls = config.agent_tls.clone();
     let d = drain.clone();
     accept_loop(
         listener,
@@ -374,7 +382,13 @@ fn serve_agents(
         drain,
         AcceptOptions::default(),
         move |io, _, _| {
-            let (svc, settings, tls, d) = (svc.clone(), settings.clone(), tls.clone(), d.clone());
+            // Each handshake takes the material in use now (it may have been reloaded).
+            let (svc, settings, tls, d) = (
+                svc.clone(),
+                settings.clone(),
+                acceptor(tls.current()),
+                d.clone(),
+            );
             async move {
                 if let Some(io) = tls_handshake(&tls, daemon::tls::read_buffered(io)).await {
                     serve_h2(io, svc, &settings, &d).await;
@@ -386,7 +400,7 @@ fn serve_agents(
 
 fn serve_frontend<L: Listener>(
     listener: L,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<Reloading<rustls::ServerConfig>>,
     config: &Config,
     core: Arc<Core>,
     drain: Drain,
@@ -398,7 +412,6 @@ fn serve_frontend<L: Listener>(
     })
     .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
     let settings = H2Settings::frontend(config.frontend_keepalive_time);
-    let tls = tls.map(acceptor);
     let d = drain.clone();
     accept_loop(
         listener,
@@ -409,7 +422,7 @@ fn serve_frontend<L: Listener>(
             let (svc, settings, tls, d, core) = (
                 svc.clone(),
                 settings.clone(),
-                tls.clone(),
+                tls.as_ref().map(|t| acceptor(t.current())),
                 d.clone(),
                 core.clone(),
             );

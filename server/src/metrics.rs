@@ -23,6 +23,11 @@ const DIAL_FAILURES: &str = "konnectivity_network_proxy_server_dial_failure_coun
 const STREAM_PACKETS: &str = "konnectivity_network_proxy_server_stream_packets_total";
 const STREAM_ERRORS: &str = "konnectivity_network_proxy_server_stream_errors_total";
 const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_count";
+/// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
+pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames {
+    expiry: "konnectivity_network_proxy_server_certificate_expiration_timestamp_seconds",
+    reloads: "konnectivity_network_proxy_server_tls_reloads_total",
+};
 
 /// Why a dial failed, as upstream labels it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,11 +3,11 @@
 //! the binary prints it and exits 2.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use daemon::flags::{FlagSet, Values};
 use daemon::tls::{self, FileFlags, TlsPolicy};
+use daemon::tls_reload::{Files, Reloading};
 use konnectivity_proto::ids::ServerId;
 
 use crate::backend::Strategy;
@@ -165,6 +165,29 @@ const AGENT_FILES: FileFlags = FileFlags {
     ca: "cluster-ca-cert",
 };
 
+/// A listener's TLS configuration, rebuilt when its files change.
+fn reloading_server_config(
+    name: &'static str,
+    flags: FileFlags,
+    files: Files,
+    policy: &TlsPolicy,
+    alpn: &[&[u8]],
+) -> Result<Reloading<rustls::ServerConfig>, String> {
+    let policy = policy.clone();
+    let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
+    Reloading::from_files(name, flags, files, move |f| {
+        let alpn: Vec<&[u8]> = alpn.iter().map(Vec::as_slice).collect();
+        match (&f.cert, &f.key) {
+            (Some(cert), Some(key)) => {
+                tls::server_config(cert, key, f.ca.as_deref(), &policy, &alpn)
+            }
+            _ => Err(tls::TlsError::Verifier(
+                "a listener needs a certificate and key".into(),
+            )),
+        }
+    })
+}
+
 fn port(v: &Values, name: &str) -> Result<u16, String> {
     let p = v.int(name);
     // 0 picks a free port (tests, local runs); otherwise upstream's range.
@@ -229,15 +252,19 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         let Some(ca) = server_ca else {
             return Err("a TCP frontend needs --server-ca-cert: kube-apiserver clients must present certificates".into());
         };
-        let tls = tls::server_config(&cert, &key, Some(&ca), &policy, alpn)
-            .map_err(|e| e.naming(FRONTEND_FILES))?;
+        let files = Files {
+            cert: Some(cert),
+            key: Some(key),
+            ca: Some(ca),
+        };
+        let tls = reloading_server_config("frontend", FRONTEND_FILES, files, &policy, alpn)?;
         let host = v.string("server-bind-address");
         (
             FrontendAddr::Tcp {
                 host,
                 port: port(v, "server-port")?,
             },
-            Some(Arc::new(tls)),
+            Some(tls),
         )
     } else {
         if v.int("server-port") != 0 {
@@ -284,14 +311,12 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         crate::leases::parse_labels(&v.string("lease-label"))?;
     }
 
-    let agent_tls = tls::server_config(
-        &cluster_cert,
-        &cluster_key,
-        cluster_ca.as_deref(),
-        &policy,
-        &[b"h2"],
-    )
-    .map_err(|e| e.naming(AGENT_FILES))?;
+    let files = Files {
+        cert: Some(cluster_cert),
+        key: Some(cluster_key),
+        ca: cluster_ca,
+    };
+    let agent_tls = reloading_server_config("agent", AGENT_FILES, files, &policy, &[b"h2"])?;
     let xfr = v.int("xfr-channel-size");
     if xfr <= 0 {
         return Err(format!(
@@ -324,7 +349,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     let config = Config {
         mode,
         frontend_tls,
-        agent_tls: Arc::new(agent_tls),
+        agent_tls,
         server_id: ServerId(server_id),
         server_count,
         strategies,

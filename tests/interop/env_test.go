@@ -65,6 +65,9 @@ type serverConfig struct {
 	agentPort int    // 0: ours binds port 0, upstream gets a picked port
 	// the agent listener's certificate and key; empty: the PKI's
 	clusterCert, clusterKey string
+	// a directory with tls.crt, tls.key and ca.crt (a Secret volume) used
+	// for both listeners instead of the PKI's files
+	tlsDir string
 }
 
 func startServer(t testing.TB, cfg serverConfig) *server {
@@ -107,15 +110,20 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 			}
 		}
 	}
-	clusterCert, clusterKey := pki.ServerCert, pki.ServerKey
+	clusterCert, clusterKey, ca := pki.ServerCert, pki.ServerKey, pki.CA
+	serverCert, serverKey := pki.ServerCert, pki.ServerKey
 	if cfg.clusterCert != "" {
 		clusterCert, clusterKey = cfg.clusterCert, cfg.clusterKey
+	}
+	if cfg.tlsDir != "" {
+		clusterCert, clusterKey = filepath.Join(cfg.tlsDir, "tls.crt"), filepath.Join(cfg.tlsDir, "tls.key")
+		serverCert, serverKey, ca = clusterCert, clusterKey, filepath.Join(cfg.tlsDir, "ca.crt")
 	}
 	args := []string{
 		"--mode=" + cfg.front.mode(),
 		"--cluster-cert=" + clusterCert,
 		"--cluster-key=" + clusterKey,
-		"--cluster-ca-cert=" + pki.CA,
+		"--cluster-ca-cert=" + ca,
 		"--agent-bind-address=127.0.0.1",
 		"--agent-port=" + strconv.Itoa(ports["agent"]),
 		"--health-bind-address=127.0.0.1",
@@ -129,9 +137,9 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 		args = append(args,
 			"--server-bind-address=127.0.0.1",
 			"--server-port="+strconv.Itoa(ports["frontend"]),
-			"--server-cert="+pki.ServerCert,
-			"--server-key="+pki.ServerKey,
-			"--server-ca-cert="+pki.CA,
+			"--server-cert="+serverCert,
+			"--server-key="+serverKey,
+			"--server-ca-cert="+ca,
 		)
 	} else {
 		s.uds = filepath.Join(s.dir, "konnectivity-server.socket")

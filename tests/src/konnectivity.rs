@@ -150,7 +150,7 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
                 addr,
                 tls: Arc::new(client_tls),
             },
-            Some(Arc::new(tls)),
+            Some(Arc::new(tls).into()),
             None,
         )
     } else {
@@ -181,7 +181,7 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
     let config = Config {
         mode: opts.mode,
         frontend_tls,
-        agent_tls: Arc::new(agent_tls),
+        agent_tls: Arc::new(agent_tls).into(),
         server_id: ServerId(server_id),
         server_count: opts.server_count,
         strategies: opts.strategies.clone(),
@@ -346,7 +346,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
         connector: Connector {
             host: server.ip().to_string(),
             port: server.port(),
-            tls: Arc::new(tls),
+            tls: Arc::new(tls).into(),
             agent_id: AgentId(id),
             identifiers: opts.identifiers.clone(),
             token_path: None,
@@ -444,7 +444,7 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
     let connector = Connector {
         host: server.ip().to_string(),
         port: server.port(),
-        tls: Arc::new(tls),
+        tls: Arc::new(tls).into(),
         agent_id: AgentId(id.to_string()),
         identifiers: identifiers.to_string(),
         token_path: None,
