@@ -43,6 +43,8 @@ pub struct ClientSet {
     drain: Drain,
     /// The agent is draining (first SIGTERM): no new servers, DRAIN sent.
     draining: CancellationToken,
+    /// Every session's connections, for `/debug/connections`.
+    pub debug: daemon::debug_connections::Connections,
 }
 
 /// `interval` plus up to 10 % (wait.Jitter(d, 0.1)).
@@ -64,6 +66,7 @@ impl ClientSet {
             session_cfg,
             drain,
             draining: CancellationToken::new(),
+            debug: Default::default(),
         })
     }
 
@@ -156,6 +159,7 @@ impl ClientSet {
             self.metrics.clone(),
             self.session_cfg.clone(),
             self.drain.clone(),
+            self.debug.clone(),
         );
         let n = {
             let mut s = self.sessions.lock();

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::chunks::ChunkReader;
+use daemon::relay::Tally;
 use konnectivity_proto::flow::{RecvGate, SendGate};
 use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
@@ -50,6 +51,10 @@ impl CloseSignal {
     pub async fn closed(&self) {
         self.token.cancelled().await
     }
+
+    pub fn is_closed(&self) -> bool {
+        self.token.is_cancelled()
+    }
 }
 
 /// The server side of a pump: where packets go, and the connection's gates.
@@ -59,6 +64,9 @@ pub struct Link<'a> {
     pub control: &'a mpsc::UnboundedSender<Packet>,
     pub gate: &'a RecvGate,
     pub send: Option<&'a SendGate>,
+    /// Counts bytes each way for `/debug/connections` (from the server:
+    /// `client`; from the destination: `upstream`).
+    pub tally: &'a dyn Tally,
 }
 
 /// Pumps bytes both ways until either side ends or `close` fires. Returns when
@@ -81,6 +89,7 @@ pub async fn pump(
                 Ok(d) if !d.is_empty() => d,
                 _ => return,
             };
+            link.tally.upstream_bytes(data.len() as u64);
             if let Some(send) = link.send {
                 send.acquire(data.len()).await;
             }
@@ -95,6 +104,7 @@ pub async fn pump(
             if wr.write_all(&data).await.is_err() {
                 return;
             }
+            link.tally.client_bytes(data.len() as u64);
             if let Some(credit) = link.gate.consumed(data.len()) {
                 let _ = link.control.send(Packet::window_update(id.0, credit));
                 on_sent(konnectivity_proto::PacketType::WindowUpdate as i32);

@@ -101,6 +101,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>, d: &Dests) {
             out: out_tx,
             control: ctl_tx,
             flow_window: flow.then_some(konnectivity_proto::flow::MIN_WINDOW),
+            debug: Default::default(),
         },
         metrics,
         SessionConfig {

@@ -1,5 +1,7 @@
 //! Health port (`/healthz`, `/readyz`, `/ready`, `/metrics`) and admin port
-//! (`/metrics` redirects to the health port), as upstream's agent serves them.
+//! (`/metrics` redirects to the health port), as upstream's agent serves them;
+//! the admin port (loopback by default) also lists connections at
+//! `/debug/connections` (ours).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,8 +44,9 @@ pub fn health_handler(clients: Arc<ClientSet>, metrics: Arc<Metrics>) -> Handler
 /// own address when it is bound to one, else at the address the client
 /// reached the admin port on (never the client's `Host` header, which it
 /// controls).
-pub fn admin_handler(health: SocketAddr) -> Handler {
+pub fn admin_handler(health: SocketAddr, debug: daemon::debug_connections::Connections) -> Handler {
     Arc::new(move |head| match head.path {
+        "/debug/connections" => debug.reply_local(head),
         "/metrics" => {
             let ip = if health.ip().is_unspecified() {
                 head.local.map_or(health.ip(), |a| a.ip())

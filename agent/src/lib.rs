@@ -234,7 +234,7 @@ impl Agent {
         tasks.spawn(daemon::endpoints::serve(
             listeners.admin,
             "admin",
-            health::admin_handler(health_addr),
+            health::admin_handler(health_addr, clients.debug.clone()),
             tasks.clone(),
         ));
         tasks.spawn(

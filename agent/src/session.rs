@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use daemon::debug_connections::{Connections, Tracked};
 use daemon::drain::Drain;
 use konnectivity_proto::flow::{RecvGate, SendGate};
 use konnectivity_proto::ids::{ConnectId, DialId, ServerId};
@@ -42,6 +43,8 @@ pub(crate) struct Links {
     pub out: mpsc::Sender<Packet>,
     pub control: mpsc::UnboundedSender<Packet>,
     pub flow_window: Option<i64>,
+    /// Where the session lists its connections (`/debug/connections`).
+    pub debug: Connections,
 }
 
 pub struct Session {
@@ -50,6 +53,7 @@ pub struct Session {
     control: mpsc::UnboundedSender<Packet>,
     /// The negotiated flow-control window; `None` with upstream servers.
     flow_window: Option<i64>,
+    debug: Connections,
     conns: Mutex<HashMap<ConnectId, ConnHandle>>,
     dials: Mutex<HashMap<DialId, CancellationToken>>,
     next_id: AtomicI64,
@@ -67,11 +71,13 @@ impl Session {
         metrics: Arc<Metrics>,
         cfg: SessionConfig,
         drain: Drain,
+        debug: Connections,
     ) -> (Arc<Session>, Streaming<Packet>) {
         let links = Links {
             out: conn.outbound,
             control: conn.control,
             flow_window: conn.flow_window,
+            debug,
         };
         let session = Session::with_links(conn.server_id, links, metrics, cfg, drain);
         (session, conn.inbound)
@@ -90,6 +96,7 @@ impl Session {
             out: links.out,
             control: links.control,
             flow_window: links.flow_window,
+            debug: links.debug,
             conns: Mutex::new(HashMap::new()),
             dials: Mutex::new(HashMap::new()),
             next_id: AtomicI64::new(0),
@@ -281,14 +288,23 @@ impl Session {
         cancel: CancellationToken,
     ) {
         let started = Instant::now();
+        let debug = self.debug.open("tunnel", None);
+        debug.set_target(&req.address);
+        debug.set("server_id", &self.server_id);
+        debug.set("dial_id", dial_id);
+        debug.set_state("dialing");
         let dialed = tokio::select! {
             r = dial::dial(&req.protocol, &req.address, self.cfg.dial_timeout, &self.cfg.policy) => Some(r),
             _ = cancel.cancelled() => None,
         };
         self.dials.lock().remove(&dial_id);
         let stream = match dialed {
-            None => return,
+            None => {
+                debug.set_close_reason("dial cancelled by the server");
+                return;
+            }
             Some(Err(e)) => {
+                debug.set_close_reason(format_args!("dial failed: {}", e.text));
                 if e.denied {
                     self.metrics.dial_denied();
                     tracing::info!(address = %req.address, "dial refused by --allowed-destinations");
@@ -304,6 +320,11 @@ impl Session {
         self.metrics
             .dial_duration
             .record(started.elapsed().as_secs_f64());
+        if let Ok(peer) = stream.peer_addr() {
+            debug.set_upstream(peer);
+        }
+        debug.set("connect_id", connect);
+        debug.set_state("established");
         let (tx, rx) = mpsc::unbounded_channel();
         let close = CloseSignal::default();
         let gate = Arc::new(match self.flow_window {
@@ -333,12 +354,21 @@ impl Session {
                 control: &self.control,
                 gate: &gate,
                 send: send.as_deref(),
+                tally: &debug,
             };
             tokio::select! {
                 _ = endpoint::pump(stream, link, rx, &close, |t| metrics.packet(Segment::FromAgent, t)) => {}
                 _ = self.closed.cancelled() => {}
                 _ = self.drain.stopping() => {}
             }
+            note_close(
+                &debug,
+                &close,
+                self.closed.is_cancelled(),
+                self.drain.is_stopping(),
+            );
+        } else {
+            debug.set_close_reason("the stream to the server ended before DIAL_RSP was sent");
         }
         if let Some(s) = &send {
             s.close();
@@ -355,5 +385,16 @@ impl Session {
     /// Tells the server this agent is going away.
     pub async fn send_drain(&self) {
         self.send(Packet::drain()).await;
+    }
+}
+
+/// Why an established connection ended, for `/debug/connections`.
+fn note_close(debug: &Tracked, close: &CloseSignal, stream_gone: bool, stopping: bool) {
+    match close.reason() {
+        Some(r) => debug.set_close_reason(r),
+        None if close.is_closed() => debug.set_close_reason("closed by the server (CLOSE_REQ)"),
+        None if stream_gone => debug.set_close_reason("the stream to the server ended"),
+        None if stopping => debug.set_close_reason("the agent is stopping"),
+        None => debug.set_close_reason("closed by the destination"),
     }
 }

@@ -178,6 +178,20 @@ impl Connections {
         }
     }
 
+    /// [`Connections::reply`], but only to a client that reached the port on
+    /// a loopback address (one on the same host or in the same network
+    /// namespace: `kubectl port-forward` qualifies), even when the admin port
+    /// is bound to every interface so that Prometheus can scrape it.
+    pub fn reply_local(&self, head: &crate::endpoints::Head<'_>) -> crate::endpoints::Reply {
+        if head.local.is_some_and(|a| a.ip().is_loopback()) {
+            return self.reply(head.query);
+        }
+        crate::endpoints::Reply::text(
+            http::StatusCode::FORBIDDEN,
+            "/debug/connections is served on loopback addresses only (curl it from inside the pod, or through kubectl port-forward)\n",
+        )
+    }
+
     /// `limit` from a query string such as `limit=50`.
     pub fn limit_from_query(query: Option<&str>) -> Option<usize> {
         query?
@@ -380,5 +394,27 @@ mod tests {
         assert_eq!(doc["closed"].as_array().map(Vec::len), Some(MAX_CLOSED));
         assert_eq!(c.live_count(), 0);
         assert!(c.inner.closed.lock().len() <= MAX_CLOSED);
+    }
+
+    #[test]
+    fn served_only_to_clients_on_a_loopback_address() {
+        let c = Connections::new();
+        let _held = c.open("np", None);
+        let head = |local: &str| {
+            let method = http::Method::GET;
+            let local = local.parse().ok();
+            let h = crate::endpoints::Head {
+                method: &method,
+                path: "/debug/connections",
+                query: None,
+                local,
+            };
+            c.reply_local(&h).status
+        };
+        assert_eq!(head("127.0.0.1:8095"), http::StatusCode::OK);
+        assert_eq!(head("[::1]:8095"), http::StatusCode::OK);
+        // The pod IP (the admin port bound to every interface for scrapes).
+        assert_eq!(head("10.244.0.7:8133"), http::StatusCode::FORBIDDEN);
+        assert_eq!(head("[fd00::7]:8133"), http::StatusCode::FORBIDDEN);
     }
 }

@@ -65,6 +65,9 @@ pub struct Running {
     pub frontend_client: pki::Identity,
     pub ports: Ports,
     pub server_health: SocketAddr,
+    /// Admin ports (`/debug/connections`).
+    pub server_admin: SocketAddr,
+    pub agent_admin: SocketAddr,
     pub agent: proxy_agent::AgentHandle,
     server_stop: Option<oneshot::Sender<()>>,
     agent_stop: Option<oneshot::Sender<()>>,
@@ -148,6 +151,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         health: server_health_listener,
         admin: bind(0, "the server admin port").await?,
     };
+    let server_admin = listeners.admin.local_addr()?;
     let server = proxy_server::Server::new(proxy_server::Config {
         mode: proxy_server::Mode::HttpConnect,
         frontend_tls: Some(Arc::new(frontend_tls).into()),
@@ -216,6 +220,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         health: agent_health,
         admin: bind(0, "the agent admin port").await?,
     };
+    let agent_admin = agent_listeners.admin.local_addr()?;
     tasks.push(tokio::spawn(agent.run(
         agent_listeners,
         std::future::pending(),
@@ -272,6 +277,8 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         frontend_client,
         ports,
         server_health,
+        server_admin,
+        agent_admin,
         agent: agent_handle,
         server_stop: Some(server_stop),
         agent_stop: Some(agent_stop),
@@ -314,6 +321,9 @@ impl Running {
              # Health and metrics\n\
              curl http://{health}/readyz ; curl -s http://{health}/metrics | grep konnectivity_network_proxy_server\n\
              curl -s http://127.0.0.1:{stats}/stats/prometheus | head\n\n\
+             # Konnectivity tunnels open now and the last closed, with why (admin ports, loopback only)\n\
+             curl -s http://{server_admin}/debug/connections\n\
+             curl -s http://{agent_admin}/debug/connections\n\n\
              Press Ctrl-C to stop everything.\n",
             echo = p.echo,
             kon = p.konnectivity,
@@ -327,6 +337,8 @@ impl Running {
             npt = p.node_port_tls,
             npe = p.node_port_echo,
             health = self.server_health,
+            server_admin = self.server_admin,
+            agent_admin = self.agent_admin,
             stats = p.stats,
         )
     }

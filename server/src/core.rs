@@ -40,6 +40,8 @@ struct Pending {
 
 pub struct Core {
     pub backends: Backends,
+    /// Live and recently closed tunnels, for `/debug/connections`.
+    pub debug: daemon::debug_connections::Connections,
     pending: Mutex<HashMap<DialId, Pending>>,
     pub metrics: Arc<Metrics>,
     pub cfg: CoreConfig,
@@ -80,6 +82,7 @@ impl Core {
     pub fn new(backends: Backends, metrics: Arc<Metrics>, cfg: CoreConfig) -> Self {
         Core {
             backends,
+            debug: Default::default(),
             pending: Mutex::new(HashMap::new()),
             metrics,
             cfg,
@@ -160,6 +163,14 @@ impl Core {
 
     /// Starts the tunnel's dial. On error the caller tells the frontend.
     pub async fn dial(&self, tunnel: &Arc<Tunnel>, pkt: Packet) -> Result<(), DialRefused> {
+        let r = self.start_dial(tunnel, pkt).await;
+        if let Err(e) = &r {
+            tunnel.note_close(format_args!("dial refused: {e}"));
+        }
+        r
+    }
+
+    async fn start_dial(&self, tunnel: &Arc<Tunnel>, pkt: Packet) -> Result<(), DialRefused> {
         let Some(Payload::DialRequest(req)) = &pkt.payload else {
             return Err(DialRefused::Malformed);
         };
@@ -172,6 +183,12 @@ impl Core {
             return Err(DialRefused::NoAgent);
         };
         tracing::debug!(dial_id = %dial, address = %req.address, agent_id = %backend.agent_id, "DIAL_REQ");
+        if let Some(d) = tunnel.debug() {
+            d.set_target(&req.address);
+            d.set_upstream(&backend.agent_id);
+            d.set("dial_id", dial);
+            d.set_state("dialing");
+        }
         let started = Instant::now();
         let deadline = started + self.cfg.dial_timeout;
         {
@@ -243,6 +260,7 @@ impl Core {
         }
         tunnel.with_state(|s| *s = TunnelState::Closed);
         self.metrics.dial_failure(DialFailure::BackendDialTimeout);
+        tunnel.note_close("dial timed out waiting for the agent's DIAL_RSP");
         tracing::warn!(dial_id = %dial, agent_id = %backend.agent_id, "dial timed out waiting for DIAL_RSP");
         // Lets an agent that supports it drop the dial; others ignore it.
         let _ = backend
@@ -274,6 +292,9 @@ impl Core {
                 let len = data.data.len();
                 if !Self::take_credit(tunnel, len).await {
                     return Flow::Continue;
+                }
+                if let Some(d) = tunnel.debug() {
+                    daemon::relay::Tally::client_bytes(d, len as u64);
                 }
                 if backend.send(pkt).await.is_err() {
                     tracing::debug!(connection_id = id, "DATA to agent failed: stream closed");
@@ -311,6 +332,7 @@ impl Core {
                     return Flow::End;
                 }
                 tunnel.with_state(|s| *s = TunnelState::Closing { backend, connect });
+                tunnel.note_close("closed by the frontend");
                 Flow::Continue
             }
             TunnelState::Dialing { .. } | TunnelState::Established { .. } => {
@@ -330,6 +352,7 @@ impl Core {
             return Flow::Continue;
         }
         tunnel.with_state(|s| *s = TunnelState::Closed);
+        tunnel.note_close("dial cancelled by the frontend");
         if self.take_pending_of(dial, tunnel) {
             self.metrics.dial_failure(DialFailure::FrontendClose);
             tracing::debug!(dial_id = %dial, "dial cancelled by frontend");
@@ -361,6 +384,9 @@ impl Core {
         if !Self::take_credit(tunnel, data.len()).await {
             return false;
         }
+        if let Some(d) = tunnel.debug() {
+            daemon::relay::Tally::client_bytes(d, data.len() as u64);
+        }
         backend.send(Packet::data(connect.0, data)).await.is_ok()
     }
 
@@ -368,6 +394,10 @@ impl Core {
     /// whatever the tunnel still holds. Safe to call more than once.
     pub async fn frontend_gone(&self, tunnel: &Tunnel) {
         let previous = tunnel.with_state(|s| std::mem::replace(s, TunnelState::Closed));
+        tunnel.note_close(match previous {
+            TunnelState::Dialing { .. } => "the frontend left during the dial",
+            _ => "closed by the frontend",
+        });
         match previous {
             TunnelState::Dialing { dial, backend, .. } => {
                 if self.take_pending_of(dial, tunnel) {
@@ -542,6 +572,10 @@ impl Core {
             None => RecvGate::legacy(self.cfg.frontend_queue, self.cfg.stall_timeout),
         };
         p.tunnel.establish_flow(backend.clone(), connect_id, gate);
+        if let Some(d) = p.tunnel.debug() {
+            d.set("connect_id", connect_id);
+            d.set_state("established");
+        }
         self.metrics
             .dial_duration
             .record(p.started.elapsed().as_secs_f64());

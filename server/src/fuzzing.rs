@@ -169,7 +169,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
     ));
     let mut agents: Vec<Agent> = (0..AGENTS).map(|i| agent(&core, i)).collect();
     let mut fronts: Vec<(Arc<Tunnel>, FrontendQueue)> =
-        (0..FRONTENDS).map(|_| Tunnel::new()).collect();
+        (0..FRONTENDS).map(|_| Tunnel::tracked(None)).collect();
     let mut tasks = tokio::task::JoinSet::new();
     let mut s = Script { data };
     while let Some(op) = s.byte() {
@@ -209,7 +209,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             }
             4 => {
                 tasks.spawn(async move { core2.frontend_gone(&t2).await });
-                fronts[f] = Tunnel::new();
+                fronts[f] = Tunnel::tracked(None);
             }
             5 => {
                 drain_agent(&mut agents[a]);

@@ -1,5 +1,6 @@
 //! The health port (`/healthz`, `/readyz`, `/ready`, `/metrics`) and the admin
-//! port (`/metrics`), with upstream's bodies and status codes.
+//! port (`/metrics`), with upstream's bodies and status codes; the admin port
+//! (loopback by default) also lists tunnels at `/debug/connections` (ours).
 
 use std::sync::Arc;
 
@@ -29,6 +30,7 @@ pub fn health_handler(core: Arc<Core>) -> Handler {
 pub fn admin_handler(core: Arc<Core>) -> Handler {
     Arc::new(move |head| match head.path {
         "/metrics" => Reply::metrics(core.metrics.render()),
+        "/debug/connections" => core.debug.reply_local(head),
         _ => Reply::not_found(),
     })
 }

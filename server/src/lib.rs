@@ -406,11 +406,6 @@ fn serve_frontend<L: Listener>(
     drain: Drain,
 ) -> impl Future<Output = ()> + Send + use<L> {
     let mode = config.mode;
-    let svc = ProxyServiceServer::new(ProxySvc {
-        core: core.clone(),
-        drain: drain.clone(),
-    })
-    .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
     let settings = H2Settings::frontend(config.frontend_keepalive_time);
     let d = drain.clone();
     accept_loop(
@@ -418,9 +413,17 @@ fn serve_frontend<L: Listener>(
         "frontend",
         drain,
         AcceptOptions::default(),
-        move |io, _, _| {
+        move |io, peer, _| {
+            let source = peer.parse().ok();
+            // Per connection, so each tunnel knows its frontend's address.
+            let svc = ProxyServiceServer::new(ProxySvc {
+                core: core.clone(),
+                drain: d.clone(),
+                source,
+            })
+            .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
             let (svc, settings, tls, d, core) = (
-                svc.clone(),
+                svc,
                 settings.clone(),
                 tls.as_ref().map(|t| acceptor(t.current())),
                 d.clone(),
@@ -437,11 +440,11 @@ fn serve_frontend<L: Listener>(
                         }
                     }
                     (Mode::HttpConnect, None) => {
-                        frontend::http_connect::serve_conn(core, io, d).await
+                        frontend::http_connect::serve_conn(core, io, source, d).await
                     }
                     (Mode::HttpConnect, Some(tls)) => {
                         if let Some(io) = tls_handshake(&tls, io).await {
-                            frontend::http_connect::serve_conn(core, io, d).await
+                            frontend::http_connect::serve_conn(core, io, source, d).await
                         }
                     }
                 }

@@ -8,10 +8,11 @@
 //! Either way one frontend that stops reading cannot stall the agent stream
 //! it shares with other tunnels.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use daemon::debug_connections::Tracked;
 use konnectivity_proto::Packet;
 use konnectivity_proto::PacketExt;
 use konnectivity_proto::flow::{GateError, RecvGate, SendGate};
@@ -101,6 +102,10 @@ pub struct Tunnel {
     /// Cancelled only on abort, so writers stuck on a dead frontend give up.
     aborted: CancellationToken,
     abort: Mutex<Option<Abort>>,
+    /// Its entry in `/debug/connections`; `None` in the fuzz harness.
+    debug: Option<Tracked>,
+    /// A close reason was recorded (the first one wins).
+    reason_noted: AtomicBool,
 }
 
 impl std::fmt::Debug for Tunnel {
@@ -126,7 +131,8 @@ pub enum Delivery {
 }
 
 impl Tunnel {
-    pub fn new() -> (Arc<Tunnel>, FrontendQueue) {
+    /// A tunnel, listed in `/debug/connections` as `debug` when given.
+    pub fn tracked(debug: Option<Tracked>) -> (Arc<Tunnel>, FrontendQueue) {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         // Unbounded on purpose: DATA is bounded by the gate before it is
         // queued; the few control packets per tunnel need no bound.
@@ -140,8 +146,25 @@ impl Tunnel {
             finished: finished.clone(),
             aborted: CancellationToken::new(),
             abort: Mutex::new(None),
+            debug,
+            reason_noted: AtomicBool::new(false),
         });
         (t, FrontendQueue { rx, finished })
+    }
+
+    /// Its `/debug/connections` entry, to fill in.
+    pub fn debug(&self) -> Option<&Tracked> {
+        self.debug.as_ref()
+    }
+
+    /// Records why the tunnel ends, unless a reason was recorded already.
+    pub fn note_close(&self, reason: impl std::fmt::Display) {
+        if let Some(d) = &self.debug
+            && !self.reason_noted.swap(true, Ordering::Relaxed)
+        {
+            d.set_close_reason(reason);
+            d.set_state("closing");
+        }
     }
 
     pub fn state(&self) -> TunnelState {
@@ -202,7 +225,12 @@ impl Tunnel {
         }
         match admitted {
             None => Delivery::Gone,
-            Some(Ok(())) => self.enqueue(pkt),
+            Some(Ok(())) => {
+                if let Some(d) = &self.debug {
+                    daemon::relay::Tally::upstream_bytes(d, len as u64);
+                }
+                self.enqueue(pkt)
+            }
             Some(Err(GateError::Stalled(d))) => {
                 self.abort(Abort::Stalled(d));
                 Delivery::Aborted
@@ -227,6 +255,11 @@ impl Tunnel {
 
     /// Queues `pkt` as the last packet, then finishes the tunnel.
     pub fn deliver_last(&self, pkt: Packet) {
+        if self.debug.is_some()
+            && let Some(why) = last_packet_reason(&pkt)
+        {
+            self.note_close(why);
+        }
         let _ = self.enqueue(pkt);
         self.finish();
     }
@@ -250,6 +283,7 @@ impl Tunnel {
 
     /// Ends the tunnel with an error for the frontend; queued packets are dropped.
     pub fn abort(&self, why: Abort) {
+        self.note_close(&why);
         self.abort.lock().get_or_insert(why);
         self.aborted.cancel();
         self.finish();
@@ -262,4 +296,17 @@ impl Tunnel {
     pub fn aborted(&self) -> Option<Abort> {
         self.abort.lock().clone()
     }
+}
+
+/// Why a tunnel ends, read from the last packet its frontend is sent.
+fn last_packet_reason(pkt: &Packet) -> Option<String> {
+    Some(match &pkt.payload {
+        Some(Payload::DialResponse(r)) if !r.error.is_empty() => {
+            format!("dial failed: {}", r.error)
+        }
+        Some(Payload::CloseResponse(c)) if c.error.is_empty() => "closed by the agent".into(),
+        Some(Payload::CloseResponse(c)) => format!("closed: {}", c.error),
+        Some(Payload::CloseDial(_)) => "dial cancelled by the agent".into(),
+        _ => return None,
+    })
 }

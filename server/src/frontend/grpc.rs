@@ -18,6 +18,8 @@ use crate::tunnel::Tunnel;
 pub struct ProxySvc {
     pub core: Arc<Core>,
     pub drain: Drain,
+    /// The frontend's address (TCP); `None` on the Unix socket.
+    pub source: Option<std::net::SocketAddr>,
 }
 
 #[tonic::async_trait]
@@ -35,7 +37,7 @@ impl ProxyService for ProxySvc {
             .unwrap_or_default()
             .to_string();
         let inbound = request.into_inner();
-        let (tunnel, queue) = Tunnel::new();
+        let (tunnel, queue) = Tunnel::tracked(Some(self.core.debug.open("grpc", self.source)));
         let span = tracing::debug_span!("proxy", tunnel = tunnel.id, user_agent = %user_agent);
         let core = self.core.clone();
         let drain = self.drain.clone();

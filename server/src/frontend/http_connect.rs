@@ -157,19 +157,28 @@ fn refused_response(why: &DialRefused) -> Vec<u8> {
 }
 
 /// Serves one client connection.
-pub async fn serve_conn<IO>(core: Arc<Core>, mut io: IO, drain: Drain)
-where
+/// `source`: the client's address (TCP); `None` on the Unix socket.
+pub async fn serve_conn<IO>(
+    core: Arc<Core>,
+    mut io: IO,
+    source: Option<std::net::SocketAddr>,
+    drain: Drain,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let gauge = core.metrics.http_connections.clone();
     gauge.increment(1.0);
-    serve_inner(&core, &mut io, &drain).await;
+    serve_inner(&core, &mut io, source, &drain).await;
     let _ = io.shutdown().await;
     gauge.decrement(1.0);
 }
 
-async fn serve_inner<IO>(core: &Arc<Core>, io: &mut IO, drain: &Drain)
-where
+async fn serve_inner<IO>(
+    core: &Arc<Core>,
+    io: &mut IO,
+    source: Option<std::net::SocketAddr>,
+    drain: &Drain,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send,
 {
     // Only the bytes received so far are held while a client sends its head.
@@ -238,7 +247,7 @@ where
     let early = buf.split_off(len);
     tracing::debug!(host = %authority.0, user_agent = %user_agent, "CONNECT");
 
-    let (tunnel, queue) = Tunnel::new();
+    let (tunnel, queue) = Tunnel::tracked(Some(core.debug.open("http-connect", source)));
     let dial = DialId::random();
     let req = Packet::dial_request("tcp", &authority.0, dial.0);
     if let Err(why) = core.dial(&tunnel, req).await {
