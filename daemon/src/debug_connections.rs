@@ -48,7 +48,6 @@ struct Table {
 struct Record {
     id: u64,
     kind: &'static str,
-    source: Option<SocketAddr>,
     started: Instant,
     started_unix: f64,
     from_client: AtomicU64,
@@ -59,6 +58,7 @@ struct Record {
 #[derive(Default)]
 struct Text {
     state: &'static str,
+    source: Option<SocketAddr>,
     target: Option<String>,
     upstream: Option<String>,
     reason: Option<String>,
@@ -95,7 +95,6 @@ impl Connections {
         let record = Arc::new(Record {
             id,
             kind,
-            source,
             started: Instant::now(),
             started_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -105,6 +104,7 @@ impl Connections {
             from_upstream: AtomicU64::new(0),
             text: Mutex::new(Text {
                 state: "open",
+                source,
                 ..Text::default()
             }),
         });
@@ -207,7 +207,7 @@ impl Record {
         let mut m = Map::new();
         m.insert("id".into(), json!(self.id));
         m.insert("kind".into(), json!(self.kind));
-        m.insert("source".into(), json!(self.source.map(|s| s.to_string())));
+        m.insert("source".into(), json!(t.source.map(|s| s.to_string())));
         m.insert("target".into(), json!(t.target));
         m.insert("upstream".into(), json!(t.upstream));
         m.insert("state".into(), json!(t.state));
@@ -239,6 +239,11 @@ pub struct Tracked {
 impl Tracked {
     pub fn id(&self) -> u64 {
         self.record.id
+    }
+
+    /// The client as a PROXY protocol header named it.
+    pub fn set_source(&self, source: SocketAddr) {
+        self.record.text.lock().source = Some(source);
     }
 
     /// What the client asked for: an SNI host, a CONNECT authority, a dial

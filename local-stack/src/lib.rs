@@ -37,7 +37,11 @@ pub struct Ports {
     pub sni: u16,
     pub tunneling: u16,
     pub stats: u16,
+    /// nodeport-proxy's admin port (`/debug/connections`).
+    pub admin: u16,
     pub tunnel_agent: u16,
+    /// tunnel-agent's admin port (`/debug/connections`).
+    pub tunnel_agent_admin: u16,
     pub node_port_tls: u16,
     pub node_port_echo: u16,
 }
@@ -51,7 +55,9 @@ impl Default for Ports {
             sni: 8443,
             tunneling: 8088,
             stats: 8002,
+            admin: 9001,
             tunnel_agent: 16444,
+            tunnel_agent_admin: 9902,
             node_port_tls: 30443,
             node_port_echo: 30700,
         }
@@ -240,6 +246,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         },
         nodeport_proxy::Listeners {
             stats: Some(bind(ports.stats, "nodeport-proxy stats").await?),
+            admin: Some(bind(ports.admin, "nodeport-proxy admin").await?),
             sni: Some(bind(ports.sni, "nodeport-proxy SNI").await?),
             tunneling: Some(bind(ports.tunneling, "nodeport-proxy tunneling").await?),
             node_ports: vec![
@@ -264,6 +271,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         tunnel_agent::AgentListeners {
             tunnels: vec![bind(ports.tunnel_agent, "tunnel-agent").await?],
             stats: None,
+            admin: Some(bind(ports.tunnel_agent_admin, "tunnel-agent admin").await?),
         },
     )
     .await?;
@@ -318,6 +326,9 @@ impl Running {
              curl -s -o /dev/null -w '%{{http_connect}}\\n' -p -x http://127.0.0.1:{tunneling} --interface 127.0.0.2 http://{echo_auth}:7000/\n\
              curl --interface 127.0.0.2 http://127.0.0.1:{npe}/hello\n\
              curl -s http://127.0.0.1:{stats}/stats/prometheus | grep source_denied\n\n\
+             # Live connections and the last closed ones, with close reasons (admin ports, loopback only)\n\
+             curl -s http://127.0.0.1:{admin}/debug/connections\n\
+             curl -s http://127.0.0.1:{ta_admin}/debug/connections\n\n\
              # Health and metrics\n\
              curl http://{health}/readyz ; curl -s http://{health}/metrics | grep konnectivity_network_proxy_server\n\
              curl -s http://127.0.0.1:{stats}/stats/prometheus | head\n\n\
@@ -340,6 +351,8 @@ impl Running {
             server_admin = self.server_admin,
             agent_admin = self.agent_admin,
             stats = p.stats,
+            admin = p.admin,
+            ta_admin = p.tunnel_agent_admin,
         )
     }
 

@@ -18,6 +18,9 @@ pub struct Cli {
     /// Address of the stats, SNI and tunneling listeners.
     pub bind_address: IpAddr,
     pub stats_port: u16,
+    /// `/debug/connections`; 0: off.
+    pub admin_port: u16,
+    pub admin_address: IpAddr,
     /// 0: disabled.
     pub sni_port: u16,
     /// 0: disabled.
@@ -38,7 +41,8 @@ pub fn flag_set() -> FlagSet {
     .compatible_with("KKP nodeport-proxy (envoy-manager and Envoy)")
     .string("listen-address", ":8001", "accepted for envoy-manager compatibility; no xDS is served")
     .string("envoy-node-name", "kube", "accepted for envoy-manager compatibility")
-    .int("envoy-admin-port", 9001, "accepted for envoy-manager compatibility")
+    .int("envoy-admin-port", 9001, "port of the admin listener serving /debug/connections, on -admin-address (Envoy's admin port in KKP; 0: off)")
+    .string("admin-address", "127.0.0.1", "address of the admin listener (loopback: only processes on the node, or kubectl port-forward, reach it)")
     .int("envoy-stats-port", 8002, "port of /healthz and /stats/prometheus")
     .int("envoy-sni-port", 0, "SNI passthrough listener port (KKP seed: 6443); 0 disables SNI")
     .int("envoy-tunneling-port", 0, "HTTP CONNECT tunneling listener port (KKP seed: 8088); 0 disables tunneling")
@@ -225,6 +229,11 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         config,
         bind_address,
         stats_port: v.port("envoy-stats-port")?,
+        admin_port: v.port("envoy-admin-port")?,
+        admin_address: v
+            .string("admin-address")
+            .parse()
+            .map_err(|e| format!("-admin-address: {e}"))?,
         sni_port: v.port("envoy-sni-port")?,
         tunneling_port: v.port("envoy-tunneling-port")?,
         worker_threads: usize::try_from(v.int("worker-threads"))

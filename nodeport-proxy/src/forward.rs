@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use daemon::debug_connections::{Both, Connections, Tracked};
 use daemon::drain::Drain;
 use daemon::relay::{RelayBytes, RelayEnd, RelayOptions, Tally, relay};
 use metrics::{Counter, Gauge};
@@ -32,6 +33,8 @@ pub struct Shared {
     pub connect: ConnectOptions,
     /// `-access-log`; `None` when off.
     pub access_log: Option<Arc<crate::access_log::AccessLog>>,
+    /// What `/debug/connections` on the admin port lists.
+    pub connections: Connections,
 }
 
 /// The client as allow-lists, logs and upstreams see it: the connection's
@@ -129,6 +132,7 @@ pub async fn forward<C>(
     early: Bytes,
     route: &Route,
     downstream: &Downstream,
+    conn: &Tracked,
     mut upstream: TcpStream,
     endpoint: Arc<UpstreamEndpoint>,
     idle: Duration,
@@ -142,10 +146,14 @@ where
     let _active = Active::new(&route.cluster.stats.upstream_cx_active());
     access.cluster(route.cluster.name.as_str());
     access.upstream(endpoint.addr);
+    conn.set_upstream(endpoint.addr);
+    conn.set("cluster", &route.cluster.name);
+    conn.set_state("established");
     if route.cluster.upstream_proxy_protocol() {
         let header = crate::proxy_protocol::v2_header(downstream.source, downstream.local);
         if let Err(e) = upstream.write_all(&header).await {
             let end = RelayEnd::UpstreamError(e);
+            conn.set_close_reason(end.reason());
             access.ended(&end, RelayBytes::default());
             return end;
         }
@@ -154,10 +162,12 @@ where
     if !early.is_empty() {
         if let Err(e) = upstream.write_all(&early).await {
             let end = RelayEnd::UpstreamError(e);
+            conn.set_close_reason(end.reason());
             access.ended(&end, RelayBytes::default());
             return end;
         }
         bytes.client_bytes(early_len);
+        conn.client_bytes(early_len);
     }
     drop(early);
     let options = RelayOptions {
@@ -170,7 +180,8 @@ where
             _ = shared.drain.stopping() => {}
         }
     };
-    let (end, moved) = relay(client, upstream, options, bytes, stop).await;
+    let (end, moved) = relay(client, upstream, options, &Both(bytes, conn), stop).await;
+    conn.set_close_reason(end.reason());
     tracing::debug!(
         route = %route.key,
         upstream = %endpoint.addr,
@@ -212,6 +223,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         metrics,
         drain,
         access_log: None,
+        connections: Connections::new(),
     })
 }
 

@@ -51,6 +51,25 @@ async fn bind(cli: &cli::Cli, port: u16, what: &str) -> anyhow::Result<Option<Tc
     Ok(Some(l))
 }
 
+/// The admin listener is a debugging aid: one that cannot be bound is
+/// reported and the proxy serves without it.
+async fn bind_admin(cli: &cli::Cli) -> Option<TcpListener> {
+    if cli.admin_port == 0 {
+        return None;
+    }
+    let addr = cli.admin_address.to_string();
+    match daemon::listen::bind_tcp(&addr, cli.admin_port).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::error!(
+                "binding the admin listener on {addr}:{} (-admin-address, -envoy-admin-port): {e}; /debug/connections is not served",
+                cli.admin_port
+            );
+            None
+        }
+    }
+}
+
 async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
     if cli.kubernetes.is_none()
         && matches!(cli.config.source, nodeport_proxy::TableSource::Inline(_))
@@ -58,6 +77,7 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
         tracing::warn!("-source=demo: serving the embedded demo routing table");
     }
     let listeners = Listeners {
+        admin: bind_admin(&cli).await,
         stats: bind(&cli, cli.stats_port, "stats").await?,
         sni: bind(&cli, cli.sni_port, "SNI").await?,
         tunneling: bind(&cli, cli.tunneling_port, "tunneling").await?,

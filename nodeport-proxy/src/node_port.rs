@@ -163,14 +163,18 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         tracing::debug!(error = %e, "client keepalive not set");
     }
     let expect = shared.config.accept_proxy_protocol.node_ports;
+    let conn = shared.connections.open("nodeport", client.peer_addr().ok());
+    conn.set_target(format_args!("node port {port}"));
     let (downstream, early) = match Downstream::of(&client, expect, &shared).await {
         Ok(d) => d,
         Err(e) => {
+            conn.set_close_reason(e.reason());
             listener.reject(e.reason());
             tracing::debug!(port, error = %e, "NodePort connection closed");
             return;
         }
     };
+    conn.set_source(downstream.source);
     let mut access = Access::start(
         shared.access_log.as_ref(),
         Some(downstream.local),
@@ -179,6 +183,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     let Some(route) = shared.table.current().node_ports.get(&port).cloned() else {
         // The port left the table between accept and lookup.
         access.answer(0, "NR", "no_route");
+        conn.set_close_reason("no_route");
         listener.reject("no_route");
         shared.metrics.tcp.downstream_cx_no_route.increment(1);
         return;
@@ -186,6 +191,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     if !downstream.admitted(&route, &shared, "nodeport") {
         access.cluster(route.cluster.name.as_str());
         access.answer(0, "RBAC", "source_denied");
+        conn.set_close_reason("source_denied");
         listener.reject("source_denied");
         return;
     }
@@ -195,6 +201,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         Err(e) => {
             access.cluster(route.cluster.name.as_str());
             access.answer(0, e.flags(), "upstream_unavailable");
+            conn.set_close_reason("upstream_unavailable");
             listener.reject("upstream_unavailable");
             tracing::warn!(port, error = %e, "NodePort connection closed");
             return;
@@ -212,6 +219,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         early.into(),
         &route,
         &downstream,
+        &conn,
         upstream,
         endpoint,
         shared.config.node_port_idle_timeout,

@@ -30,6 +30,8 @@ use crate::upstream::ConnectOptions;
 #[derive(Debug, Default)]
 pub struct Listeners {
     pub stats: Option<TcpListener>,
+    /// `/debug/connections` (Envoy's admin port, on loopback).
+    pub admin: Option<TcpListener>,
     pub sni: Option<TcpListener>,
     pub tunneling: Option<TcpListener>,
     /// Used for the node ports they are bound to; other node ports are bound
@@ -41,6 +43,7 @@ pub struct Listeners {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BoundAddrs {
     pub stats: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
     pub sni: Option<SocketAddr>,
     pub tunneling: Option<SocketAddr>,
 }
@@ -100,6 +103,7 @@ impl NodePortProxy {
         }
         let addrs = BoundAddrs {
             stats: listeners.stats.as_ref().and_then(|l| l.local_addr().ok()),
+            admin: listeners.admin.as_ref().and_then(|l| l.local_addr().ok()),
             sni: listeners.sni.as_ref().and_then(|l| l.local_addr().ok()),
             tunneling: listeners
                 .tunneling
@@ -130,8 +134,23 @@ impl NodePortProxy {
             table: store,
             metrics: metrics.clone(),
             drain: drain.clone(),
+            connections: daemon::debug_connections::Connections::new(),
         });
         let stats_drain = Drain::new();
+        if let Some(l) = listeners.admin {
+            tracing::info!(addr = ?addrs.admin, "serving /debug/connections");
+            let connections = shared.connections.clone();
+            let handler: daemon::endpoints::Handler = Arc::new(move |head| match head.path {
+                "/debug/connections" => connections.reply(head.query),
+                _ => daemon::endpoints::Reply::not_found(),
+            });
+            tokio::spawn(daemon::endpoints::serve(
+                l,
+                "admin",
+                handler,
+                stats_drain.clone(),
+            ));
+        }
         if let Some(l) = listeners.stats {
             tracing::info!(addr = ?addrs.stats, "serving stats and health");
             tokio::spawn(crate::stats::run(

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use daemon::debug_connections::Tracked;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -68,7 +69,10 @@ pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerSt
     if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
-    if let Err(e) = serve(client, &shared).await {
+    let conn = shared.connections.open("sni", client.peer_addr().ok());
+    conn.set_state("handshake");
+    if let Err(e) = serve(client, &shared, &conn).await {
+        conn.set_close_reason(e.reason());
         listener.reject(e.reason());
         if matches!(e, SniError::NoRoute(_) | SniError::NoServerName) {
             shared.metrics.tcp.downstream_cx_no_route.increment(1);
@@ -80,13 +84,14 @@ pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerSt
     }
 }
 
-async fn serve(client: TcpStream, shared: &Shared) -> Result<(), SniError> {
+async fn serve(client: TcpStream, shared: &Shared, conn: &Tracked) -> Result<(), SniError> {
     let (downstream, mut buf) = Box::pin(Downstream::of(
         &client,
         shared.config.accept_proxy_protocol.sni,
         shared,
     ))
     .await?;
+    conn.set_source(downstream.source);
     // Nothing is buffered until the client sends, and its bytes are parsed
     // only once enough have come for the ClientHello to be complete.
     let mut parse_at = 1;
@@ -113,6 +118,7 @@ async fn serve(client: TcpStream, shared: &Shared) -> Result<(), SniError> {
     .await
     .map_err(|_| SniError::Timeout)??;
     daemon::listen::settle();
+    conn.set_target(&host);
     let table = shared.table.current();
     let route = table
         .sni
@@ -133,7 +139,8 @@ async fn serve(client: TcpStream, shared: &Shared) -> Result<(), SniError> {
     );
     access.sni(host.as_str());
     // Allocated only for a routed connection, so a silent one stays small.
-    Box::pin(proxy(client, buf, route, &downstream, shared, access)).await
+    conn.set_state("connecting");
+    Box::pin(proxy(client, buf, route, &downstream, conn, shared, access)).await
 }
 
 async fn proxy(
@@ -141,6 +148,7 @@ async fn proxy(
     hello: Vec<u8>,
     route: Arc<Route>,
     downstream: &Downstream,
+    conn: &Tracked,
     shared: &Shared,
     mut access: Access,
 ) -> Result<(), SniError> {
@@ -165,6 +173,7 @@ async fn proxy(
         hello.into(),
         &route,
         downstream,
+        conn,
         upstream,
         endpoint,
         shared.config.connection.sni_idle_timeout,

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use daemon::debug_connections::Tracked;
 use daemon::prefixed::PrefixedIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -83,7 +84,7 @@ impl TunnelError {
         }
     }
 
-    fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             TunnelError::Request(RequestError::NotConnect(_)) => "not_connect",
             TunnelError::Request(RequestError::TooLarge) => "request_too_large",
@@ -116,15 +117,21 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
     let expect = shared.config.accept_proxy_protocol.tunneling;
+    let conn = shared
+        .connections
+        .open("tunneling", client.peer_addr().ok());
+    conn.set_state("handshake");
     // Nothing is buffered until the client sends.
     let (downstream, mut buf) = match Box::pin(Downstream::of(&client, expect, shared)).await {
         Ok(d) => d,
         Err(e) => {
+            conn.set_close_reason(e.reason());
             l.stats.reject(e.reason());
             tracing::debug!(error = %e, "tunneling connection closed");
             return;
         }
     };
+    conn.set_source(downstream.source);
     // Written for a request only, as Envoy's HTTP connection manager does:
     // a connection that never sent one leaves no line.
     let mut access = Access::start(
@@ -142,6 +149,7 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
             HeadRead::TimedOut => {
                 http.downstream_rq_header_timeout.increment(1);
                 l.stats.reject("request_header_timeout");
+                conn.set_close_reason("request_header_timeout");
                 if !buf.is_empty() {
                     access.protocol("HTTP/1.1");
                     access.answer(408, "-", "request_header_timeout");
@@ -169,6 +177,7 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
             }
         }
         let _h2 = Active::new(&http.downstream_cx_http2_active);
+        conn.set_state("http2");
         let io = PrefixedIo::new(buf.into(), client);
         Box::pin(crate::tunnel_h2::serve(
             io,
@@ -176,12 +185,13 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
             deadline,
             &access,
             downstream,
+            &conn,
         ))
         .await;
     } else {
         let _h1 = Active::new(&http.downstream_cx_http1_active);
         access.protocol("HTTP/1.1");
-        Box::pin(http1(client, buf, deadline, &l, access, &downstream)).await;
+        Box::pin(http1(client, buf, deadline, &l, access, &downstream, &conn)).await;
     }
 }
 
@@ -192,6 +202,7 @@ async fn http1(
     l: &TunnelListener,
     mut access: Access,
     downstream: &Downstream,
+    conn: &Tracked,
 ) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
@@ -205,7 +216,9 @@ async fn http1(
                 Err(e) => {
                     http.downstream_rq_total.increment(1);
                     http.downstream_cx_protocol_error.increment(1);
-                    return refuse_h1(&mut client, TunnelError::Request(e), l, &mut access).await;
+                    let e = TunnelError::Request(e);
+                    conn.set_close_reason(e.reason());
+                    return refuse_h1(&mut client, e, l, &mut access).await;
                 }
             }
         }
@@ -215,6 +228,7 @@ async fn http1(
             HeadRead::More => {}
             HeadRead::TimedOut => {
                 http.downstream_rq_header_timeout.increment(1);
+                conn.set_close_reason(TunnelError::HeaderTimeout.reason());
                 return refuse_h1(&mut client, TunnelError::HeaderTimeout, l, &mut access).await;
             }
         }
@@ -223,14 +237,20 @@ async fn http1(
     http.downstream_rq_total.increment(1);
     let _rq = Active::new(&http.downstream_rq_active);
     access.authority(&head.authority.to_string());
+    conn.set_target(&head.authority);
+    conn.set_state("connecting");
     let opened = open(&head.authority, l, downstream).await;
     let (route, upstream, endpoint, _permit) = match opened {
         Ok(o) => o,
-        Err(e) => return refuse_h1(&mut client, e, l, &mut access).await,
+        Err(e) => {
+            conn.set_close_reason(e.reason());
+            return refuse_h1(&mut client, e, l, &mut access).await;
+        }
     };
     access.answer(200, "-", "-");
     if client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.is_err() {
         access.answer(200, "DC", "client_error");
+        conn.set_close_reason("client_error");
         return;
     }
     http.downstream_rq_2xx.increment(1);
@@ -242,6 +262,7 @@ async fn http1(
         early,
         &route,
         downstream,
+        conn,
         upstream,
         endpoint,
         shared.config.connection.tunneling_stream_idle_timeout,

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use daemon::debug_connections::Tracked;
 use daemon::h2io::H2Io;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
@@ -26,6 +27,7 @@ pub async fn serve<T>(
     deadline: Instant,
     access: &Access,
     downstream: Downstream,
+    record: &Tracked,
 ) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -75,8 +77,10 @@ pub async fn serve<T>(
                     let l = l.clone();
                     let streams = streams.clone();
                     let access = access.stream("HTTP/2");
+                    let tracked = shared.connections.open("tunneling-stream", Some(downstream.source));
+                    tracked.set("connection", record.id());
                     shared.drain.spawn(async move {
-                        stream(req, respond, &l, access, &downstream).await;
+                        stream(req, respond, &l, access, &downstream, &tracked).await;
                         streams.send_modify(|n| *n = n.saturating_sub(1));
                     });
                 }
@@ -127,6 +131,7 @@ async fn stream(
     l: &TunnelListener,
     mut access: Access,
     downstream: &Downstream,
+    conn: &Tracked,
 ) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
@@ -134,18 +139,28 @@ async fn stream(
     let _rq = Active::new(&http.downstream_rq_active);
     let authority = match request_authority(&req) {
         Ok(a) => a,
-        Err(e) => return refuse(&mut respond, TunnelError::Request(e), l, &mut access),
+        Err(e) => {
+            let e = TunnelError::Request(e);
+            conn.set_close_reason(e.reason());
+            return refuse(&mut respond, e, l, &mut access);
+        }
     };
     access.authority(&authority.to_string());
+    conn.set_target(&authority);
+    conn.set_state("connecting");
     let (route, upstream, endpoint, _permit) = match open(&authority, l, downstream).await {
         Ok(o) => o,
-        Err(e) => return refuse(&mut respond, e, l, &mut access),
+        Err(e) => {
+            conn.set_close_reason(e.reason());
+            return refuse(&mut respond, e, l, &mut access);
+        }
     };
     access.answer(200, "-", "-");
     let send = match respond.send_response(Response::new(()), false) {
         Ok(s) => s,
         Err(e) => {
             access.answer(200, "DC", "client_error");
+            conn.set_close_reason("client_error");
             tracing::debug!(error = %e, "client: stream gone before 200");
             return;
         }
@@ -158,6 +173,7 @@ async fn stream(
         bytes::Bytes::new(),
         &route,
         downstream,
+        conn,
         upstream,
         endpoint,
         shared.config.connection.tunneling_stream_idle_timeout,

@@ -110,6 +110,8 @@ pub struct Proxy {
     pub sni: SocketAddr,
     pub tunnel: SocketAddr,
     pub stats: SocketAddr,
+    /// `/debug/connections`.
+    pub admin: SocketAddr,
     pub file: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -133,6 +135,8 @@ pub async fn start_proxy(
     let file = dir.path().join("table.json");
     std::fs::write(&file, inventory.to_string()).unwrap();
     let (stats, sni, tunnel) = (loopback().await, loopback().await, loopback().await);
+    let admin = loopback().await;
+    let admin_addr = admin.local_addr().unwrap();
     let addrs = (
         stats.local_addr().unwrap(),
         sni.local_addr().unwrap(),
@@ -143,6 +147,7 @@ pub async fn start_proxy(
         ..config
     };
     let listeners = Listeners {
+        admin: Some(admin),
         stats: Some(stats),
         sni: Some(sni),
         tunneling: Some(tunnel),
@@ -152,6 +157,7 @@ pub async fn start_proxy(
     Proxy {
         proxy,
         stats: addrs.0,
+        admin: admin_addr,
         sni: addrs.1,
         tunnel: addrs.2,
         file,

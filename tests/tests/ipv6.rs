@@ -194,6 +194,7 @@ async fn nodeport_proxy_and_tunnel_agent_on_ipv6_loopback() {
             sni: Some(sni),
             tunneling: Some(tunnel),
             node_ports: vec![node_port],
+            admin: None,
         },
     )
     .await
@@ -233,6 +234,7 @@ async fn nodeport_proxy_and_tunnel_agent_on_ipv6_loopback() {
         AgentListeners {
             tunnels: vec![local],
             stats: None,
+            admin: None,
         },
     )
     .await

@@ -31,6 +31,7 @@ async fn agent_on(config: AgentConfig, local: TcpListener) -> TunnelAgent {
         AgentListeners {
             tunnels: vec![local],
             stats: None,
+            admin: None,
         },
     )
     .await
@@ -83,6 +84,7 @@ async fn agent_tunnels_through_proxy_over_one_connection_and_reconnects() {
         AgentListeners {
             tunnels: vec![api_l, vpn_l],
             stats: Some(stats_l),
+            admin: None,
         },
     )
     .await
@@ -433,6 +435,7 @@ async fn a_broken_config_is_reported_once_per_change_and_the_last_good_one_kept(
             AgentListeners {
                 tunnels: vec![local],
                 stats: Some(stats_l),
+                admin: None,
             },
         )
         .await
@@ -512,5 +515,90 @@ async fn a_broken_config_is_reported_once_per_change_and_the_last_good_one_kept(
     drop((first, second));
     let _ = stop.send(());
     follower.await.unwrap();
+    agent.shutdown().await;
+}
+
+/// `/debug/connections` on the agent's admin listener: a live tunnel with
+/// its source, authority, seed, state and bytes; a refused one closed with
+/// the seed's answer as its reason; not served on the stats port.
+#[tokio::test]
+async fn debug_connections_lists_live_and_closed_tunnels() {
+    let echo = dest::echo().await;
+    let inv = inventory(
+        vec![service(
+            "cluster-a",
+            "echo",
+            "Tunneling",
+            "ClusterIP",
+            &[("raw", 7000, 0)],
+        )],
+        vec![slices("cluster-a", "echo", "raw", &[(echo, true)])],
+    );
+    let p = start_proxy(&inv, vec![], test_config()).await;
+    let (ok_l, bad_l, stats_l, admin_l) = (
+        loopback().await,
+        loopback().await,
+        loopback().await,
+        loopback().await,
+    );
+    let (ok_addr, bad_addr) = (ok_l.local_addr().unwrap(), bad_l.local_addr().unwrap());
+    let (stats, admin) = (stats_l.local_addr().unwrap(), admin_l.local_addr().unwrap());
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: p.tunnel.port(),
+        listeners: vec![
+            spec(&ok_l, "echo.cluster-a.svc.cluster.local:7000"),
+            spec(&bad_l, "missing.cluster-a.svc.cluster.local:7000"),
+        ],
+        ..AgentConfig::default()
+    };
+    let agent = TunnelAgent::start(
+        config,
+        AgentListeners {
+            tunnels: vec![ok_l, bad_l],
+            stats: Some(stats_l),
+            admin: Some(admin_l),
+        },
+    )
+    .await
+    .unwrap();
+    agent.connected().await;
+    let mut c = TcpStream::connect(ok_addr).await.unwrap();
+    let data = vec![1u8; 5000];
+    assert_eq!(dest::roundtrip(&mut c, &data).await, data);
+    let mut refused = TcpStream::connect(bad_addr).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = refused.read_to_end(&mut rest).await;
+    let mut doc = serde_json::Value::Null;
+    for _ in 0..200 {
+        let (code, body) = integration_tests::http_get(admin, "/debug/connections").await;
+        assert_eq!(code, 200, "{body}");
+        doc = serde_json::from_str(&body).unwrap();
+        let live_done = doc["live"][0]["bytes_from_upstream"] == 5000;
+        if live_done && doc["closed"].as_array().is_some_and(|c| !c.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let live = &doc["live"][0];
+    assert_eq!(doc["live_total"], 1, "{doc:#}");
+    assert_eq!(live["kind"], "tunnel");
+    assert_eq!(live["source"], c.local_addr().unwrap().to_string());
+    assert_eq!(live["target"], "echo.cluster-a.svc.cluster.local:7000");
+    assert_eq!(live["upstream"], format!("127.0.0.1:{}", p.tunnel.port()));
+    assert_eq!(live["listener"], ok_addr.to_string());
+    assert_eq!(live["state"], "established");
+    assert_eq!(live["bytes_from_client"], 5000);
+    let closed = &doc["closed"][0];
+    assert_eq!(closed["target"], "missing.cluster-a.svc.cluster.local:7000");
+    assert!(
+        closed["close_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("404")),
+        "{doc:#}"
+    );
+    let (code, _) = integration_tests::http_get(stats, "/debug/connections").await;
+    assert_eq!(code, 404);
+    drop(c);
     agent.shutdown().await;
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use daemon::authority::ConnectAuthority;
+use daemon::debug_connections::{Both, Connections, Tracked};
 use daemon::drain::Drain;
 use daemon::endpoints::{Handler, Reply};
 use daemon::h2io::H2Io;
@@ -31,6 +32,8 @@ use crate::seed::{self, Current};
 pub struct AgentListeners {
     pub tunnels: Vec<TcpListener>,
     pub stats: Option<TcpListener>,
+    /// `/debug/connections`.
+    pub admin: Option<TcpListener>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +78,7 @@ struct Inner {
     addrs: Mutex<Vec<SocketAddr>>,
     /// Why the last configuration reload failed, while it stands.
     reload_error: Mutex<Option<String>>,
+    connections: Connections,
 }
 
 pub struct TunnelAgent {
@@ -133,7 +137,21 @@ impl TunnelAgent {
             listeners: tokio::sync::Mutex::new(BTreeMap::new()),
             addrs: Mutex::new(Vec::new()),
             reload_error: Mutex::new(None),
+            connections: Connections::new(),
         });
+        if let Some(l) = listeners.admin {
+            let connections = inner.connections.clone();
+            let handler: Handler = Arc::new(move |head| match head.path {
+                "/debug/connections" => connections.reply(head.query),
+                _ => Reply::not_found(),
+            });
+            tokio::spawn(daemon::endpoints::serve(
+                l,
+                "admin",
+                handler,
+                stats_drain.clone(),
+            ));
+        }
         if let Some(l) = listeners.stats {
             tokio::spawn(daemon::endpoints::serve(
                 l,
@@ -327,7 +345,14 @@ async fn handle(
     stats.downstream_cx_total.increment(1);
     stats.downstream_cx_active.increment(1.0);
     inner.metrics.downstream_cx_total.increment(1);
-    if let Err(e) = tunnel(client, authority, inner).await {
+    let conn = inner.connections.open("tunnel", client.peer_addr().ok());
+    conn.set_target(authority);
+    if let Ok(a) = client.local_addr() {
+        conn.set("listener", a);
+    }
+    conn.set_state("connecting");
+    if let Err(e) = tunnel(client, authority, inner, &conn).await {
+        conn.set_close_reason(&e);
         inner.metrics.rq_failed.increment(1);
         tracing::warn!(%authority, error = %e, "local connection closed");
     }
@@ -338,8 +363,10 @@ async fn tunnel(
     client: TcpStream,
     authority: &ConnectAuthority,
     inner: &Inner,
+    conn: &Tracked,
 ) -> Result<(), TunnelError> {
     let config = inner.config.borrow().clone();
+    conn.set_upstream(format_args!("{}:{}", config.proxy_host, config.proxy_port));
     let timeout = config.connect_timeout;
     let mut current = inner.current.clone();
     let mut send = seed::ready(&mut current, timeout)
@@ -360,6 +387,7 @@ async fn tunnel(
         return Err(TunnelError::Refused(resp.status(), authority.clone()));
     }
     inner.metrics.rq_active.increment(1.0);
+    conn.set_state("established");
     let io = H2Io::new(stream, resp.into_body());
     let options = RelayOptions {
         buffer_size: config.buffer_size,
@@ -369,10 +397,11 @@ async fn tunnel(
         client,
         io,
         options,
-        inner.metrics.as_ref(),
+        &Both(inner.metrics.as_ref(), conn),
         inner.drain.stopping(),
     )
     .await;
+    conn.set_close_reason(end.reason());
     inner.metrics.rq_active.decrement(1.0);
     tracing::debug!(%authority, reason = end.reason(), from_client = bytes.from_client, from_upstream = bytes.from_upstream, "tunnel closed");
     Ok(())

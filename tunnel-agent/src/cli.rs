@@ -13,12 +13,17 @@ use crate::config::{AgentConfig, DEFAULT_AGENT_IP, ListenerSpec};
 
 /// The stats port KKP reserves (envoy-agent's `StatsPort`).
 pub const DEFAULT_STATS_PORT: u16 = 8002;
+/// Envoy's admin port in KKP's envoy-agent bootstrap (on 127.0.0.1).
+pub const DEFAULT_ADMIN_PORT: u16 = 9902;
 
 #[derive(Debug, Clone)]
 pub struct Cli {
     pub config: AgentConfig,
     /// Where `/healthz`, `/ready` and the stats are served; `None`: nowhere.
     pub stats: Option<SocketAddr>,
+    /// Where `/debug/connections` is served (the bootstrap's admin address,
+    /// KKP: 127.0.0.1:9902); `None`: nowhere.
+    pub admin: Option<SocketAddr>,
     pub worker_threads: usize,
     /// The bootstrap file, followed for changes.
     pub config_path: Option<PathBuf>,
@@ -101,6 +106,7 @@ pub fn flag_set() -> FlagSet {
     .duration("idle-timeout", d.idle_timeout, "close tunnels idle this long (Envoy's tcp_proxy default: 1h)")
     .duration("drain-timeout", d.drain_timeout, "how long tunnels may continue after SIGTERM")
     .int("max-connections-per-listener", d.max_connections_per_listener as i64, "open connections per listener")
+    .string("admin-address", "", "address:port of the admin listener serving /debug/connections (empty: the bootstrap's admin address, else 127.0.0.1:9902; none: off)")
     .int("worker-threads", 1, "runtime worker threads; fixed so memory and threads do not grow with the core count")
     .with_klog(0)
 }
@@ -183,6 +189,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         return Ok(Cli {
             config: AgentConfig::default(),
             stats: None,
+            admin: None,
             worker_threads,
             config_path: path,
             config_bytes,
@@ -191,9 +198,23 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         });
     }
     let (config, stats) = flags.resolve(bootstrap.as_ref())?;
+    let admin = match v.string("admin-address").as_str() {
+        "none" => None,
+        "" => Some(
+            bootstrap
+                .as_ref()
+                .and_then(|b| b.admin)
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], DEFAULT_ADMIN_PORT))),
+        ),
+        a => Some(
+            a.parse()
+                .map_err(|e| format!("-admin-address: {a:?}: {e}"))?,
+        ),
+    };
     Ok(Cli {
         config,
         stats,
+        admin,
         worker_threads,
         config_path: path,
         config_bytes,

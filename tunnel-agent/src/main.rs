@@ -55,6 +55,7 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
             AgentListeners {
                 tunnels: Vec::new(),
                 stats,
+                admin: bind_admin(cli.admin).await,
             },
         )
         .await?,
@@ -88,6 +89,21 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
         _ = terms.next() => tracing::warn!("second termination signal: exiting now"),
     }
     Ok(())
+}
+
+/// The admin listener is a debugging aid: one that cannot be bound is
+/// reported and the agent serves without it.
+async fn bind_admin(addr: Option<std::net::SocketAddr>) -> Option<tokio::net::TcpListener> {
+    let addr = addr?;
+    match daemon::listen::bind_tcp(&addr.ip().to_string(), addr.port()).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::error!(
+                "binding the admin listener on {addr} (-admin-address or the bootstrap's admin.address): {e}; /debug/connections is not served"
+            );
+            None
+        }
+    }
 }
 
 /// A bootstrap declaring nothing: serve nothing, bind nothing, exit 0 on the
