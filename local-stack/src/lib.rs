@@ -326,7 +326,7 @@ impl Running {
              curl -s -o /dev/null -w '%{{http_connect}}\\n' -p -x http://127.0.0.1:{tunneling} --interface 127.0.0.2 http://{echo_auth}:7000/\n\
              curl --interface 127.0.0.2 http://127.0.0.1:{npe}/hello\n\
              curl -s http://127.0.0.1:{stats}/stats/prometheus | grep source_denied\n\n\
-             # Live connections and the last closed ones, with close reasons (admin ports, loopback only)\n\
+             # nodeport-proxy and tunnel-agent connections now and the last closed, with why (admin ports, loopback only)\n\
              curl -s http://127.0.0.1:{admin}/debug/connections\n\
              curl -s http://127.0.0.1:{ta_admin}/debug/connections\n\n\
              # Health and metrics\n\

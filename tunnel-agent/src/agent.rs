@@ -366,7 +366,13 @@ async fn tunnel(
     conn: &Tracked,
 ) -> Result<(), TunnelError> {
     let config = inner.config.borrow().clone();
-    conn.set_upstream(format_args!("{}:{}", config.proxy_host, config.proxy_port));
+    match &config.http_proxy {
+        None => conn.set_upstream(format_args!("{}:{}", config.proxy_host, config.proxy_port)),
+        Some(via) => conn.set_upstream(format_args!(
+            "{}:{} via {via}",
+            config.proxy_host, config.proxy_port
+        )),
+    }
     let timeout = config.connect_timeout;
     let mut current = inner.current.clone();
     let mut send = seed::ready(&mut current, timeout)

@@ -56,7 +56,16 @@ pub struct FlagSettings {
     idle_timeout: Duration,
     drain_timeout: Duration,
     max_connections_per_listener: usize,
+    /// `-http-proxy`: a URL, `direct`, or empty (the environment decides).
+    http_proxy: String,
+    http_proxy_ca: Option<PathBuf>,
+    /// `HTTPS_PROXY`/`https_proxy` and `NO_PROXY`/`no_proxy` as they were at
+    /// start.
+    proxy_env: Vec<(&'static str, String)>,
 }
+
+/// The proxy variables read (in this order of preference).
+const PROXY_ENV: [&str; 4] = ["HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"];
 
 impl Default for FlagSettings {
     fn default() -> Self {
@@ -74,6 +83,9 @@ impl Default for FlagSettings {
             idle_timeout: d.idle_timeout,
             drain_timeout: d.drain_timeout,
             max_connections_per_listener: d.max_connections_per_listener,
+            http_proxy: String::new(),
+            http_proxy_ca: None,
+            proxy_env: Vec::new(),
         }
     }
 }
@@ -107,6 +119,8 @@ pub fn flag_set() -> FlagSet {
     .duration("drain-timeout", d.drain_timeout, "how long tunnels may continue after SIGTERM")
     .int("max-connections-per-listener", d.max_connections_per_listener as i64, "open connections per listener")
     .string("admin-address", "", "address:port of the admin listener serving /debug/connections (empty: the bootstrap's admin address, else 127.0.0.1:9902; none: off)")
+    .string("http-proxy", "", "reach the seed through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the seed host")
+    .string("http-proxy-ca", "", "CA bundle (PEM) a TLS (https://) proxy's certificate is checked against (empty: /etc/ssl/certs/ca-certificates.crt)")
     .int("worker-threads", 1, "runtime worker threads; fixed so memory and threads do not grow with the core count")
     .with_klog(0)
 }
@@ -163,6 +177,14 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             .ok()
             .filter(|n| *n > 0)
             .ok_or("-max-connections-per-listener must be positive")?,
+        http_proxy: v.string("http-proxy"),
+        http_proxy_ca: Some(v.string("http-proxy-ca"))
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from),
+        proxy_env: PROXY_ENV
+            .iter()
+            .filter_map(|n| std::env::var(n).ok().map(|v| (*n, v)))
+            .collect(),
     };
     let path = [v.string("config-path"), v.string("config")]
         .into_iter()
@@ -224,6 +246,34 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
 }
 
 impl FlagSettings {
+    /// The forward proxy for the seed `host:port`: `-http-proxy`, else the
+    /// environment's.
+    fn http_proxy_for(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Option<crate::http_proxy::HttpProxy>, String> {
+        use crate::http_proxy::HttpProxy;
+        let ca = self.http_proxy_ca.clone();
+        match self.http_proxy.as_str() {
+            "direct" => Ok(None),
+            "" => HttpProxy::from_env(
+                |name| {
+                    self.proxy_env
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map(|(_, v)| v.clone())
+                },
+                host,
+                port,
+                ca,
+            ),
+            url => HttpProxy::parse(url, ca)
+                .map(Some)
+                .map_err(|e| format!("-http-proxy: {e}")),
+        }
+    }
+
     /// The configuration and stats address that the bootstrap (if any) and
     /// these flags give together.
     pub fn resolve(
@@ -274,6 +324,7 @@ impl FlagSettings {
         if let Some(d) = self.connect_timeout {
             c.connect_timeout = d;
         }
+        c.http_proxy = self.http_proxy_for(&c.proxy_host, c.proxy_port)?;
         c.idle_timeout = self.idle_timeout;
         c.drain_timeout = self.drain_timeout;
         c.max_connections_per_listener = self.max_connections_per_listener;

@@ -75,6 +75,9 @@ pub struct AgentConfig {
     pub buffer_size: usize,
     /// How long open tunnels may continue after shutdown begins.
     pub drain_timeout: Duration,
+    /// A forward proxy the seed connection goes through (`-http-proxy`,
+    /// `HTTPS_PROXY`); `None`: direct.
+    pub http_proxy: Option<crate::http_proxy::HttpProxy>,
 }
 
 impl Default for AgentConfig {
@@ -92,6 +95,7 @@ impl Default for AgentConfig {
             max_connections_per_listener: 4096,
             buffer_size: 16 * 1024,
             drain_timeout: Duration::from_secs(30),
+            http_proxy: None,
         }
     }
 }
@@ -123,6 +127,13 @@ impl AgentConfig {
                     std::net::SocketAddr::new(l.bind_address, l.bind_port)
                 )));
             }
+        }
+        if let Some(p) = self.http_proxy.as_ref().filter(|p| p.tls)
+            && let Err(e) = daemon::tls::load_roots(&p.ca)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "-http-proxy {p} is spoken to over TLS, but its CA bundle cannot be used (-http-proxy-ca): {e}"
+            )));
         }
         if self.keepalive_timeout.is_zero() || self.keepalive_interval.is_zero() {
             return Err(ConfigError::Invalid(

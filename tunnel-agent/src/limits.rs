@@ -22,3 +22,10 @@ pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
 pub const MAX_FLOW_DEPTH: usize = 32;
 /// Most listeners a bootstrap may declare (KKP renders two or three).
 pub const MAX_LISTENERS: usize = 1024;
+
+/// Longest answer head read from an HTTP proxy to the CONNECT that opens the
+/// seed connection (`-http-proxy`); a real one is a status line and a few
+/// headers.
+pub const MAX_PROXY_RESPONSE_HEAD: usize = 8 << 10;
+/// Longest `NO_PROXY` value read; a longer one is ignored (the proxy used).
+pub const MAX_NO_PROXY: usize = 64 << 10;

@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::config::AgentConfig;
+use crate::http_proxy::{HttpProxy, ProxyError, SeedIo};
 use crate::limits;
 use crate::metrics::AgentMetrics;
 
@@ -39,20 +40,23 @@ pub enum SeedError {
     Timeout { host: String, port: u16 },
     #[error("HTTP/2 handshake with the seed proxy: {0}")]
     Handshake(h2::Error),
+    #[error(transparent)]
+    HttpProxy(#[from] ProxyError),
 }
 
 /// The current connection, if any; tunnels wait on it.
 pub type Current = watch::Receiver<Option<SendRequest<Bytes>>>;
 
-type Connection = h2::client::Connection<TcpStream, Bytes>;
+type Connection = h2::client::Connection<SeedIo, Bytes>;
 
 /// What a seed connection is dialled and kept with; a change means a new one.
-fn target(c: &AgentConfig) -> (&str, u16, Duration, Duration) {
+fn target(c: &AgentConfig) -> (&str, u16, Duration, Duration, Option<&HttpProxy>) {
     (
         c.proxy_host.as_str(),
         c.proxy_port,
         c.keepalive_interval,
         c.keepalive_timeout,
+        c.http_proxy.as_ref(),
     )
 }
 
@@ -71,7 +75,14 @@ pub async fn maintain(
             Ok((send, conn)) => {
                 metrics.cx_total.increment(1);
                 metrics.cx_active.increment(1.0);
-                tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, "connected to seed proxy");
+                match &cfg.http_proxy {
+                    None => {
+                        tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, "connected to seed proxy")
+                    }
+                    Some(via) => {
+                        tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, %via, "connected to seed proxy through the HTTP proxy")
+                    }
+                }
                 current.send_replace(Some(send));
                 let end = drive(conn, &cfg, &mut config, &metrics, &drain).await;
                 current.send_replace(None);
@@ -123,9 +134,30 @@ async fn retire(conn: Connection, metrics: Arc<AgentMetrics>, drain: Drain) {
     metrics.cx_active.decrement(1.0);
 }
 
+async fn handshake(
+    io: SeedIo,
+    config: &AgentConfig,
+) -> Result<(SendRequest<Bytes>, Connection), SeedError> {
+    h2::client::Builder::new()
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_send_buffer_size(config.buffer_size)
+        .max_header_list_size(limits::MAX_HEADER_LIST_SIZE)
+        .max_pending_accept_reset_streams(limits::MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(Some(limits::MAX_LOCAL_ERROR_RESET_STREAMS))
+        .handshake(io)
+        .await
+        .map_err(SeedError::Handshake)
+}
+
 async fn dial(config: &AgentConfig) -> Result<(SendRequest<Bytes>, Connection), SeedError> {
     let attempt = async {
         let host = config.proxy_host.trim_matches(['[', ']']);
+        if let Some(via) = &config.http_proxy {
+            // The proxy resolves the seed's name, as it does for browsers.
+            let io = via.connect(host, config.proxy_port).await?;
+            return handshake(io, config).await;
+        }
         let addrs: Vec<_> = tokio::net::lookup_host((host, config.proxy_port))
             .await
             .map_err(|source| SeedError::Resolve {
@@ -140,17 +172,7 @@ async fn dial(config: &AgentConfig) -> Result<(SendRequest<Bytes>, Connection), 
             match TcpStream::connect(addr).await {
                 Ok(io) => {
                     let _ = io.set_nodelay(true);
-                    let (send, conn) = h2::client::Builder::new()
-                        .initial_window_size(STREAM_WINDOW)
-                        .initial_connection_window_size(CONNECTION_WINDOW)
-                        .max_send_buffer_size(config.buffer_size)
-                        .max_header_list_size(limits::MAX_HEADER_LIST_SIZE)
-                        .max_pending_accept_reset_streams(limits::MAX_PENDING_ACCEPT_RESET_STREAMS)
-                        .max_local_error_reset_streams(Some(limits::MAX_LOCAL_ERROR_RESET_STREAMS))
-                        .handshake(io)
-                        .await
-                        .map_err(SeedError::Handshake)?;
-                    return Ok((send, conn));
+                    return handshake(Box::new(io), config).await;
                 }
                 Err(source) => last = SeedError::Connect { addr, source },
             }
