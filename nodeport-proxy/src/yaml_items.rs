@@ -53,8 +53,22 @@ fn top_key(line: &str) -> Option<(List, bool)> {
     }
 }
 
+/// Whether the YAML parser could read `c` differently from this splitter: a
+/// character YAML does not allow in a stream (the parser refuses the file,
+/// even inside a comment this splitter skips), or a line break other than
+/// LF (libyaml also breaks lines at CR, NEL, LS and PS; `str::lines` does
+/// not).
+fn not_plain(c: char) -> bool {
+    matches!(c,
+        '\u{0}'..='\u{8}' | '\u{b}'..='\u{1f}' | '\u{7f}'..='\u{9f}'
+        | '\u{2028}' | '\u{2029}' | '\u{fffe}' | '\u{ffff}')
+}
+
 /// `None` when `text` is not in the plain layout.
 pub fn split(text: &str) -> Option<Items> {
+    if text.contains(not_plain) {
+        return None;
+    }
     let mut items = Items::default();
     let mut seen: Vec<List> = Vec::new();
     let mut current: Option<List> = None;
@@ -177,6 +191,11 @@ mod tests {
             "---\nservices: []\n---\nservices: []\n",
             "%YAML 1.2\n---\nservices: []\n",
             "services:\n\t- a\n",
+            // The parser refuses a control character even in a comment, and
+            // reads a CR as a line break (found by the table_file target).
+            "# a\u{b}b\nservices: []\n",
+            "services:\n- a # x\r- b\n",
+            "services:\n- a # x\u{2028}- b\n",
             "endpointSlices: []\n- a\n",
         ] {
             assert_eq!(split(text), None, "{text:?}");
