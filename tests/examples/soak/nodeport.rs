@@ -276,24 +276,32 @@ pub async fn memory(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     let names = ["nodeport-proxy", "tunnel-agent"];
     let idle = lowest(&pids, Duration::from_secs(1)).await;
     let mut peaks = Vec::new();
-    let mut errors = 0;
+    // Failures by what failed: held / short per kind, and half-open.
+    let mut held_failed = [0usize; 4];
+    let mut short_failed = [0usize; 4];
+    let mut half_open_failed = 0;
     for cycle in 1..=scale.cycles {
         let watch = PeakWatch::start(&pids);
         let a = rig.addrs;
         let mut half_open = silent(a.sni, sizes.silent / 2).await;
         half_open.extend(silent(a.tunnel, sizes.silent - sizes.silent / 2).await);
         let held: Vec<_> = futures::stream::iter(0..sizes.held)
-            .map(|i| async move { open(a, KINDS[i % 4], 1024).await.map(|(s, _)| s) })
+            .map(|i| async move { (i % 4, open(a, KINDS[i % 4], 1024).await.map(|(s, _)| s)) })
             .buffer_unordered(200)
             .collect()
             .await;
-        let short: usize = futures::stream::iter(0..sizes.short)
-            .map(|i| async move { usize::from(open(a, KINDS[i % 4], 16 << 10).await.is_none()) })
+        let short: Vec<(usize, bool)> = futures::stream::iter(0..sizes.short)
+            .map(|i| async move { (i % 4, open(a, KINDS[i % 4], 16 << 10).await.is_some()) })
             .buffer_unordered(100)
-            .fold(0, |x, y| async move { x + y })
+            .collect()
             .await;
-        errors += short + held.iter().filter(|s| s.is_none()).count();
-        errors += sizes.silent - half_open.len();
+        for (k, ok) in short {
+            short_failed[k] += usize::from(!ok);
+        }
+        for (k, s) in &held {
+            held_failed[*k] += usize::from(s.is_none());
+        }
+        half_open_failed += sizes.silent - half_open.len();
         drop(held);
         drop(half_open);
         // The agent's HTTP/2 connection stays.
@@ -309,13 +317,31 @@ pub async fn memory(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     for (i, name) in names.iter().enumerate() {
         report.peaks(section, name, peaks.iter().map(|p| p[i]));
     }
+    let errors =
+        held_failed.iter().sum::<usize>() + short_failed.iter().sum::<usize>() + half_open_failed;
     report.limit(
         section,
         format!(
             "nodeport-proxy: failed connections ({} cycles of {} held (SNI, HTTP/1.1 CONNECT, tunnel-agent HTTP/2, NodePort) + {} short + {} half-open)",
             scale.cycles, sizes.held, sizes.short, sizes.silent
         ),
-        errors.to_string(),
+        if errors == 0 {
+            "0".into()
+        } else {
+            let by_kind = |f: &[usize; 4]| {
+                KINDS
+                    .iter()
+                    .zip(f)
+                    .map(|(k, n)| format!("{k:?} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            format!(
+                "{errors} (held: {}; short: {}; half-open: {half_open_failed})",
+                by_kind(&held_failed),
+                by_kind(&short_failed)
+            )
+        },
         "0".into(),
         errors == 0,
     );
