@@ -32,12 +32,16 @@ async fn main() -> anyhow::Result<()> {
     let agent = proxy_agent::Agent::new(config).with_lease_counting(lease_counting);
     let handle = agent.handle();
     let mut first = count.clone();
+    // `stop` starts only once `drain` has run, so the first signal always
+    // sends DRAIN before the agent may exit, however the two are polled.
+    let (drained_tx, drained) = tokio::sync::oneshot::channel::<()>();
     let drain = async move {
         let _ = first.wait_for(|n| *n >= 1).await;
+        let _ = drained_tx.send(());
     };
     let mut signalled = count;
     let stop = async move {
-        let _ = signalled.wait_for(|n| *n >= 1).await;
+        let _ = drained.await;
         tokio::select! {
             _ = handle.idle() => tracing::info!("no connection left: exiting"),
             _ = signalled.wait_for(|n| *n >= 2) => {
