@@ -270,6 +270,9 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(u16, usize)>, String> {
     match resp.parse(buf) {
         Ok(httparse::Status::Complete(len)) => {
             let status = resp.code.ok_or("no status")?;
+            if status < 100 {
+                return Err(format!("{status:03} is not an HTTP status"));
+            }
             Ok(Some((status, len)))
         }
         Ok(httparse::Status::Partial) if buf.len() >= MAX_PROXY_RESPONSE_HEAD => Err(format!(
