@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use crate::connect::Connector;
 use crate::metrics::Metrics;
+use crate::servers::Endpoint;
 use crate::session::{Session, SessionConfig};
 
 /// The sync loop's timing.
@@ -28,10 +29,14 @@ pub struct SyncConfig {
     /// Keep dialing at every interval even with enough servers, to discover
     /// servers added behind a load balancer.
     pub forever: bool,
+    /// Where the servers are (default: the connector's host and port).
+    pub servers: crate::servers::Servers,
 }
 
 pub struct ClientSet {
     sessions: Mutex<HashMap<ServerId, Arc<Session>>>,
+    /// The endpoint (see [`crate::servers`]) each session was reached at.
+    held: Mutex<HashMap<ServerId, String>>,
     server_count: AtomicU32,
     /// Set with `--count-server-leases`.
     leases: std::sync::OnceLock<Arc<crate::leases::LeaseCount>>,
@@ -47,6 +52,12 @@ pub struct ClientSet {
     pub debug: daemon::debug_connections::Connections,
 }
 
+/// When an endpoint that failed is tried again, and the wait after that.
+struct Retry {
+    at: tokio::time::Instant,
+    backoff: Duration,
+}
+
 /// `interval` plus up to 10 % (wait.Jitter(d, 0.1)).
 fn jitter(d: Duration) -> Duration {
     d + d.mul_f64(rand::rng().random_range(0.0..0.1))
@@ -58,6 +69,7 @@ impl ClientSet {
         metrics.known_server_count.set(1.0);
         Arc::new(ClientSet {
             sessions: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
             server_count: AtomicU32::new(0),
             leases: std::sync::OnceLock::new(),
             lost: Notify::new(),
@@ -104,40 +116,102 @@ impl ClientSet {
         self.connected_tx.send_replace(n);
     }
 
-    /// Runs until draining starts.
+    /// Runs until draining starts: connects to endpoints it holds no stream
+    /// to, one attempt at a time, until it holds [`ClientSet::target`]
+    /// streams. Each endpoint backs off on its own, so one dead server does
+    /// not slow down reaching the others.
     pub async fn sync(self: Arc<Self>, connector: Connector, cfg: SyncConfig) {
-        let mut backoff = cfg.interval;
+        let mut endpoints = crate::servers::follow(
+            &cfg.servers,
+            (connector.host.clone(), connector.port),
+            &self.drain,
+        );
+        let mut retry: HashMap<String, Retry> = HashMap::new();
+        let mut turn = 0usize;
         loop {
             if self.draining.is_cancelled() || self.drain.is_draining() {
                 return;
             }
             let target = self.target();
             self.metrics.known_server_count.set(target as f64);
+            let eps = endpoints.borrow_and_update().clone();
             let wait = if !cfg.forever && self.connected() >= target {
                 jitter(cfg.interval)
             } else {
-                let attempt = tokio::select! {
-                    r = connector.connect(self.session_cfg.conn_queue.max(64)) => r,
-                    _ = self.drain.draining() => return,
-                };
-                match attempt {
-                    Ok(conn) => {
-                        backoff = cfg.interval;
-                        let duplicate = self.sessions.lock().contains_key(&conn.server_id);
-                        if duplicate {
-                            tracing::debug!(server_id = %conn.server_id, "already connected to this server; closing the new stream");
-                        } else {
-                            self.server_count
-                                .store(conn.server_count, Ordering::Relaxed);
-                            self.start(conn);
-                        }
-                        jitter(cfg.interval)
+                let now = tokio::time::Instant::now();
+                let held: Vec<String> = self.held.lock().values().cloned().collect();
+                let mut free: Vec<&Endpoint> =
+                    eps.iter().filter(|e| !held.contains(&e.key())).collect();
+                if free.is_empty() {
+                    // Every endpoint has a stream and more are wanted: an
+                    // endpoint may be a load balancer (upstream's setup with
+                    // one --proxy-server-host), so dial them again.
+                    free = eps.iter().collect();
+                }
+                turn = turn.wrapping_add(1);
+                let ready = (0..free.len())
+                    .map(|i| free[(turn + i) % free.len()])
+                    .find(|e| retry.get(&e.key()).is_none_or(|r| r.at <= now));
+                match ready {
+                    None => {
+                        let next = free
+                            .iter()
+                            .filter_map(|e| retry.get(&e.key()).map(|r| r.at))
+                            .min();
+                        next.map_or(jitter(cfg.interval), |at| at.saturating_duration_since(now))
+                            .min(jitter(cfg.interval))
                     }
-                    Err(e) => {
-                        tracing::warn!(server = %connector.authority(), error = %e, retry_in = %daemon::duration::format(backoff), "cannot connect to proxy server");
-                        let w = jitter(backoff);
-                        backoff = backoff.mul_f64(1.5).min(cfg.interval_cap);
-                        w
+                    Some(ep) => {
+                        let c = Connector {
+                            host: ep.host.clone(),
+                            port: ep.port,
+                            addr: ep.addr,
+                            ..connector.clone()
+                        };
+                        let attempt = tokio::select! {
+                            r = c.connect(self.session_cfg.conn_queue.max(64)) => r,
+                            _ = self.drain.draining() => return,
+                        };
+                        let more = eps.len() > 1;
+                        match attempt {
+                            Ok(conn) => {
+                                retry.remove(&ep.key());
+                                let duplicate = self.sessions.lock().contains_key(&conn.server_id);
+                                if duplicate {
+                                    tracing::debug!(server = %ep, server_id = %conn.server_id, "already connected to this server; closing the new stream");
+                                    // Reached again at the next interval, not at once.
+                                    retry.insert(
+                                        ep.key(),
+                                        Retry {
+                                            at: now + jitter(cfg.interval),
+                                            backoff: cfg.interval,
+                                        },
+                                    );
+                                } else {
+                                    self.server_count
+                                        .store(conn.server_count, Ordering::Relaxed);
+                                    self.start(conn, ep.key());
+                                }
+                                // With several endpoints the next one is tried
+                                // at once while streams are missing.
+                                if more && !duplicate && self.connected() < self.target() {
+                                    Duration::ZERO
+                                } else {
+                                    jitter(cfg.interval)
+                                }
+                            }
+                            Err(e) => {
+                                let r = retry.entry(ep.key()).or_insert(Retry {
+                                    at: now,
+                                    backoff: cfg.interval,
+                                });
+                                tracing::warn!(server = %ep, error = %e, retry_in = %daemon::duration::format(r.backoff), "cannot connect to proxy server");
+                                let w = jitter(r.backoff);
+                                r.at = tokio::time::Instant::now() + w;
+                                r.backoff = r.backoff.mul_f64(1.5).min(cfg.interval_cap);
+                                if more { Duration::ZERO } else { w }
+                            }
+                        }
                     }
                 }
             };
@@ -145,13 +219,15 @@ impl ClientSet {
                 _ = tokio::time::sleep(wait) => {}
                 // A lost stream is replaced without waiting out the interval.
                 _ = self.lost.notified() => {}
+                // Fixed endpoints have no sender: never a change.
+                Ok(()) = endpoints.changed() => {}
                 _ = self.draining.cancelled() => return,
                 _ = self.drain.draining() => return,
             }
         }
     }
 
-    fn start(self: &Arc<Self>, conn: crate::connect::Connection) {
+    fn start(self: &Arc<Self>, conn: crate::connect::Connection, endpoint: String) {
         let (server_id, server_count, flow_window) =
             (conn.server_id.clone(), conn.server_count, conn.flow_window);
         let (session, inbound) = Session::new(
@@ -161,6 +237,7 @@ impl ClientSet {
             self.drain.clone(),
             self.debug.clone(),
         );
+        self.held.lock().insert(server_id.clone(), endpoint);
         let n = {
             let mut s = self.sessions.lock();
             s.insert(server_id.clone(), session.clone());
@@ -176,6 +253,7 @@ impl ClientSet {
                     session.send_drain().await;
                 }
                 session.serve(inbound).await;
+                me.held.lock().remove(&session.server_id);
                 let n = {
                     let mut s = me.sessions.lock();
                     s.remove(&session.server_id);

@@ -48,8 +48,12 @@ pub enum ConnectError {
 /// What an agent presents to every server.
 #[derive(Clone)]
 pub struct Connector {
+    /// The server's name: dialled (unless `addr` is set) and verified.
     pub host: String,
     pub port: u16,
+    /// Connect to this address instead of resolving `host` (one address of
+    /// a name resolved by [`crate::servers`]).
+    pub addr: Option<std::net::SocketAddr>,
     /// Reloaded when its files change; each attempt takes the current one.
     pub tls: daemon::tls_reload::Reloading<rustls::ClientConfig>,
     pub agent_id: AgentId,
@@ -105,7 +109,7 @@ impl Connector {
         let name = ServerName::try_from(self.host.clone())
             .map_err(|_| ConnectError::Address(self.host.clone()))?;
         let tls = TlsConnector::from(self.tls.current());
-        let target = (self.host.clone(), self.port);
+        let (target, addr) = ((self.host.clone(), self.port), self.addr);
         let tls_error = Arc::new(std::sync::OnceLock::new());
         let seen = tls_error.clone();
         let channel = endpoint
@@ -113,7 +117,12 @@ impl Connector {
                 let (tls, name, target, seen) =
                     (tls.clone(), name.clone(), target.clone(), seen.clone());
                 async move {
-                    let tcp = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await?;
+                    let tcp = match addr {
+                        Some(a) => tokio::net::TcpStream::connect(a).await?,
+                        None => {
+                            tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await?
+                        }
+                    };
                     let _ = tcp.set_nodelay(true);
                     let stream = tls.connect(name, daemon::tls::read_buffered(tcp)).await?;
                     Ok::<_, std::io::Error>(TokioIo::new(daemon::tls::NoteTlsError::new(

@@ -21,6 +21,7 @@ pub mod limits;
 pub mod metrics;
 pub mod options;
 pub mod policy;
+pub mod servers;
 mod session;
 
 use std::future::Future;

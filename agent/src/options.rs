@@ -31,6 +31,8 @@ pub fn flags() -> FlagSet {
         .string("ca-cert", "", "If non-empty the CAs we use to validate clients.")
         .string("proxy-server-host", "127.0.0.1", "The hostname to use to connect to the proxy-server.")
         .int("proxy-server-port", 8091, "The port the proxy server is listening on.")
+        .bool("resolve-proxy-server-host", false, "Ours: hold a stream to every address each --proxy-server-host name resolves to (re-resolved every --proxy-server-resolve-interval), so HA servers need no load balancer in front. --proxy-server-host may also be a comma-separated list of host[:port].")
+        .duration("proxy-server-resolve-interval", crate::servers::RESOLVE_INTERVAL, "Ours: how often --resolve-proxy-server-host resolves the names again.")
         .strings("alpn-proto", &[], "Additional ALPN protocols to be presented when connecting to the server. Useful to distinguish between network proxy and apiserver connections that share the same destination address.")
         .string("health-server-host", "", "The host address to listen on, without port.")
         .int("health-server-port", 8093, "The port the health server is listening on.")
@@ -170,10 +172,28 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
     };
     let health_port = v.port("health-server-port")?;
+    let port = v.port("proxy-server-port")?;
+    let hosts = crate::servers::parse_hosts(&v.string("proxy-server-host"), port)?;
+    let resolve_every = v.bool("resolve-proxy-server-host").then(|| {
+        v.duration("proxy-server-resolve-interval")
+            .max(std::time::Duration::from_secs(1))
+    });
+    let (host, port) = hosts.first().cloned().unwrap_or_default();
+    let servers = crate::servers::Servers {
+        // One name and no resolving: exactly upstream's agent.
+        hosts: if hosts.len() > 1 || resolve_every.is_some() {
+            hosts
+        } else {
+            Vec::new()
+        },
+        resolve_every,
+        resolver: None,
+    };
     let config = Config {
         connector: Connector {
-            host: v.string("proxy-server-host"),
-            port: v.port("proxy-server-port")?,
+            host,
+            port,
+            addr: None,
             tls,
             agent_id: AgentId(agent_id),
             identifiers,
@@ -201,6 +221,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             interval,
             interval_cap: cap,
             forever: v.bool("sync-forever"),
+            servers,
         },
         session: SessionConfig {
             dial_timeout: crate::dial::DIAL_TIMEOUT,

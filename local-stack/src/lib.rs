@@ -200,6 +200,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         connector: proxy_agent::Connector {
             host: "127.0.0.1".into(),
             port: agent_addr.port(),
+            addr: None,
             tls: Arc::new(client_tls).into(),
             agent_id: AgentId("local-stack-agent".into()),
             identifiers: String::new(),
@@ -212,6 +213,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             interval: Duration::from_secs(1),
             interval_cap: Duration::from_secs(10),
             forever: false,
+            servers: Default::default(),
         },
         session: proxy_agent::SessionConfig {
             dial_timeout: proxy_agent::dial::DIAL_TIMEOUT,

@@ -68,6 +68,8 @@ type serverConfig struct {
 	// a directory with tls.crt, tls.key and ca.crt (a Secret volume) used
 	// for both listeners instead of the PKI's files
 	tlsDir string
+	// --server-count; 0 means 1
+	count int
 }
 
 func startServer(t testing.TB, cfg serverConfig) *server {
@@ -130,7 +132,7 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 		"--health-port=" + strconv.Itoa(ports["health"]),
 		"--admin-bind-address=127.0.0.1",
 		"--admin-port=" + strconv.Itoa(ports["admin"]),
-		"--server-count=1",
+		"--server-count=" + strconv.Itoa(max(cfg.count, 1)),
 		"--server-id=" + s.id,
 	}
 	if cfg.front == connectTLS {
@@ -245,9 +247,16 @@ type agent struct {
 
 func startAgent(t testing.TB, im impl, serverAgentPort int, id string, extra ...string) *agent {
 	t.Helper()
+	return startAgentWith(t, im, serverAgentPort, id, 1, extra...)
+}
+
+// startAgentWith starts an agent and waits until it holds streams to
+// servers servers.
+func startAgentWith(t testing.TB, im impl, serverAgentPort int, id string, servers int, extra ...string) *agent {
+	t.Helper()
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		a, err := tryStartAgent(t, im, serverAgentPort, id, extra...)
+		a, err := tryStartAgent(t, im, serverAgentPort, id, servers, extra...)
 		if err == nil {
 			return a
 		}
@@ -256,11 +265,11 @@ func startAgent(t testing.TB, im impl, serverAgentPort int, id string, extra ...
 			break
 		}
 	}
-	t.Fatalf("[setup of %s] start %s proxy-agent %s: want it connected to the proxy-server (/readyz 200, open_server_connections 1): %v", t.Name(), im, id, lastErr)
+	t.Fatalf("[setup of %s] start %s proxy-agent %s: want it connected (/readyz 200, open_server_connections %d): %v", t.Name(), im, id, servers, lastErr)
 	return nil
 }
 
-func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string, extra ...string) (*agent, error) {
+func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string, servers int, extra ...string) (*agent, error) {
 	a := &agent{impl: im, id: id}
 	health, admin := 0, 0
 	if im == upstream {
@@ -302,7 +311,7 @@ func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string, extra 
 	} else {
 		a.healthAddr, a.adminAddr = goharness.Loopback(health), goharness.Loopback(admin)
 	}
-	if err := a.waitConnected(1); err != nil {
+	if err := a.waitConnected(servers); err != nil {
 		a.p.kill()
 		return nil, err
 	}

@@ -43,6 +43,9 @@ pub struct ServerOpts {
     pub grace: Duration,
     /// Reuse this agent port (server restarts).
     pub agent_port: u16,
+    /// The loopback address the agent port is bound to (several servers on
+    /// one port, as behind one DNS name).
+    pub agent_host: &'static str,
     /// Offer per-connection flow control to agents that ask.
     pub flow_control: bool,
 }
@@ -71,10 +74,15 @@ impl Default for ServerOpts {
             agent_mtls: true,
             grace: Duration::ZERO,
             agent_port: 0,
+            agent_host: "127.0.0.1",
             flow_control: true,
         }
     }
 }
+
+/// A name test servers' certificates are valid for, to be resolved by a
+/// test resolver to several loopback addresses.
+pub const SERVERS_NAME: &str = "konnectivity-servers.test";
 
 pub struct RunningServer {
     pub handle: ServerHandle,
@@ -111,7 +119,7 @@ impl Drop for RunningServer {
 
 pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
     let dir = tempfile::tempdir().unwrap();
-    let server_cert = pki.server("proxy-server", &[]);
+    let server_cert = pki.server("proxy-server", &["127.0.0.2", "127.0.0.3", SERVERS_NAME]);
     let policy = daemon::tls::TlsPolicy::default();
     let agent_ca = opts.agent_mtls.then(|| pki.ca());
     let agent_tls = daemon::tls::server_config(
@@ -163,7 +171,7 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
             Some(path),
         )
     };
-    let agent = daemon::listen::bind_tcp("127.0.0.1", opts.agent_port)
+    let agent = daemon::listen::bind_tcp(opts.agent_host, opts.agent_port)
         .await
         .unwrap();
     let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -243,6 +251,9 @@ pub struct AgentOpts {
     pub flow_control: bool,
     /// `--allowed-destinations`.
     pub policy: proxy_agent::policy::DestinationPolicy,
+    /// Several servers (a list, or a name resolved to many addresses); the
+    /// first host is the connector's. Empty: the `server` address only.
+    pub servers: proxy_agent::servers::Servers,
 }
 
 impl AgentOpts {
@@ -266,6 +277,7 @@ impl Default for AgentOpts {
             stall_timeout: Duration::from_secs(10),
             flow_control: true,
             policy: Default::default(),
+            servers: Default::default(),
         }
     }
 }
@@ -342,10 +354,17 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
     let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health_addr = health.local_addr().unwrap();
+    let (host, port) = opts
+        .servers
+        .hosts
+        .first()
+        .cloned()
+        .unwrap_or_else(|| (server.ip().to_string(), server.port()));
     let config = proxy_agent::Config {
         connector: Connector {
-            host: server.ip().to_string(),
-            port: server.port(),
+            host,
+            port,
+            addr: None,
             tls: Arc::new(tls).into(),
             agent_id: AgentId(id),
             identifiers: opts.identifiers.clone(),
@@ -360,6 +379,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             interval: opts.sync_interval,
             interval_cap: opts.sync_interval * 10,
             forever: false,
+            servers: opts.servers.clone(),
         },
         session: SessionConfig {
             dial_timeout: proxy_agent::dial::DIAL_TIMEOUT,
@@ -444,6 +464,7 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
     let connector = Connector {
         host: server.ip().to_string(),
         port: server.port(),
+        addr: None,
         tls: Arc::new(tls).into(),
         agent_id: AgentId(id.to_string()),
         identifiers: identifiers.to_string(),

@@ -116,6 +116,7 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
     let connector = proxy_agent::Connector {
         host: "127.0.0.1".into(),
         port: server.agent_addr.port(),
+        addr: None,
         tls: std::sync::Arc::new(tls).into(),
         agent_id: konnectivity_proto::ids::AgentId("no-cert".into()),
         identifiers: String::new(),
