@@ -61,6 +61,24 @@ async fn three_servers(pki: &Pki, count: u32) -> (u16, Vec<RunningServer>) {
     (port, servers)
 }
 
+/// An agent given the three servers as a list.
+async fn listed_agent(pki: &Pki, port: u16) -> RunningAgent {
+    let servers = Servers {
+        hosts: HOSTS.iter().map(|h| (h.to_string(), port)).collect(),
+        ..Default::default()
+    };
+    let first = SocketAddr::from(([127, 0, 0, 1], port));
+    start_agent(
+        pki,
+        first,
+        AgentOpts {
+            servers,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     match tokio::time::timeout(PATIENCE, f).await {
         Ok(v) => v,
@@ -95,18 +113,7 @@ async fn an_agent_given_a_list_holds_a_stream_to_each_server() {
     let pki = Pki::new();
     let (port, mut servers) = three_servers(&pki, 3).await;
     let echo = integration_tests::dest::echo().await;
-    let agent = start_agent(
-        &pki,
-        servers[0].agent_addr,
-        AgentOpts {
-            servers: Servers {
-                hosts: HOSTS.iter().map(|h| (h.to_string(), port)).collect(),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-    .await;
+    let agent = listed_agent(&pki, port).await;
     agent_count_is(&agent, 3).await;
     for s in &servers {
         within("the server sees the agent", s.handle.wait_for_agents(1)).await;
@@ -133,18 +140,7 @@ async fn the_server_count_decides_how_many_of_the_listed_servers() {
     init_logging();
     let pki = Pki::new();
     let (port, mut servers) = three_servers(&pki, 2).await;
-    let agent = start_agent(
-        &pki,
-        servers[0].agent_addr,
-        AgentOpts {
-            servers: Servers {
-                hosts: HOSTS.iter().map(|h| (h.to_string(), port)).collect(),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-    .await;
+    let agent = listed_agent(&pki, port).await;
     agent_count_is(&agent, 2).await;
     let held: Vec<usize> = (0..3)
         .filter(|i| servers[*i].handle.agent_streams() == 1)
