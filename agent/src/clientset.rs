@@ -216,7 +216,7 @@ impl ClientSet {
                 }
             };
             tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep(wait.max(crate::limits::MIN_SYNC_PAUSE)) => {}
                 // A lost stream is replaced without waiting out the interval.
                 _ = self.lost.notified() => {}
                 // Fixed endpoints have no sender: never a change.

@@ -58,6 +58,7 @@ pub struct Agent {
     clients: Arc<ClientSet>,
     drain: Drain,
     lease_counting: Option<leases::LeaseCounting>,
+    profiling: bool,
 }
 
 /// A view of a running agent, for tests and the demo.
@@ -166,7 +167,14 @@ impl Agent {
             clients,
             drain,
             lease_counting: None,
+            profiling: false,
         }
+    }
+
+    /// Serves `/debug/pprof/` on the admin port (`--enable-profiling`).
+    pub fn with_profiling(mut self, on: bool) -> Agent {
+        self.profiling = on;
+        self
     }
 
     /// Takes the number of servers from their Leases (`--count-server-leases`).
@@ -198,6 +206,7 @@ impl Agent {
             clients,
             drain: tasks,
             lease_counting,
+            profiling,
         } = self;
         let stop_counting = tokio_util::sync::CancellationToken::new();
         if let Some(counting) = lease_counting {
@@ -232,10 +241,11 @@ impl Agent {
             health::health_handler(clients.clone(), metrics.clone()),
             tasks.clone(),
         ));
-        tasks.spawn(daemon::endpoints::serve(
+        tasks.spawn(daemon::endpoints::serve_with(
             listeners.admin,
             "admin",
             health::admin_handler(health_addr, clients.debug.clone()),
+            profiling,
             tasks.clone(),
         ));
         tasks.spawn(

@@ -14,3 +14,8 @@ pub const MAX_DIAL_ADDRESS: usize = 1024;
 /// Largest error body read from kube-apiserver for a failed lease call's
 /// reason.
 pub const MAX_STATUS_BODY: usize = 64 << 10;
+
+/// Shortest pause between two connection attempts or server-count checks.
+/// Upstream's agent takes `--sync-interval=0` as no pause at all, a busy
+/// loop against a server that is down; ours retries every 100 ms then.
+pub const MIN_SYNC_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);

@@ -29,7 +29,9 @@ async fn main() -> anyhow::Result<()> {
             count_tx.send_modify(|n| *n += 1);
         }
     });
-    let agent = proxy_agent::Agent::new(config).with_lease_counting(lease_counting);
+    let agent = proxy_agent::Agent::new(config)
+        .with_lease_counting(lease_counting)
+        .with_profiling(values.bool("enable-profiling"));
     let handle = agent.handle();
     let mut first = count.clone();
     // `stop` starts only once `drain` has run, so the first signal always

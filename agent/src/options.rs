@@ -38,8 +38,8 @@ pub fn flags() -> FlagSet {
         .int("health-server-port", 8093, "The port the health server is listening on.")
         .int("admin-server-port", 8094, "The port the admin server is listening on.")
         .string("admin-bind-address", "127.0.0.1", "Bind address for admin connections. If empty, we will bind to all interfaces.")
-        .bool("enable-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
-        .bool("enable-contention-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
+        .bool("enable-profiling", false, "enable pprof at host:admin-port/debug/pprof (CPU profiles; see docs/konnectivity.md)")
+        .bool("enable-contention-profiling", false, "Accepted for compatibility: Go's block profile has no counterpart here.")
         .string("agent-id", "", "The unique ID of this agent. Can also be set by the 'PROXY_AGENT_ID' environment variable. Default to a generated uuid if not set.")
         .duration("sync-interval", Duration::from_secs(1), "The initial interval by which the agent periodically checks if it has connections to all instances of the proxy server.")
         .duration("probe-interval", Duration::from_secs(1), "Accepted for compatibility: a lost stream is noticed when it ends or HTTP/2 keepalive fails.")
@@ -63,7 +63,7 @@ pub fn flags() -> FlagSet {
         .string("server-count-source", "default", "Defines how the server counts from lease and from server responses are combined. Possible values: 'default' to use only one source (server or leases depending on other flags), 'max' to take the larger value.")
         .string("kubeconfig", "", "Path to the kubeconfig file")
         .string("kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to apiserver.")
-        .with_klog(0)
+        .with_klog(4)
 }
 
 /// `--count-server-leases` and its companions (`None` when off).
@@ -152,8 +152,10 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             daemon::duration::format(cap)
         ));
     }
-    if interval.is_zero() {
-        return Err("--sync-interval must be greater than 0".into());
+    if v.bool("enable-contention-profiling") && !v.bool("enable-profiling") {
+        return Err(
+            "if --enable-contention-profiling is set, --enable-profiling must also be set".into(),
+        );
     }
     match v.string("server-count-source").as_str() {
         "" | "default" | "max" => {}
@@ -198,7 +200,8 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             agent_id: AgentId(agent_id),
             identifiers,
             token_path,
-            keepalive: v.duration("keepalive-time"),
+            // grpc-go's client raises anything below 10 s to 10 s.
+            keepalive: v.duration("keepalive-time").max(Duration::from_secs(10)),
             keepalive_timeout: v.duration("keepalive-timeout"),
             flow_window: match v.int("flow-control-window") {
                 0 => None,

@@ -30,7 +30,7 @@ var (
 	flagUpstream  = flag.String("upstream-bin", "target/bench/bin", "directory with upstream-proxy-server and upstream-proxy-agent")
 	flagOut       = flag.String("out", "", "also write the report (Markdown) to this file")
 	flagWorkDir   = flag.String("workdir", "", "configs, sockets, PKI and logs (default: a new temporary directory)")
-	flagUpstreamV = flag.Int("upstream-v", 0, "klog -v for upstream's binaries (their main defaults to 4)")
+	flagUpstreamV = flag.Int("upstream-v", 0, "klog -v for both implementations' proxy-server and proxy-agent (both mains default to 4)")
 	flagIdleConns = flag.Int("idle-conns", 0, "P5 connections (default 10000, quick 200)")
 	flagDestOnly  = flag.Bool("dest-only", false, "internal: serve the destinations only (P5 runs them in a child process)")
 	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")

@@ -90,9 +90,9 @@ func serverArgs(impl, mode, uds string, ports map[string]int) []string {
 		"--server-count=1",
 		"--server-id=bench-server",
 	}
-	if impl == upstream {
-		args = append(args, fmt.Sprintf("-v=%d", *flagUpstreamV))
-	}
+	// Both mains default to -v=4; the same level for both keeps logging
+	// cost out of the comparison.
+	args = append(args, fmt.Sprintf("-v=%d", *flagUpstreamV))
 	return args
 }
 
@@ -113,9 +113,9 @@ func agentArgs(impl string, serverAgentPort int, health, admin int) []string {
 		"--sync-interval-cap=30s",
 		"--probe-interval=5s",
 	}
-	if impl == upstream {
-		args = append(args, fmt.Sprintf("-v=%d", *flagUpstreamV))
-	}
+	// Both mains default to -v=4; the same level for both keeps logging
+	// cost out of the comparison.
+	args = append(args, fmt.Sprintf("-v=%d", *flagUpstreamV))
 	return args
 }
 

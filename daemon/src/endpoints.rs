@@ -101,6 +101,18 @@ pub type Handler = Arc<dyn Fn(&Head<'_>) -> Reply + Send + Sync>;
 /// Serves `handler` on `listener` until the drain starts. At most
 /// [`ENDPOINT_MAX_CONNECTIONS`] at once, the oldest closed for a newcomer.
 pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler, drain: Drain) {
+    serve_with(listener, name, handler, false, drain).await
+}
+
+/// [`serve`], plus `/debug/pprof/` when `profiling` is set (upstream's
+/// `--enable-profiling`; needs the `pprof` feature, else it is ignored).
+pub async fn serve_with(
+    listener: TcpListener,
+    name: &'static str,
+    handler: Handler,
+    profiling: bool,
+    drain: Drain,
+) {
     tracing::info!(listener = name, addr = %crate::listen::Listener::local(&listener), "serving");
     let stop = drain.clone();
     let options = AcceptOptions {
@@ -115,6 +127,12 @@ pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler, 
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let handler = handler.clone();
                 async move {
+                    #[cfg(feature = "pprof")]
+                    if profiling && req.uri().path().starts_with("/debug/pprof") {
+                        let reply = crate::pprof::handle(req.uri().path(), req.uri().query()).await;
+                        return Ok::<_, Infallible>(into_response(reply).0);
+                    }
+                    let _ = profiling;
                     let mut resp = respond(&handler, &req, local);
                     if let Some(Render(make)) = resp.1.take() {
                         let body = tokio::task::spawn_blocking(move || make())
@@ -155,7 +173,10 @@ fn respond(
         query: req.uri().query(),
         local,
     };
-    let reply = handler(&head);
+    into_response(handler(&head))
+}
+
+fn into_response(reply: Reply) -> (Response<Full<Bytes>>, Option<Render>) {
     let render = reply.render;
     let mut resp = Response::new(Full::new(reply.body));
     *resp.status_mut() = reply.status;

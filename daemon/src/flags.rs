@@ -212,25 +212,35 @@ impl FlagSet {
         self
     }
 
-    /// Adds the klog flags upstream binaries accept; [`crate::logging`] maps
-    /// them onto `tracing`.
+    /// Adds the klog flags upstream binaries accept, with klog's defaults
+    /// except `-v` (upstream's mains set 4), and component-base's
+    /// `--logging-format`; [`crate::logging`] applies them.
     pub fn with_klog(self, default_verbosity: i64) -> Self {
         self.int("v", default_verbosity, "number for the log level verbosity")
             .short('v')
-            .string("vmodule", "", "comma-separated list of pattern=N settings for file-filtered logging (accepted, not applied)")
-            .string("log-dir", "", "if non-empty, write log files in this directory")
-            .string("log-file", "", "if non-empty, use this log file")
-            .int("log-file-max-size", 1800, "maximum size a log file can grow to in megabytes (accepted, not applied: rotate externally)")
+            .string("vmodule", "", "comma-separated list of pattern=N settings for file-filtered logging (pattern: a source file name without .rs, * and ? allowed)")
+            .string("log-dir", "", "If non-empty, write log files in this directory (no effect when -logtostderr=true)")
+            .string("log-file", "", "If non-empty, use this log file (no effect when -logtostderr=true)")
+            .int("log-file-max-size", 1800, "Defines the maximum size a log file can grow to (no effect when -logtostderr=true). Unit is megabytes. If the value is 0, the maximum file size is unlimited.")
             .bool("logtostderr", true, "log to standard error instead of files")
-            .bool("alsologtostderr", false, "log to standard error as well as files")
-            .string("alsologtostderrthreshold", "ERROR", "logs at or above this threshold go to stderr when writing to files and stderr")
-            .string("stderrthreshold", "ERROR", "logs at or above this threshold go to stderr when writing to files")
-            .bool("legacy-stderr-threshold-behavior", true, "accepted for compatibility")
-            .bool("add-dir-header", false, "accepted for compatibility")
-            .bool("skip-headers", false, "avoid header prefixes in the log messages")
-            .bool("skip-log-headers", false, "accepted for compatibility")
-            .bool("one-output", false, "accepted for compatibility")
-            .string("log-backtrace-at", ":0", "accepted for compatibility")
+            .bool("alsologtostderr", false, "log to standard error as well as files (no effect when -logtostderr=true)")
+            .string("alsologtostderrthreshold", "INFO", "logs at or above this threshold go to stderr when -alsologtostderr=true (no effect when -logtostderr=true)")
+            .string("stderrthreshold", "ERROR", "logs at or above this threshold go to stderr when writing to files and stderr (no effect when -logtostderr=true or -alsologtostderr=true unless -legacy_stderr_threshold_behavior=false)")
+            .bool("legacy-stderr-threshold-behavior", true, "If true, stderrthreshold is ignored when logtostderr=true (legacy behavior). If false, stderrthreshold is honored even when logtostderr=true")
+            .bool("add-dir-header", false, "If true, adds the file directory to the header of the log messages")
+            .bool("skip-headers", false, "If true, avoid header prefixes in the log messages")
+            .bool("skip-log-headers", false, "If true, avoid headers when opening log files (no effect when -logtostderr=true)")
+            .bool("one-output", false, "If true, only write logs to their native severity level (vs also writing to each lower severity level; no effect when -logtostderr=true)")
+            .string("log-backtrace-at", ":0", "accepted for compatibility (Rust has no goroutine stacks to print)")
+            .string("logging-format", "text", "Sets the log format. Permitted formats: \"json\", \"text\" (component-base's spelling; ours).")
+    }
+
+    /// Adds KKP's logging flags (`pkg/log/zap.go`): `-log-debug` and
+    /// `-log-format` (JSON, the default, or Console); [`crate::logging`]
+    /// applies them.
+    pub fn with_kkp_logging(self) -> Self {
+        self.bool("log-debug", false, "Enables more verbose logging")
+            .string("log-format", "JSON", "Log format, one of JSON, Console")
     }
 
     fn find(&self, name: &str) -> Option<&Flag> {
@@ -485,6 +495,11 @@ impl Values {
             Some(Value::Strings(v)) => v.clone(),
             _ => Vec::new(),
         }
+    }
+
+    /// Whether the flag is declared at all.
+    pub fn has(&self, name: &str) -> bool {
+        self.values.contains_key(name)
     }
 
     /// Whether the flag appeared on the command line (as opposed to its default).

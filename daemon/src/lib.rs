@@ -13,6 +13,7 @@ pub mod errors;
 pub mod file_watch;
 pub mod flags;
 pub mod forward;
+pub mod gofmt;
 pub mod h2io;
 pub mod keepalive;
 #[cfg(feature = "kubernetes")]
@@ -21,6 +22,8 @@ pub mod limits;
 pub mod listen;
 pub mod logging;
 pub mod metrics;
+#[cfg(feature = "pprof")]
+pub mod pprof;
 pub mod prefixed;
 pub mod process;
 pub mod relay;

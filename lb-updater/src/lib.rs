@@ -31,9 +31,7 @@ pub fn flags() -> FlagSet {
     .int("envoy-sni-port", 0, "adds the LB port sni-listener (0: none)")
     .int("envoy-tunneling-port", 0, "adds the LB port tunneling-listener (0: none)")
     .string("kubeconfig", "", "kubeconfig (empty: in-cluster configuration)")
-    .bool("log-debug", false, "accepted for compatibility; use -v=4 for debug logs")
-    .string("log-format", "json", "accepted for compatibility")
-    .with_klog(0)
+    .with_kkp_logging()
 }
 
 #[derive(Debug, Clone)]

@@ -57,8 +57,6 @@ pub fn flag_set() -> FlagSet {
     .int("upstream-tcp-keepalive-probes", 0, "upstream socket keepalive probes (0: unset)")
     .string("namespace", "", "only expose Services in this namespace (empty: all)")
     .string("expose-annotation-key", crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")
-    .bool("log-debug", false, "accepted for compatibility; use -v=4 for debug logs")
-    .string("log-format", "json", "accepted for compatibility")
     .string("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (needed outside a cluster unless -kubeconfig or -source=demo is given)")
     .string("source", "", "where Services and EndpointSlices come from: kubernetes (watch the apiserver), file (-config) or demo; empty: file with -config, else kubernetes with -kubeconfig or inside a cluster, else an error (demo is only ever chosen by name)")
     .string("kubeconfig", "", "kubeconfig for the kubernetes source (empty: in-cluster configuration)")
@@ -80,7 +78,7 @@ pub fn flag_set() -> FlagSet {
     .string("accept-proxy-protocol", "", "listeners whose clients must start with a PROXY protocol v1 or v2 header, a comma list of sni, tunneling, nodeport (a load balancer sending one is in front; source allow-lists then see the real client); empty: none")
     .duration("proxy-protocol-timeout", p.proxy_protocol_timeout, "close clients of such a listener that have not sent a complete PROXY header within this")
     .int("worker-threads", 0, "runtime worker threads (0: one per core)")
-    .with_klog(0)
+    .with_kkp_logging()
 }
 
 /// KKP accepts 0 (meaning "default") or at least one second for these.

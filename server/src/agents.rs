@@ -167,7 +167,7 @@ async fn serve(core: &Core, backend: &Arc<Backend>, mut inbound: Streaming<Packe
             Err(status) => {
                 core.metrics
                     .stream_error(Segment::FromAgent, status.code(), "Unknown");
-                tracing::info!(%status, "agent stream failed");
+                tracing::info!(code = konnectivity_proto::code_name(status.code()), error = %status.message(), "agent stream failed");
                 return;
             }
         }

@@ -125,6 +125,7 @@ pub struct Server {
     core: Arc<Core>,
     drain: Drain,
     kubernetes: options::Kubernetes,
+    profiling: bool,
 }
 
 /// A view of a server's state, for tests and the demo.
@@ -220,7 +221,14 @@ impl Server {
             core,
             drain: Drain::new(),
             kubernetes: options::Kubernetes::default(),
+            profiling: false,
         }
+    }
+
+    /// Serves `/debug/pprof/` on the admin port (`--enable-profiling`).
+    pub fn with_profiling(mut self, on: bool) -> Server {
+        self.profiling = on;
+        self
     }
 
     /// Turns on token authentication and/or the lease controller (see
@@ -249,6 +257,7 @@ impl Server {
             core,
             drain,
             kubernetes,
+            profiling,
         } = self;
         let auth = match &kubernetes.token_auth {
             Some(cfg) => {
@@ -299,10 +308,11 @@ impl Server {
             health::health_handler(core.clone()),
             drain.clone(),
         ));
-        drain.spawn(daemon::endpoints::serve(
+        drain.spawn(daemon::endpoints::serve_with(
             listeners.admin,
             "admin",
             health::admin_handler(core.clone()),
+            profiling,
             drain.clone(),
         ));
         drain.spawn(serve_agents(

@@ -17,7 +17,9 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|e| fatal(&e.to_string()));
     let mut signals =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
-    let server = proxy_server::Server::new(config).with_kubernetes(kubernetes);
+    let server = proxy_server::Server::new(config)
+        .with_kubernetes(kubernetes)
+        .with_profiling(values.bool("enable-profiling"));
     let shutdown = async move {
         signals.next().await;
         tracing::info!("received termination signal; draining (send it again to exit at once)");

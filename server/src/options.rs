@@ -50,8 +50,8 @@ pub fn flags() -> FlagSet {
         .duration("keepalive-time", KEEPALIVE_TIME, "Time for gRPC agent server keepalive.")
         .duration("keepalive-timeout", KEEPALIVE_TIMEOUT, "How long a keepalive PING to an agent may stay unanswered before its connection is closed and its tunnels fail (ours).")
         .duration("frontend-keepalive-time", Duration::from_secs(3600), "Time for gRPC frontend server keepalive.")
-        .bool("enable-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
-        .bool("enable-contention-profiling", false, "Accepted for compatibility; there is no pprof endpoint.")
+        .bool("enable-profiling", false, "enable pprof at host:admin-port/debug/pprof (CPU profiles; see docs/konnectivity.md)")
+        .bool("enable-contention-profiling", false, "Accepted for compatibility: Go's block profile has no counterpart here.")
         .string("server-id", "", "The unique ID of this server. Can also be set by the 'PROXY_SERVER_ID' environment variable.")
         .int("server-count", 1, "The number of proxy server instances, should be 1 unless it is an HA server.")
         .string("agent-namespace", "", "Expected agent's namespace during agent authentication (used with agent-service-account, authentication-audience, kubeconfig).")
@@ -74,7 +74,7 @@ pub fn flags() -> FlagSet {
         .int("flow-control-window", konnectivity_proto::flow::DEFAULT_WINDOW, "Per-connection flow-control window (bytes) offered to agents of this project that ask for it; 0 turns it off. Upstream agents never ask.")
         .bool("warn-on-channel-limit", true, "Deprecated no-op.")
         .deprecated("This behavior is now thread safe and always on. This flag will be removed in a future release.")
-        .with_klog(0)
+        .with_klog(4)
 }
 
 /// The Kubernetes-facing features the flags turn on (token authentication,
@@ -220,6 +220,16 @@ pub fn flow_window(v: &Values) -> Result<Option<i64>, String> {
     }
 }
 
+/// A keepalive time as grpc-go's server applies it: 0 is its default of two
+/// hours, anything shorter than 1 s is raised to 1 s.
+pub fn grpc_server_keepalive(d: Duration) -> Duration {
+    if d.is_zero() {
+        Duration::from_secs(2 * 3600)
+    } else {
+        d.max(Duration::from_secs(1))
+    }
+}
+
 /// Validates the flags into the server configuration and its addresses.
 pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     let mode = match v.string("mode").as_str() {
@@ -342,8 +352,15 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
     };
-    if v.bool("enable-profiling") || v.bool("enable-contention-profiling") {
-        tracing::warn!("--enable-profiling has no effect: this server has no pprof endpoint");
+    if v.bool("enable-contention-profiling") && !v.bool("enable-profiling") {
+        return Err(
+            "if --enable-contention-profiling is set, --enable-profiling must also be set".into(),
+        );
+    }
+    if v.bool("enable-contention-profiling") {
+        tracing::warn!(
+            "--enable-contention-profiling has no effect: Go's block profile has no counterpart here"
+        );
     }
 
     let config = Config {
@@ -362,9 +379,9 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             agent_queue: xfr.max(16),
             flow_window: flow_window(v)?,
         },
-        keepalive_time: v.duration("keepalive-time"),
+        keepalive_time: grpc_server_keepalive(v.duration("keepalive-time")),
         keepalive_timeout: v.duration("keepalive-timeout"),
-        frontend_keepalive_time: v.duration("frontend-keepalive-time"),
+        frontend_keepalive_time: grpc_server_keepalive(v.duration("frontend-keepalive-time")),
         graceful_shutdown_timeout: v.duration("graceful-shutdown-timeout"),
     };
     let addrs = Addresses {

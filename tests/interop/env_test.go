@@ -70,6 +70,7 @@ type serverConfig struct {
 	tlsDir string
 	// --server-count; 0 means 1
 	count int
+	extra []string // more flags, last
 }
 
 func startServer(t testing.TB, cfg serverConfig) *server {
@@ -147,6 +148,7 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 		s.uds = filepath.Join(s.dir, "konnectivity-server.socket")
 		args = append(args, "--uds-name="+s.uds, "--server-port=0")
 	}
+	args = append(args, cfg.extra...)
 	s.p = startProc(t, string(cfg.impl)+" proxy-server", bin[cfg.impl]["server"], args)
 
 	if cfg.impl == ours {

@@ -712,12 +712,8 @@ impl Cluster {
 
 /// The loopback address of the `addr=` field of a logged listener line.
 pub fn logged_addr(l: &str) -> SocketAddr {
-    let a = l
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("addr="))
-        .unwrap()
-        .trim_matches('"');
-    crate::procs::loopback(a)
+    let a = crate::procs::log_field(l, "addr").unwrap();
+    crate::procs::loopback(&a)
 }
 
 impl ProxyServer {

@@ -129,17 +129,17 @@ impl Proc {
         out
     }
 
+    /// The next line the process writes; `None` once its output is closed.
+    pub async fn next_line(&mut self) -> Option<String> {
+        self.lines.recv().await
+    }
+
     /// Waits until `n` `listening` lines were logged; returns listener → address.
     pub async fn listening(&mut self, n: usize) -> HashMap<String, String> {
         let mut out = HashMap::new();
         while out.len() < n {
             let l = self.wait_line("listening").await;
-            let field = |k: &str| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix(&format!("{k}=")))
-                    .map(|v| v.trim_matches('"').to_string())
-            };
-            if let (Some(name), Some(addr)) = (field("listener"), field("addr")) {
+            if let (Some(name), Some(addr)) = (log_field(&l, "listener"), log_field(&l, "addr")) {
                 out.insert(name, addr);
             }
         }
@@ -191,6 +191,24 @@ pub async fn server_on_socket(
     let mut server = Proc::spawn("proxy-server", &args);
     let addrs = server.listening(4).await;
     (server, sock, addrs)
+}
+
+/// The value of `key` in one of our log lines, whatever its format: klog
+/// text (`key="value"` or `key=5`), or JSON (component-base's or KKP's zap,
+/// possibly after zap console's tab-separated columns).
+pub fn log_field(line: &str, key: &str) -> Option<String> {
+    if let Some(i) = line.find('{')
+        && let Ok(serde_json::Value::Object(map)) =
+            serde_json::from_str::<serde_json::Value>(line[i..].trim_end())
+    {
+        return map.get(key).map(|v| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        });
+    }
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .map(|v| v.trim_matches('"').to_string())
 }
 
 /// A `host:port` a test can connect to, from a logged bind address such as

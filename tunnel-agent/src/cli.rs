@@ -122,7 +122,7 @@ pub fn flag_set() -> FlagSet {
     .string("http-proxy", "", "reach the seed through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the seed host")
     .string("http-proxy-ca", "", "CA bundle (PEM) a TLS (https://) proxy's certificate is checked against (empty: /etc/ssl/certs/ca-certificates.crt)")
     .int("worker-threads", 1, "runtime worker threads; fixed so memory and threads do not grow with the core count")
-    .with_klog(0)
+    .with_kkp_logging()
 }
 
 fn set<T>(

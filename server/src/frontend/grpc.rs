@@ -102,7 +102,7 @@ async fn serve(
             Err(status) => {
                 core.metrics
                     .stream_error(Segment::FromClient, client_code(&status), "Unknown");
-                tracing::debug!(%status, "frontend stream failed");
+                tracing::debug!(code = konnectivity_proto::code_name(status.code()), error = %status.message(), "frontend stream failed");
                 // Tell the frontend why, if it is still listening.
                 tunnel.abort(crate::tunnel::Abort::Frontend(
                     status.code(),
