@@ -71,8 +71,12 @@ pub fn errno_text(e: &io::Error) -> String {
     }
 }
 
-/// Splits `host:port` like Go's `net.SplitHostPort`.
+/// Splits `host:port` like Go's `net.SplitHostPort` and reads the port as
+/// Go's dialer does (empty is 0). Errors are Go's texts after `dial tcp: `.
 fn split_host_port(address: &str) -> Result<(&str, u16), String> {
+    if address.is_empty() {
+        return Err("missing address".into());
+    }
     let missing = || format!("address {address}: missing port in address");
     let (host, port) = if let Some(rest) = address.strip_prefix('[') {
         let (h, p) = rest
@@ -86,9 +90,13 @@ fn split_host_port(address: &str) -> Result<(&str, u16), String> {
         }
         (h, p)
     };
+    if port.is_empty() {
+        return Ok((host, 0));
+    }
+    // Go would look a service name up in /etc/services; we take numbers only.
     let port = port
         .parse::<u16>()
-        .map_err(|_| format!("address {address}: invalid port"))?;
+        .map_err(|_| format!("address {port}: invalid port"))?;
     Ok((host, port))
 }
 
@@ -146,11 +154,13 @@ pub async fn dial(
 ) -> Result<TcpStream, DialError> {
     if !matches!(protocol, "tcp" | "tcp4" | "tcp6") {
         let protocol: String = protocol.chars().take(32).collect();
-        let address: String = address.chars().take(MAX_DIAL_ADDRESS).collect();
-        return Err(err(
-            format!("dial {protocol} {address}: unknown network {protocol}"),
-            false,
-        ));
+        // Go's OpError: "dial" and the network, if any, then the cause.
+        let op = if protocol.is_empty() {
+            "dial".to_string()
+        } else {
+            format!("dial {protocol}")
+        };
+        return Err(err(format!("{op}: unknown network {protocol}"), false));
     }
     if address.len() > MAX_DIAL_ADDRESS {
         return Err(err(
@@ -163,7 +173,7 @@ pub async fn dial(
     }
     let deadline = Instant::now() + timeout;
     let (host, port) =
-        split_host_port(address).map_err(|e| err(format!("dial {protocol} {e}"), false))?;
+        split_host_port(address).map_err(|e| err(format!("dial {protocol}: {e}"), false))?;
     let addrs = match tokio::time::timeout_at(deadline, resolve(host, port)).await {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => return Err(err(format!("dial {protocol}: {e}"), false)),
@@ -330,7 +340,7 @@ mod tests {
         .map(|e| e.text);
         assert_eq!(
             e.as_deref(),
-            Some("dial tcp address no-port: missing port in address")
+            Some("dial tcp: address no-port: missing port in address")
         );
         let e = dial(
             "udp",
@@ -341,16 +351,22 @@ mod tests {
         .await
         .err()
         .map(|e| e.text);
-        assert_eq!(
-            e.as_deref(),
-            Some("dial udp 127.0.0.1:1: unknown network udp")
-        );
+        assert_eq!(e.as_deref(), Some("dial udp: unknown network udp"));
     }
 
     #[test]
     fn splits_like_go() {
+        // Texts as Go 1.26's net.Dial("tcp", …) prints them after "dial tcp: ".
         assert_eq!(split_host_port("[::1]:80"), Ok(("::1", 80)));
         assert_eq!(split_host_port("a:1"), Ok(("a", 1)));
-        assert!(split_host_port("::1:80").is_err());
+        assert_eq!(split_host_port("a:"), Ok(("a", 0)));
+        let e = |a| split_host_port(a).err().unwrap_or_default();
+        assert_eq!(e("127.0.0.1"), "address 127.0.0.1: missing port in address");
+        assert_eq!(e("[::1]"), "address [::1]: missing port in address");
+        assert_eq!(e("a:99999"), "address 99999: invalid port");
+        assert_eq!(e("a:-1"), "address -1: invalid port");
+        assert_eq!(e("::1:80"), "address ::1:80: too many colons in address");
+        assert_eq!(e("[::1:80"), "address [::1:80: missing ']' in address");
+        assert_eq!(e(""), "missing address");
     }
 }

@@ -86,7 +86,6 @@ pub fn packets(data: &[u8]) {
                 "the session hung"
             );
         });
-        metrics.registry().upkeep();
     });
 }
 

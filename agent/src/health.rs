@@ -35,7 +35,7 @@ pub fn health_handler(clients: Arc<ClientSet>, metrics: Arc<Metrics>) -> Handler
                 Reply::ok()
             }
         }
-        "/metrics" => Reply::metrics(metrics.render()),
+        "/metrics" => Reply::go_metrics(metrics.render()),
         _ => Reply::not_found(),
     })
 }

@@ -119,8 +119,39 @@ pub async fn run(
         }
     };
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    // As client-go's informers (upstream's agent): the initial list is a
+    // streaming watch where the apiserver serves one; on any error before it
+    // completes, list and watch instead, for good.
+    let mut streaming = true;
+    while follow(&api, &cfg.selector, streaming, &count, &stop).await == Followed::NoStreamingList {
+        tracing::info!(
+            "the apiserver does not serve streaming lists of leases; listing and watching instead"
+        );
+        streaming = false;
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Followed {
+    Stopped,
+    NoStreamingList,
+}
+
+async fn follow(
+    api: &Api<Lease>,
+    selector: &str,
+    streaming: bool,
+    count: &LeaseCount,
+    stop: &CancellationToken,
+) -> Followed {
+    let config = watcher::Config::default().labels(selector);
+    let config = if streaming {
+        config.streaming_lists()
+    } else {
+        config
+    };
     let (store, writer) = reflector::store();
-    let events = watcher(api, watcher::Config::default().labels(&cfg.selector))
+    let events = watcher(api.clone(), config)
         .default_backoff()
         .reflect(writer);
     tokio::pin!(events);
@@ -131,11 +162,15 @@ pub async fn run(
             ev = events.next() => match ev {
                 Some(Ok(watcher::Event::InitDone)) => synced = true,
                 Some(Ok(_)) => {}
+                Some(Err(e)) if streaming && !synced => {
+                    tracing::debug!(error = %e, "streaming list of leases failed");
+                    return Followed::NoStreamingList;
+                }
                 Some(Err(e)) => tracing::warn!(error = %e, "watching server leases; keeping the last count"),
-                None => return,
+                None => return Followed::Stopped,
             },
             _ = tick.tick() => {}
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return Followed::Stopped,
         }
         // Before the first list completes, an empty store is not news.
         if synced {

@@ -229,7 +229,6 @@ impl Agent {
             .health
             .local_addr()
             .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
-        tasks.spawn(metrics.registry().clone().run_upkeep(tasks.clone()));
         tasks.spawn(config.connector.tls.clone().follow(
             metrics.registry().clone(),
             metrics::TLS,

@@ -1,9 +1,11 @@
 //! The agent's metrics: upstream's names, labels, buckets and HELP text
-//! (`konnectivity_network_proxy_agent_*`), registered once per agent instance.
+//! (`konnectivity_network_proxy_agent_*`), registered once per agent
+//! instance, each series appearing when upstream's would (see
+//! [`daemon::gometrics`]); with `process_*` and promhttp's families.
 
 use std::sync::Arc;
 
-use daemon::metrics::{CounterGrid, Registry};
+use daemon::gometrics::{CounterGrid, Registry};
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
@@ -60,10 +62,13 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let r = Arc::new(Registry::new(&[
-            (DIAL_DURATION, LATENCY_BUCKETS),
-            (LEASE_LIST_LATENCY, LATENCY_BUCKETS),
-        ]));
+        let r = Arc::new(
+            Registry::new(&[
+                (DIAL_DURATION, LATENCY_BUCKETS),
+                (LEASE_LIST_LATENCY, LATENCY_BUCKETS),
+            ])
+            .with_go_defaults(),
+        );
         r.describe_histogram(
             DIAL_DURATION,
             "Latency of dial to the remote endpoint in seconds",
@@ -122,7 +127,7 @@ impl Metrics {
             server_failure_from: r
                 .counter(SERVER_CONNECTION_FAILURES, &[("direction", "from_server")]),
             open_server_connections: r.gauge(OPEN_SERVER_CONNECTIONS, &[]),
-            known_server_count: r.gauge(KNOWN_SERVER_COUNT, &[]),
+            known_server_count: r.gauge_always(KNOWN_SERVER_COUNT, &[]),
             open_endpoint_connections: r.gauge(OPEN_ENDPOINT_CONNECTIONS, &[]),
             packets: CounterGrid::new(
                 &r,
@@ -174,7 +179,12 @@ impl Metrics {
             .record(latency.as_secs_f64());
     }
 
+    /// Counts one packet; WINDOW_UPDATE (ours only, see the server's) is
+    /// left out so the family's series stay upstream's.
     pub fn packet(&self, segment: Segment, packet_type: i32) {
+        if packet_type == konnectivity_proto::PacketType::WindowUpdate as i32 {
+            return;
+        }
         let t = konnectivity_proto::packet_type_index(packet_type);
         if let Some(c) = self.packets.get(segment as usize, t) {
             c.increment(1);
@@ -198,8 +208,9 @@ impl Metrics {
             .increment(1);
     }
 
+    /// The exposition, as one scrape of `/metrics` (promhttp's counters move).
     pub fn render(&self) -> String {
-        self.registry.render()
+        self.registry.scrape()
     }
 }
 

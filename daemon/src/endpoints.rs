@@ -68,6 +68,15 @@ impl Reply {
         }
     }
 
+    /// Metrics as client_golang's promhttp serves them (its content type
+    /// names the escaping of names it applied).
+    pub fn go_metrics(body: String) -> Self {
+        Reply {
+            content_type: "text/plain; version=0.0.4; charset=utf-8; escaping=underscores",
+            ..Self::metrics(body)
+        }
+    }
+
     /// Metrics whose text `render` makes on a blocking thread.
     pub fn metrics_rendered(render: impl Fn() -> String + Send + Sync + 'static) -> Self {
         Reply {

@@ -14,6 +14,7 @@ pub mod file_watch;
 pub mod flags;
 pub mod forward;
 pub mod gofmt;
+pub mod gometrics;
 pub mod h2io;
 pub mod keepalive;
 #[cfg(feature = "kubernetes")]
@@ -26,6 +27,7 @@ pub mod metrics;
 pub mod pprof;
 pub mod prefixed;
 pub mod process;
+pub mod procstat;
 pub mod relay;
 pub mod signals;
 pub mod tls;

@@ -1,5 +1,8 @@
-//! A Prometheus registry owned by one component instance (not a process-global
-//! recorder), so two servers in one test process never share counters.
+//! A Prometheus registry owned by one component instance (not a
+//! process-global recorder), so two servers in one test process never share
+//! counters: nodeport-proxy's and tunnel-agent's Envoy-named stats.
+//! proxy-server and proxy-agent write client_golang's exposition instead
+//! ([`crate::gometrics`]).
 
 use std::time::Duration;
 
@@ -104,42 +107,6 @@ impl Registry {
     }
 }
 
-/// Counters for every combination of two small label sets (say segment ×
-/// packet type), registered up front so a hot path indexes instead of
-/// looking a label set up in the registry.
-pub struct CounterGrid {
-    cells: Vec<Counter>,
-    cols: usize,
-}
-
-impl CounterGrid {
-    pub fn new(
-        registry: &Registry,
-        name: &'static str,
-        rows: (&'static str, &[&str]),
-        cols: (&'static str, &[&str]),
-    ) -> Self {
-        let mut cells = Vec::with_capacity(rows.1.len() * cols.1.len());
-        for r in rows.1 {
-            for c in cols.1 {
-                cells.push(registry.counter(name, &[(rows.0, r), (cols.0, c)]));
-            }
-        }
-        CounterGrid {
-            cells,
-            cols: cols.1.len(),
-        }
-    }
-
-    /// The counter at (`row`, `col`); `None` outside the grid.
-    pub fn get(&self, row: usize, col: usize) -> Option<&Counter> {
-        if col >= self.cols {
-            return None;
-        }
-        self.cells.get(row * self.cols + col)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,16 +124,6 @@ mod tests {
         );
         assert!(text.contains("x_total{reason=\"a\"} 2"), "{text}");
         assert!(text.contains("x_seconds_bucket{le=\"1\"} 1"), "{text}");
-        let grid = CounterGrid::new(&r, "grid_total", ("row", &["a", "b"]), ("col", &["x", "y"]));
-        if let Some(c) = grid.get(1, 0) {
-            c.increment(3);
-        }
-        assert!(grid.get(0, 2).is_none() && grid.get(2, 0).is_none());
-        assert!(
-            r.render().contains("grid_total{row=\"b\",col=\"x\"} 3"),
-            "{}",
-            r.render()
-        );
         let other = Registry::new(&[]);
         assert!(
             !other.render().contains("x_total"),

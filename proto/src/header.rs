@@ -68,7 +68,8 @@ pub enum IdentifierError {
     UnknownKey(String),
     #[error("invalid default-route value {0:?}")]
     BadBool(String),
-    #[error("invalid agent identifiers {0:?}")]
+    /// Go's `url.ParseQuery` error text.
+    #[error("{0}")]
     BadEncoding(String),
 }
 
@@ -77,6 +78,11 @@ pub enum IdentifierError {
 pub fn parse_query(s: &str) -> Result<Vec<(String, String)>, IdentifierError> {
     let mut out = Vec::new();
     for part in s.split('&').filter(|p| !p.is_empty()) {
+        if part.contains(';') {
+            return Err(IdentifierError::BadEncoding(
+                "invalid semicolon separator in query".into(),
+            ));
+        }
         let (k, v) = part.split_once('=').unwrap_or((part, ""));
         out.push((unescape(k)?, unescape(v)?));
     }
@@ -93,9 +99,14 @@ fn unescape(s: &str) -> Result<String, IdentifierError> {
             b'%' => {
                 let hex = bytes
                     .get(i + 1..i + 3)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| IdentifierError::BadEncoding(s.to_string()))?;
+                    .ok_or_else(|| {
+                        // Go quotes the bad escape: '%' and up to two bytes.
+                        let bad = String::from_utf8_lossy(&bytes[i..bytes.len().min(i + 3)]);
+                        IdentifierError::BadEncoding(format!("invalid URL escape {bad:?}"))
+                    })?;
                 out.push(hex);
                 i += 2;
             }
@@ -103,7 +114,8 @@ fn unescape(s: &str) -> Result<String, IdentifierError> {
         }
         i += 1;
     }
-    String::from_utf8(out).map_err(|_| IdentifierError::BadEncoding(s.to_string()))
+    // Go keeps bytes that are not UTF-8; they never match an identifier.
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Parses Go's `strconv.ParseBool` spellings.
@@ -126,10 +138,11 @@ impl AgentIdentifiers {
                 Some(IdentifierKind::Ipv6) => ids.ipv6.push(v),
                 Some(IdentifierKind::Host) => ids.host.push(v),
                 Some(IdentifierKind::Cidr) => ids.cidr.push(v),
-                // Only the first value counts, as upstream reads it.
+                // Only the first value counts, as upstream reads it; one
+                // that is not a Go bool is ignored, as upstream ignores it.
                 Some(IdentifierKind::DefaultRoute) if !seen_default_route => {
                     seen_default_route = true;
-                    ids.default_route = parse_go_bool(&v).ok_or(IdentifierError::BadBool(v))?;
+                    ids.default_route = parse_go_bool(&v).unwrap_or(false);
                 }
                 Some(IdentifierKind::DefaultRoute) => {}
                 None => {}
@@ -196,8 +209,28 @@ mod tests {
         let ids = AgentIdentifiers::parse_lenient("host=a%2Eb&ipv6=%3A%3A1").unwrap_or_default();
         assert_eq!(ids.host, ["a.b"]);
         assert_eq!(ids.ipv6, ["::1"]);
-        assert!(AgentIdentifiers::parse_lenient("host=%zz").is_err());
-        assert!(AgentIdentifiers::parse_lenient("default-route=maybe").is_err());
+        // Go's url.ParseQuery texts, which upstream's server sends back.
+        let text = |s| {
+            AgentIdentifiers::parse_lenient(s)
+                .err()
+                .map(|e| e.to_string())
+        };
+        assert_eq!(
+            text("host=%zz").as_deref(),
+            Some("invalid URL escape \"%zz\"")
+        );
+        assert_eq!(
+            text("host=a%2").as_deref(),
+            Some("invalid URL escape \"%2\"")
+        );
+        assert_eq!(
+            text("host=a;host=b").as_deref(),
+            Some("invalid semicolon separator in query")
+        );
+        // A default-route that is not a Go bool is ignored, as upstream does.
+        assert!(
+            AgentIdentifiers::parse_lenient("default-route=maybe").is_ok_and(|i| !i.default_route)
+        );
         assert!(
             AgentIdentifiers::parse_lenient("").is_ok_and(|i| i == AgentIdentifiers::default())
         );

@@ -31,6 +31,15 @@ pub struct AgentSvc {
 
 pub type AgentStream = Pin<Box<dyn Stream<Item = Result<Packet, Status>> + Send>>;
 
+/// Metadata values as Go's `%v` prints a `[]string`: `[a b]`.
+fn go_list(values: &[&tonic::metadata::MetadataValue<tonic::metadata::Ascii>]) -> String {
+    let shown: Vec<String> = values
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
+    format!("[{}]", shown.join(" "))
+}
+
 /// Reads the agent's identity from the request metadata, as upstream does:
 /// exactly one `agentid`, at most one `agentidentifiers`.
 pub fn agent_identity(
@@ -39,8 +48,8 @@ pub fn agent_identity(
     let ids: Vec<_> = md.get_all(header::AGENT_ID).iter().collect();
     let [id] = ids.as_slice() else {
         return Err(Status::unknown(format!(
-            "expected one agent ID in the context, got {:?}",
-            ids.len()
+            "expected one agent ID in the context, got {}",
+            go_list(&ids)
         )));
     };
     let id = id
@@ -60,7 +69,7 @@ pub fn agent_identity(
         many => {
             return Err(Status::unknown(format!(
                 "expected at most one set of agent identifiers in the context, got {}",
-                many.len()
+                go_list(many)
             )));
         }
     };

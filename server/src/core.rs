@@ -140,6 +140,15 @@ impl Core {
         })
     }
 
+    /// Records how long handing one of the agent's packets to its frontend
+    /// took: upstream times every packet it sends a frontend (DIAL_RSP,
+    /// DATA, CLOSE_RSP, DIAL_CLS) as `frontend_write_duration_seconds`.
+    fn handed(&self, started: Instant) {
+        self.metrics
+            .frontend_write_duration
+            .record(started.elapsed().as_secs_f64());
+    }
+
     /// Queues the agent's DATA for a frontend, counting waits on full queues.
     async fn deliver(&self, t: &Tunnel, pkt: Packet) -> crate::tunnel::Delivery {
         let started = Instant::now();
@@ -153,9 +162,7 @@ impl Core {
                 }
             })
             .await;
-        self.metrics
-            .frontend_write_duration
-            .record(started.elapsed().as_secs_f64());
+        self.handed(started);
         d
     }
 
@@ -462,7 +469,9 @@ impl Core {
                 match backend.remove_conn(ConnectId(id)) {
                     Some(t) => {
                         t.with_state(|s| *s = TunnelState::Closed);
+                        let started = Instant::now();
                         t.deliver_last(pkt);
+                        self.handed(started);
                     }
                     None => {
                         tracing::debug!(agent_id = %backend.agent_id, connection_id = id, "CLOSE_RSP for unknown connection; dropped")
@@ -475,7 +484,9 @@ impl Core {
                     Some(p) if p.backend.id == backend.id => {
                         self.metrics.dial_failure(DialFailure::BackendClose);
                         p.tunnel.with_state(|s| *s = TunnelState::Closed);
+                        let started = Instant::now();
                         p.tunnel.deliver_last(pkt);
+                        self.handed(started);
                     }
                     Some(p) => self.add_pending(dial, p),
                     None => tracing::debug!(dial_id = %dial, "DIAL_CLS for unknown dial; dropped"),
@@ -531,7 +542,9 @@ impl Core {
         if failed {
             self.metrics.dial_failure(DialFailure::ErrorResponse);
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
+            let started = Instant::now();
             p.tunnel.deliver_last(pkt);
+            self.handed(started);
             return;
         }
         let connect_id = ConnectId(connect);
@@ -579,7 +592,10 @@ impl Core {
         self.metrics
             .dial_duration
             .record(p.started.elapsed().as_secs_f64());
-        if p.tunnel.enqueue(pkt) != crate::tunnel::Delivery::Queued {
+        let started = Instant::now();
+        let queued = p.tunnel.enqueue(pkt);
+        self.handed(started);
+        if queued != crate::tunnel::Delivery::Queued {
             self.metrics.dial_failure(DialFailure::SendResponse);
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
             if backend.remove_conn_of(connect_id, &p.tunnel) {

@@ -20,7 +20,7 @@ use crate::tunnel::{FrontendQueue, Tunnel, TunnelState};
 
 /// The HTTP CONNECT head parser.
 pub fn connect_head(data: &[u8]) {
-    let _ = crate::frontend::http_connect::parse_head(data);
+    let _ = crate::frontend::connect_head::parse_head(data);
 }
 
 /// The Unix-socket gRPC frontend's frame walker and HPACK decoder: feeds
@@ -150,8 +150,6 @@ pub fn packets(data: &[u8]) {
                     .await;
             assert!(outcome.is_ok(), "the state machine hung");
         });
-        // Fold histogram samples, as the server's upkeep task does.
-        metrics.registry().upkeep();
     });
 }
 

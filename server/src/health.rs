@@ -22,14 +22,14 @@ pub fn health_handler(core: Arc<Core>) -> Handler {
                 )
             }
         }
-        "/metrics" => Reply::metrics(core.metrics.render()),
+        "/metrics" => Reply::go_metrics(core.metrics.render()),
         _ => Reply::not_found(),
     })
 }
 
 pub fn admin_handler(core: Arc<Core>) -> Handler {
     Arc::new(move |head| match head.path {
-        "/metrics" => Reply::metrics(core.metrics.render()),
+        "/metrics" => Reply::go_metrics(core.metrics.render()),
         "/debug/connections" => core.debug.reply_local(head),
         _ => Reply::not_found(),
     })

@@ -26,9 +26,6 @@ pub const GC_INTERVAL: Duration = Duration::from_secs(15);
 /// Deadline for one API call, so a hung apiserver cannot stall the loops.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-const LIST_TOTAL: &str = "konnectivity_network_proxy_server_lease_list_total";
-const DELETE_TOTAL: &str = "konnectivity_network_proxy_server_lease_delete_total";
-
 /// The lease flags.
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
@@ -225,16 +222,20 @@ async fn renew(
     Ok(())
 }
 
-fn code_of(e: &kube::Error) -> (String, String) {
+/// The HTTP status and reason of an API error, as client-go's `APIStatus`
+/// gives them; `None` for an error that is not an API status (no response,
+/// a timeout), which upstream logs but does not count.
+fn api_status(e: &kube::Error) -> Option<(u16, String)> {
     match e {
-        kube::Error::Api(s) => (s.code.to_string(), s.reason.clone()),
-        _ => ("0".into(), String::new()),
+        kube::Error::Api(s) => Some((s.code, s.reason.clone())),
+        _ => None,
     }
 }
 
-/// Deletes the expired Leases carrying our labels.
+/// Deletes the expired Leases carrying our labels, counting and timing each
+/// call as upstream's garbage collection does.
 async fn collect(api: &Api<Lease>, selector: &str, metrics: &Metrics) {
-    let registry = metrics.registry();
+    let started = std::time::Instant::now();
     let list = timed(
         tokio::time::timeout(
             CALL_TIMEOUT,
@@ -244,19 +245,13 @@ async fn collect(api: &Api<Lease>, selector: &str, metrics: &Metrics) {
     );
     let leases = match list {
         Ok(l) => {
-            registry
-                .counter(LIST_TOTAL, &[("http_status_code", "200"), ("reason", "")])
-                .increment(1);
+            metrics.lease_list(200, "", started.elapsed());
             l.items
         }
         Err(e) => {
-            let (code, reason) = code_of(&e);
-            registry
-                .counter(
-                    LIST_TOTAL,
-                    &[("http_status_code", &code), ("reason", &reason)],
-                )
-                .increment(1);
+            if let Some((code, reason)) = api_status(&e) {
+                metrics.lease_list(code, &reason, started.elapsed());
+            }
             tracing::warn!(error = %e, "could not list leases to garbage collect");
             return;
         }
@@ -273,23 +268,19 @@ async fn collect(api: &Api<Lease>, selector: &str, metrics: &Metrics) {
             }),
             ..Default::default()
         };
+        let started = std::time::Instant::now();
         match timed(tokio::time::timeout(CALL_TIMEOUT, api.delete(name, &params)).await) {
             Ok(_) => {
                 metrics.culled_leases.increment(1);
-                registry
-                    .counter(DELETE_TOTAL, &[("http_status_code", "200"), ("reason", "")])
-                    .increment(1);
+                metrics.lease_delete(200, "", started.elapsed());
                 tracing::info!(lease = %name, "deleted expired lease");
             }
             Err(e) => {
-                let (code, reason) = code_of(&e);
-                registry
-                    .counter(
-                        DELETE_TOTAL,
-                        &[("http_status_code", &code), ("reason", &reason)],
-                    )
-                    .increment(1);
-                if code == "404" {
+                let status = api_status(&e);
+                if let Some((code, reason)) = &status {
+                    metrics.lease_delete(*code, reason, started.elapsed());
+                }
+                if status.is_some_and(|(code, _)| code == 404) {
                     tracing::debug!(lease = %name, "lease already deleted");
                 } else {
                     tracing::warn!(lease = %name, error = %e, "could not delete expired lease");

@@ -39,9 +39,8 @@ use tokio::sync::watch;
 
 pub use crate::backend::Strategy;
 pub use crate::core::{AGENT_LOST, CoreConfig};
-pub use crate::frontend::http_connect::{
-    ConnectAuthority, Head, HeadError, parse_head, status_for_dial_error,
-};
+pub use crate::frontend::connect_head::{ConnectAuthority, Head, HeadError, parse_head};
+pub use crate::frontend::http_connect::status_for_dial_error;
 
 use crate::agents::AgentSvc;
 use crate::backend::Backends;
@@ -301,7 +300,6 @@ impl Server {
                     .follow(registry.clone(), metrics::TLS, drain.clone()),
             );
         }
-        drain.spawn(registry.run_upkeep(drain.clone()));
         drain.spawn(daemon::endpoints::serve(
             listeners.health,
             "health",

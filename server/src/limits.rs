@@ -43,3 +43,7 @@ pub const MAX_CONNECT_HEADERS: usize = 64;
 /// Bytes an HTTP CONNECT client may send before its tunnel is established;
 /// they are kept and sent once the dial succeeds.
 pub const MAX_EARLY_DATA: usize = 64 << 10;
+
+/// Bytes read and dropped from a client whose TLS handshake we refused, so
+/// closing does not reset the connection before it read our alert.
+pub const MAX_ALERT_DRAIN: usize = 64 << 10;

@@ -1,9 +1,11 @@
 //! The server's metrics: upstream's names, labels, buckets and HELP text
-//! (`konnectivity_network_proxy_server_*`), registered once per server instance.
+//! (`konnectivity_network_proxy_server_*`), registered once per server
+//! instance, each series appearing when upstream's would (see
+//! [`daemon::gometrics`]); with `process_*` and promhttp's families.
 
 use std::sync::Arc;
 
-use daemon::metrics::{CounterGrid, Registry};
+use daemon::gometrics::{CounterGrid, Registry};
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
@@ -28,6 +30,10 @@ pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames
     expiry: "konnectivity_network_proxy_server_certificate_expiration_timestamp_seconds",
     reloads: "konnectivity_network_proxy_server_tls_reloads_total",
 };
+const LEASE_DELETE_LATENCY: &str = "konnectivity_network_proxy_server_lease_delete_latency_seconds";
+const LEASE_DELETES: &str = "konnectivity_network_proxy_server_lease_delete_total";
+const LEASE_LIST_LATENCY: &str = "konnectivity_network_proxy_server_lease_list_latency_seconds";
+const LEASE_LISTS: &str = "konnectivity_network_proxy_server_lease_list_total";
 
 /// Why a dial failed, as upstream labels it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,10 +132,13 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let r = Arc::new(Registry::new(&[
-            (DIAL_DURATION, LATENCY_BUCKETS),
-            (FRONTEND_WRITE_DURATION, LATENCY_BUCKETS),
-        ]));
+        let r = Arc::new(
+            Registry::new(&[
+                (DIAL_DURATION, LATENCY_BUCKETS),
+                (FRONTEND_WRITE_DURATION, LATENCY_BUCKETS),
+            ])
+            .with_go_defaults(),
+        );
         r.describe_histogram(
             DIAL_DURATION,
             "Latency of dial to the remote endpoint in seconds",
@@ -174,6 +183,22 @@ impl Metrics {
             CULLED_LEASES,
             "Count of expired leases that the lease garbage collection controller has culled.",
         );
+        r.describe_histogram(
+            LEASE_DELETE_LATENCY,
+            "Latency of lease deletion calls by the garbage collection controller in seconds.",
+        );
+        r.describe_counter(
+            LEASE_DELETES,
+            "Count of lease delection calls by the garbage collection controller. Labeled by HTTP status code and reason.",
+        );
+        r.describe_histogram(
+            LEASE_LIST_LATENCY,
+            "Latency of lease list calls by the garbage collection controller in seconds.",
+        );
+        r.describe_counter(
+            LEASE_LISTS,
+            "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.",
+        );
         r.describe_counter(
             STREAM_PACKETS,
             "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
@@ -187,13 +212,13 @@ impl Metrics {
             frontend_write_duration: r.histogram(FRONTEND_WRITE_DURATION, &[]),
             grpc_proxy: r.gauge(GRPC_CONNECTIONS, &[("service_method", "Proxy")]),
             grpc_connect: r.gauge(GRPC_CONNECTIONS, &[("service_method", "Connect")]),
-            http_connections: r.gauge(HTTP_CONNECTIONS, &[]),
+            http_connections: r.gauge_always(HTTP_CONNECTIONS, &[]),
             ready_backend_connections: r.gauge(READY_BACKEND_CONNECTIONS, &[]),
             pending_dials: r.gauge(PENDING_DIALS, &[]),
             established: r.gauge(ESTABLISHED, &[]),
             full_recv_proxy: r.gauge(FULL_RECV_CHANNELS, &[("service_method", "Proxy")]),
             full_recv_connect: r.gauge(FULL_RECV_CHANNELS, &[("service_method", "Connect")]),
-            culled_leases: r.counter(CULLED_LEASES, &[]),
+            culled_leases: r.counter_always(CULLED_LEASES, &[]),
             dial_failures: DialFailure::ALL
                 .iter()
                 .map(|f| r.counter(DIAL_FAILURES, &[("reason", f.label())]))
@@ -244,8 +269,42 @@ impl Metrics {
             .set(count as f64);
     }
 
-    /// Counts one packet of raw type `packet_type` on `segment`.
+    /// One lease list call of the garbage collection: its HTTP status and
+    /// reason (200 and "" when it worked) and how long it took.
+    pub fn lease_list(&self, code: u16, reason: &str, latency: std::time::Duration) {
+        let code = code.to_string();
+        self.registry
+            .counter(
+                LEASE_LISTS,
+                &[("http_status_code", &code), ("reason", reason)],
+            )
+            .increment(1);
+        self.registry
+            .histogram(LEASE_LIST_LATENCY, &[("http_status_code", &code)])
+            .record(latency.as_secs_f64());
+    }
+
+    /// One lease delete call of the garbage collection, as [`Metrics::lease_list`].
+    pub fn lease_delete(&self, code: u16, reason: &str, latency: std::time::Duration) {
+        let code = code.to_string();
+        self.registry
+            .counter(
+                LEASE_DELETES,
+                &[("http_status_code", &code), ("reason", reason)],
+            )
+            .increment(1);
+        self.registry
+            .histogram(LEASE_DELETE_LATENCY, &[("http_status_code", &code)])
+            .record(latency.as_secs_f64());
+    }
+
+    /// Counts one packet of raw type `packet_type` on `segment`. Upstream
+    /// never sends WINDOW_UPDATE (our flow control between our server and
+    /// agent); it is left out so the family's series stay upstream's.
     pub fn packet(&self, segment: Segment, packet_type: i32) {
+        if packet_type == konnectivity_proto::PacketType::WindowUpdate as i32 {
+            return;
+        }
         let t = konnectivity_proto::packet_type_index(packet_type);
         if let Some(c) = self.packets.get(segment as usize, t) {
             c.increment(1);
@@ -265,8 +324,9 @@ impl Metrics {
             .increment(1);
     }
 
+    /// The exposition, as one scrape of `/metrics` (promhttp's counters move).
     pub fn render(&self) -> String {
-        self.registry.render()
+        self.registry.scrape()
     }
 }
 

@@ -18,6 +18,10 @@ use crate::limits;
 /// How long a client may take to complete a TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a refused TLS client is read from before its connection is
+/// closed (see `linger_after_alert`).
+const ALERT_LINGER: Duration = Duration::from_secs(1);
+
 /// HTTP/2 settings for one listener.
 #[derive(Debug, Clone)]
 pub struct H2Settings {
@@ -134,13 +138,14 @@ pub async fn tls_handshake<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io).into_fallible()).await {
         Ok(Ok(tls)) => Some(tls),
-        Ok(Err(e)) => {
+        Ok(Err((e, io))) => {
             match daemon::tls::find_rustls_error(&e) {
                 Some(t) => tracing::info!(error = %daemon::tls::explain(t), "TLS handshake failed"),
                 None => tracing::info!(error = %e, "TLS handshake failed"),
             }
+            linger_after_alert(io).await;
             None
         }
         Err(_) => {
@@ -148,6 +153,29 @@ where
             None
         }
     }
+}
+
+/// After a refused handshake (its alert already written): ends our side and
+/// reads what the client had sent meanwhile. With TLS 1.3 a client whose
+/// certificate we refuse has finished its handshake and sent its first
+/// bytes (an HTTP/2 preface) before our alert arrives; closing with those
+/// unread would reset the connection, and the reset can destroy the alert
+/// before the client reads it, leaving it "connection closed" instead of
+/// the reason. Bounded by [`ALERT_LINGER`] and [`limits::MAX_ALERT_DRAIN`].
+async fn linger_after_alert<IO: AsyncRead + AsyncWrite + Unpin>(mut io: IO) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = io.shutdown().await;
+    let mut buf = [0u8; 4096];
+    let mut drained = 0;
+    let _ = tokio::time::timeout(ALERT_LINGER, async {
+        while drained < limits::MAX_ALERT_DRAIN {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    })
+    .await;
 }
 
 pub fn acceptor(config: Arc<rustls::ServerConfig>) -> TlsAcceptor {

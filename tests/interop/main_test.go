@@ -42,6 +42,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "interop: PKI:", err)
 			return 1
 		}
+		defer stopKube()
 		return m.Run()
 	}()
 	// Every test kills its processes in t.Cleanup; one still running here

@@ -34,6 +34,27 @@ impl Pki {
     pub fn client(&self, name: &str) -> Identity {
         self.inner.client(name).unwrap()
     }
+
+    /// proxy-server flags for a frontend on the Unix socket `socket`, this
+    /// PKI's agent-listener certificate, every TCP port 0 on loopback, then
+    /// `extra` (later flags win, as in Go).
+    pub fn local_server_args<S: AsRef<str>>(&self, socket: &Path, extra: &[S]) -> Vec<String> {
+        let id = self.server("server", &[]);
+        let mut args = vec![
+            format!("--uds-name={}", socket.display()),
+            "--server-port=0".into(),
+            format!("--cluster-cert={}", id.cert.display()),
+            format!("--cluster-key={}", id.key.display()),
+            format!("--cluster-ca-cert={}", self.ca().display()),
+            "--agent-bind-address=127.0.0.1".into(),
+            "--agent-port=0".into(),
+            "--health-bind-address=127.0.0.1".into(),
+            "--health-port=0".into(),
+            "--admin-port=0".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.as_ref().to_string()));
+        args
+    }
 }
 
 impl Default for Pki {

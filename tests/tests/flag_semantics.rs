@@ -11,21 +11,7 @@ use integration_tests::procs::{Proc, loopback, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn server_args(pki: &Pki, dir: &std::path::Path, extra: &[&str]) -> Vec<String> {
-    let id = pki.server("server", &[]);
-    let mut args = vec![
-        format!("--uds-name={}", dir.join("s.sock").display()),
-        "--server-port=0".into(),
-        format!("--cluster-cert={}", id.cert.display()),
-        format!("--cluster-key={}", id.key.display()),
-        format!("--cluster-ca-cert={}", pki.ca().display()),
-        "--agent-bind-address=127.0.0.1".into(),
-        "--agent-port=0".into(),
-        "--health-bind-address=127.0.0.1".into(),
-        "--health-port=0".into(),
-        "--admin-port=0".into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
+    pki.local_server_args(&dir.join("s.sock"), extra)
 }
 
 /// Status, headers and body of one GET.

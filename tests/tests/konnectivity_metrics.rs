@@ -34,7 +34,6 @@ async fn server_and_agent_expose_upstream_metrics() {
         "# HELP konnectivity_network_proxy_server_ready_backends Number of konnectivity agent connected to the proxy server",
         "# HELP konnectivity_network_proxy_server_pending_backend_dials Current number of pending backend dial requests",
         "# HELP konnectivity_network_proxy_server_established_connections Current number of established end-to-end connections (post-dial).",
-        "# HELP konnectivity_network_proxy_server_full_receive_channels Number of current connections blocked by a full receive channel, partitioned by service method.",
         "# HELP konnectivity_network_proxy_server_dial_failure_count Number of dial failures observed. Multiple failures can occur for a single dial request.",
         "# HELP konnectivity_network_proxy_server_stream_packets_total Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
     ] {
@@ -82,7 +81,7 @@ async fn server_and_agent_expose_upstream_metrics() {
     assert!(
         metric(
             &server,
-            "konnectivity_network_proxy_server_stream_packets_total{segment=\"from_client\",packet_type=\"DIAL_REQ\"}"
+            "konnectivity_network_proxy_server_stream_packets_total{packet_type=\"DIAL_REQ\",segment=\"from_client\"}"
         ) >= 2.0,
         "{server}"
     );
@@ -92,6 +91,33 @@ async fn server_and_agent_expose_upstream_metrics() {
         ),
         "upstream's buckets:\n{server}"
     );
+    // Go spells bucket bounds as strconv.FormatFloat(f, 'g', -1, 64).
+    assert!(
+        server.contains(
+            "konnectivity_network_proxy_server_dial_duration_seconds_bucket{le=\"1e-06\"}"
+        ),
+        "{server}"
+    );
+    // As client_golang: a labelled series exists once it moved, so what never
+    // happened is absent rather than 0; the process collector's families are
+    // there, Go's runtime ones are not.
+    for absent in [
+        "konnectivity_network_proxy_server_dial_failure_count{reason=\"no_agent\"}",
+        "konnectivity_network_proxy_server_full_receive_channels",
+        "konnectivity_network_proxy_server_lease_list_total",
+        "go_goroutines",
+    ] {
+        assert!(!server.contains(absent), "{absent} in\n{server}");
+    }
+    for present in [
+        "# TYPE process_cpu_seconds_total counter",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_open_fds gauge",
+        "# TYPE process_start_time_seconds gauge",
+        "promhttp_metric_handler_requests_total{code=\"200\"}",
+    ] {
+        assert!(server.contains(present), "{present} missing in\n{server}");
+    }
 
     let (_, agent) = http_get(stack.agent.health_addr, "/metrics").await;
     for help in [
@@ -133,5 +159,11 @@ async fn server_and_agent_expose_upstream_metrics() {
             "konnectivity_network_proxy_agent_known_server_count "
         ),
         1.0
+    );
+    assert!(
+        !agent.contains(
+            "konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"timeout\"}"
+        ),
+        "no dial timed out:\n{agent}"
     );
 }

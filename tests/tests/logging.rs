@@ -34,21 +34,8 @@ fn assert_klog_line(line: &str, pid: u32) {
 }
 
 fn server_args(pki: &Pki, dir: &Path, mode: &str, extra: &[&str]) -> Vec<String> {
-    let id = pki.server("server", &[]);
-    let mut args = vec![
-        format!("--mode={mode}"),
-        format!("--uds-name={}", dir.join("s.sock").display()),
-        "--server-port=0".into(),
-        format!("--cluster-cert={}", id.cert.display()),
-        format!("--cluster-key={}", id.key.display()),
-        format!("--cluster-ca-cert={}", pki.ca().display()),
-        "--agent-bind-address=127.0.0.1".into(),
-        "--agent-port=0".into(),
-        "--health-bind-address=127.0.0.1".into(),
-        "--health-port=0".into(),
-        "--admin-port=0".into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut args = vec![format!("--mode={mode}")];
+    args.extend(pki.local_server_args(&dir.join("s.sock"), extra));
     args
 }
 

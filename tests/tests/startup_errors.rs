@@ -16,22 +16,7 @@ fn error_line(out: &str) -> &str {
 }
 
 fn server_args(pki: &Pki, extra: &[String]) -> Vec<String> {
-    let id = pki.server("server", &[]);
-    let mut args = vec![
-        format!("--uds-name={}", pki.dir().join("s.sock").display()),
-        "--server-port=0".into(),
-        format!("--cluster-cert={}", id.cert.display()),
-        format!("--cluster-key={}", id.key.display()),
-        format!("--cluster-ca-cert={}", pki.ca().display()),
-        "--agent-bind-address=127.0.0.1".into(),
-        "--agent-port=0".into(),
-        "--health-bind-address=127.0.0.1".into(),
-        "--health-port=0".into(),
-        "--admin-port=0".into(),
-    ];
-    // Later flags win, as in Go.
-    args.extend_from_slice(extra);
-    args
+    pki.local_server_args(&pki.dir().join("s.sock"), extra)
 }
 
 async fn fails(bin: &str, args: &[String], want: &[&str]) {

@@ -21,78 +21,14 @@ use tokio::sync::watch;
 
 use crate::backend::Backend;
 use crate::core::{Core, DialRefused};
-use crate::limits::{MAX_CONNECT_HEAD as MAX_HEAD, MAX_CONNECT_HEADERS, MAX_EARLY_DATA};
+use crate::frontend::connect_head::{Head, HeadError, method_not_allowed, parse_head};
+use crate::limits::{MAX_CONNECT_HEAD as MAX_HEAD, MAX_EARLY_DATA};
 use crate::tunnel::{FrontendQueue, Tunnel, TunnelState};
 
 /// How long a client may take to send its request head (Go's ReadHeaderTimeout).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
-
-/// A CONNECT target in authority form (`host:port`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectAuthority(pub String);
-
-/// A parsed request head.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Head {
-    Connect {
-        authority: ConnectAuthority,
-        user_agent: String,
-    },
-    OtherMethod(String),
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum HeadError {
-    #[error("malformed request: {0}")]
-    Malformed(String),
-    #[error(
-        "request head larger than {MAX_HEAD} bytes or with more than {MAX_CONNECT_HEADERS} fields"
-    )]
-    TooLarge,
-    #[error("CONNECT target {0:?} is not host:port")]
-    BadTarget(String),
-}
-
-/// Parses a request head from `buf`. `Ok(None)`: need more bytes.
-/// On success also returns the head's length.
-pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_CONNECT_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(HeadError::TooLarge),
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(e) => return Err(HeadError::Malformed(e.to_string())),
-    };
-    let method = req.method.unwrap_or_default();
-    if method != "CONNECT" {
-        return Ok(Some((Head::OtherMethod(method.to_string()), len)));
-    }
-    let target = req.path.unwrap_or_default();
-    let valid = target
-        .rsplit_once(':')
-        .is_some_and(|(h, p)| !h.is_empty() && !h.contains('/') && p.parse::<u16>().is_ok());
-    if !valid {
-        return Err(HeadError::BadTarget(target.to_string()));
-    }
-    let user_agent = req
-        .headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("user-agent"))
-        .and_then(|h| std::str::from_utf8(h.value).ok())
-        .unwrap_or_default()
-        .to_string();
-    Ok(Some((
-        Head::Connect {
-            authority: ConnectAuthority(target.to_string()),
-            user_agent,
-        },
-        len,
-    )))
-}
 
 /// The status upstream maps an agent's dial error text to.
 pub fn status_for_dial_error(error: &str) -> u16 {
@@ -108,9 +44,6 @@ pub fn status_for_dial_error(error: &str) -> u16 {
 
 fn reason(code: u16) -> &'static str {
     match code {
-        400 => "Bad Request",
-        405 => "Method Not Allowed",
-        431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
@@ -124,17 +57,6 @@ fn go_response(code: u16, body: &str) -> Vec<u8> {
     format!(
         "HTTP/1.1 {code} {}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{body}",
         reason(code)
-    )
-    .into_bytes()
-}
-
-/// A response the way Go's `http.Error` renders one.
-fn go_error(code: u16, body: &str) -> Vec<u8> {
-    let body = format!("{body}\n");
-    format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        reason(code),
-        body.len()
     )
     .into_bytes()
 }
@@ -173,6 +95,54 @@ pub async fn serve_conn<IO>(
     gauge.decrement(1.0);
 }
 
+/// How reading a request head ended.
+enum HeadRead {
+    Head(Head, usize),
+    Refused(HeadError),
+    /// Closed, failed or silent: Go's server hangs up without an answer.
+    Gone,
+}
+
+/// Reads one request head into `buf` (which may already hold bytes).
+async fn read_head<IO>(io: &mut IO, buf: &mut BytesMut) -> HeadRead
+where
+    IO: AsyncRead + Unpin,
+{
+    let mut reader = ChunkReader::new();
+    let read = tokio::time::timeout(HEAD_TIMEOUT, async {
+        if !buf.is_empty() {
+            match parse_head(buf) {
+                Ok(Some((h, len))) => return HeadRead::Head(h, len),
+                Ok(None) => {}
+                Err(e) => return HeadRead::Refused(e),
+            }
+        }
+        loop {
+            let chunk = match reader.read(io).await {
+                Ok(c) if !c.is_empty() => c,
+                _ => return HeadRead::Gone,
+            };
+            buf.extend_from_slice(&chunk);
+            // Only a line end can complete a head or reveal a bad line, and
+            // a head has at most MAX_CONNECT_HEADERS lines: one sent a byte
+            // at a time is parsed a bounded number of times.
+            if !chunk.contains(&b'\n') && buf.len() <= MAX_HEAD {
+                continue;
+            }
+            match parse_head(buf) {
+                Ok(None) => {}
+                Ok(Some((h, len))) => return HeadRead::Head(h, len),
+                Err(e) => return HeadRead::Refused(e),
+            }
+        }
+    })
+    .await;
+    read.unwrap_or_else(|_| {
+        tracing::debug!("client did not send a request head in time");
+        HeadRead::Gone
+    })
+}
+
 async fn serve_inner<IO>(
     core: &Arc<Core>,
     io: &mut IO,
@@ -183,65 +153,44 @@ async fn serve_inner<IO>(
 {
     // Only the bytes received so far are held while a client sends its head.
     let mut buf = BytesMut::new();
-    let mut reader = ChunkReader::new();
-    let head = tokio::time::timeout(HEAD_TIMEOUT, async {
-        loop {
-            let chunk = match reader.read(io).await {
-                Ok(c) if c.is_empty() => {
-                    return Err(HeadError::Malformed(
-                        "connection closed before the request head ended".into(),
-                    ));
+    // Requests other than CONNECT are answered 405 and, as Go's server
+    // does, the connection is read for the next request.
+    let (authority, user_agent, len) = loop {
+        match read_head(io, &mut buf).await {
+            HeadRead::Head(
+                Head::Connect {
+                    authority,
+                    user_agent,
+                },
+                len,
+            ) => break (authority, user_agent, len),
+            HeadRead::Head(
+                Head::OtherMethod {
+                    method,
+                    close,
+                    close_header,
+                    has_body,
+                },
+                len,
+            ) => {
+                tracing::debug!(method = %method, "non-CONNECT request");
+                if io
+                    .write_all(&method_not_allowed(close_header))
+                    .await
+                    .is_err()
+                    || close
+                    || has_body
+                {
+                    return;
                 }
-                Ok(c) => c,
-                Err(e) => return Err(HeadError::Malformed(e.to_string())),
-            };
-            buf.extend_from_slice(&chunk);
-            // Only a line end can complete a head or reveal a bad line, and
-            // a head has at most MAX_CONNECT_HEADERS lines: one sent a byte
-            // at a time is parsed a bounded number of times.
-            if !chunk.contains(&b'\n') && buf.len() <= MAX_HEAD {
-                continue;
+                let _ = buf.split_to(len);
             }
-            match parse_head(&buf) {
-                Ok(None) => {}
-                other => return other,
+            HeadRead::Refused(e) => {
+                tracing::debug!(error = %e, "bad CONNECT request");
+                let _ = io.write_all(&e.response()).await;
+                return;
             }
-        }
-    })
-    .await;
-    let (head, len) = match head {
-        Ok(Ok(Some(h))) => h,
-        Ok(Ok(None)) => return,
-        Ok(Err(HeadError::TooLarge)) => {
-            let _ = io
-                .write_all(&go_error(431, "request header too large"))
-                .await;
-            return;
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "bad CONNECT request");
-            let _ = io.write_all(&go_error(400, &e.to_string())).await;
-            return;
-        }
-        Err(_) => {
-            tracing::debug!("client did not send a request head in time");
-            return;
-        }
-    };
-    let (authority, user_agent) = match head {
-        Head::Connect {
-            authority,
-            user_agent,
-        } => (authority, user_agent),
-        Head::OtherMethod(m) => {
-            tracing::debug!(method = %m, "non-CONNECT request");
-            let _ = io
-                .write_all(&go_error(
-                    405,
-                    "this proxy only supports CONNECT passthrough",
-                ))
-                .await;
-            return;
+            HeadRead::Gone => return,
         }
     };
     let early = buf.split_off(len);
@@ -416,50 +365,6 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_what_kube_apiserver_sends() {
-        let req =
-            b"CONNECT 10.0.0.5:10250 HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: kube\r\n\r\nEXTRA";
-        let (head, len) = parse_head(req)
-            .ok()
-            .flatten()
-            .unwrap_or((Head::OtherMethod(String::new()), 0));
-        assert_eq!(
-            head,
-            Head::Connect {
-                authority: ConnectAuthority("10.0.0.5:10250".into()),
-                user_agent: "kube".into()
-            }
-        );
-        assert_eq!(&req[len..], b"EXTRA");
-    }
-
-    #[test]
-    fn partial_heads_wait_and_bad_ones_fail() {
-        assert_eq!(parse_head(b"CONNECT a:1 HTTP/1.1\r\nHo"), Ok(None));
-        assert!(matches!(
-            parse_head(b"CONNECT /path HTTP/1.1\r\n\r\n"),
-            Err(HeadError::BadTarget(_))
-        ));
-        assert!(matches!(
-            parse_head(b"CONNECT a:99999 HTTP/1.1\r\n\r\n"),
-            Err(HeadError::BadTarget(_))
-        ));
-        assert!(matches!(
-            parse_head(b"\x16\x03\x01garbage\r\n\r\n"),
-            Err(HeadError::Malformed(_))
-        ));
-        let huge = [
-            b"CONNECT a:1 HTTP/1.1\r\nX: ".as_slice(),
-            &vec![b'a'; MAX_HEAD + 1],
-        ]
-        .concat();
-        assert_eq!(parse_head(&huge), Err(HeadError::TooLarge));
-        assert!(
-            matches!(parse_head(b"GET / HTTP/1.1\r\n\r\n"), Ok(Some((Head::OtherMethod(m), _))) if m == "GET")
-        );
-    }
 
     #[test]
     fn dial_errors_map_like_upstream() {

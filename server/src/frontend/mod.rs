@@ -1,6 +1,7 @@
 //! The two ways a frontend (kube-apiserver) talks to the server.
 
 mod authority;
+pub mod connect_head;
 pub mod grpc;
 pub(crate) mod hpack;
 pub mod http_connect;
