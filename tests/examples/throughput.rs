@@ -38,7 +38,7 @@ async fn main() {
     let m = stack.server.handle.metrics();
     let pkts = integration_tests::konnectivity::metric(
         &m,
-        "konnectivity_network_proxy_server_stream_packets_total{segment=\"from_agent\",packet_type=\"DATA\"}",
+        "konnectivity_network_proxy_server_stream_packets_total{packet_type=\"DATA\",segment=\"from_agent\"}",
     );
     println!(
         "{:30} {:8.1} KiB per DATA packet from the agent",
