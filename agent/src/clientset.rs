@@ -228,8 +228,8 @@ impl ClientSet {
     }
 
     fn start(self: &Arc<Self>, conn: crate::connect::Connection, endpoint: String) {
-        let (server_id, server_count, flow_window) =
-            (conn.server_id.clone(), conn.server_count, conn.flow_window);
+        let (server_id, server_count, flow_max) =
+            (conn.server_id.clone(), conn.server_count, conn.flow_max);
         let (session, inbound) = Session::new(
             conn,
             self.metrics.clone(),
@@ -244,7 +244,7 @@ impl ClientSet {
             s.len()
         };
         self.publish(n);
-        tracing::info!(server_id = %server_id, server_count, flow_window, "connected to proxy server");
+        tracing::info!(server_id = %server_id, server_count, flow_max, "connected to proxy server");
         let me = self.clone();
         let span = tracing::info_span!("server", server_id = %server_id);
         self.drain.spawn(

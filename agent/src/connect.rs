@@ -61,9 +61,9 @@ pub struct Connector {
     pub token_path: Option<PathBuf>,
     pub keepalive: Duration,
     pub keepalive_timeout: Duration,
-    /// Per-connection flow-control window to offer the server (`None`: do not
-    /// offer it, behave exactly as upstream's agent).
-    pub flow_window: Option<i64>,
+    /// The largest per-connection flow-control window to offer the server
+    /// (`None`: do not offer flow control, behave exactly as upstream's agent).
+    pub flow_max: Option<i64>,
 }
 
 /// An open `Connect` stream.
@@ -75,8 +75,9 @@ pub struct Connection {
     pub outbound: mpsc::Sender<Packet>,
     /// WINDOW_UPDATEs, sent ahead of DATA.
     pub control: mpsc::UnboundedSender<Packet>,
-    /// The window the server agreed to; `None` when it is not one of ours.
-    pub flow_window: Option<i64>,
+    /// The largest window the server agreed to; `None` when it is not one of
+    /// ours (or flow control is off here).
+    pub flow_max: Option<i64>,
 }
 
 impl Connector {
@@ -153,8 +154,12 @@ impl Connector {
             ConnectError::Address("agent identifiers are not valid header text".into())
         })?;
         md.insert(header::AGENT_IDENTIFIERS, idents);
-        if let Some(w) = self.flow_window {
-            md.insert(header::FLOW_WINDOW, MetadataValue::from(w));
+        if let Some(max) = self.flow_max {
+            let offer =
+                MetadataValue::try_from(konnectivity_proto::flow::offer(max)).map_err(|_| {
+                    ConnectError::Address("flow-control offer is not header text".into())
+                })?;
+            md.insert(header::FLOW_CONTROL, offer);
         }
         if let Some(path) = &self.token_path {
             // Re-read on every connection so a rotated token is picked up.
@@ -199,9 +204,9 @@ impl Connector {
             _ => return Err(ConnectError::ServerCount(counts)),
         };
         // Only a server of ours answers the offer; take no more than we offered.
-        let flow_window = self.flow_window.and_then(|ours| {
-            konnectivity_proto::flow::parse_window(
-                md.get(header::FLOW_WINDOW).and_then(|v| v.to_str().ok()),
+        let flow_max = self.flow_max.and_then(|ours| {
+            konnectivity_proto::flow::parse_offer(
+                md.get(header::FLOW_CONTROL).and_then(|v| v.to_str().ok()),
             )
             .map(|theirs| theirs.min(ours))
         });
@@ -211,7 +216,7 @@ impl Connector {
             inbound: response.into_inner(),
             outbound: tx,
             control: control_tx,
-            flow_window,
+            flow_max,
         })
     }
 }

@@ -99,7 +99,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>, d: &Dests) {
         Links {
             out: out_tx,
             control: ctl_tx,
-            flow_window: flow.then_some(konnectivity_proto::flow::MIN_WINDOW),
+            flow_max: flow.then_some(konnectivity_proto::flow::MIN_WINDOW),
             debug: Default::default(),
         },
         metrics,
@@ -113,6 +113,9 @@ async fn run(data: &[u8], metrics: Arc<Metrics>, d: &Dests) {
             policy: Arc::new(
                 crate::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
             ),
+            flow: konnectivity_proto::flow::FlowPool::new(Some(
+                konnectivity_proto::flow::FlowSettings::default(),
+            )),
         },
         drain.clone(),
     );

@@ -100,7 +100,7 @@ impl AgentHandle {
         self.clients
             .sessions()
             .iter()
-            .map(|s| s.flow_window())
+            .map(|s| s.flow_max())
             .collect()
     }
 

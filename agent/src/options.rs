@@ -54,7 +54,10 @@ pub fn flags() -> FlagSet {
         .duration("destination-stall-timeout", Duration::from_secs(10), "How long a destination may leave its queue full before only its connection is closed (protects the shared stream).")
         .string("allowed-destinations", "", "Ours: comma-separated CIDRs the agent may dial for its servers, each optionally with :PORT or :FIRST-LAST (IPv6 with ports: [CIDR]:PORT). Empty allows every destination, as upstream.")
         .duration("graceful-shutdown-timeout", GRACEFUL_SHUTDOWN_TIMEOUT, "Ours: after the first SIGTERM, how long connections still open may continue before the agent closes them and exits; with none open it exits at once. Keep it below the pod's terminationGracePeriodSeconds.")
-        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_WINDOW, "Per-connection flow-control window (bytes) offered to servers of this project; 0 turns it off. Upstream servers ignore the offer.")
+        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with servers of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream servers ignore the offer.")
+        .int("flow-control-max-window", konnectivity_proto::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
+        .int("flow-control-server-budget", konnectivity_proto::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one server stream may have in flight towards this agent together; windows stop growing when it is used.")
+        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all server streams may have in flight towards this agent together.")
         .bool("count-server-leases", false, "Enables lease counting system to determine the number of proxy servers to connect to.")
         .string("lease-namespace", "kube-system", "Namespace where lease objects are managed.")
         .string("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")
@@ -191,6 +194,15 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         resolve_every,
         resolver: None,
     };
+    let names = [
+        "flow-control-window",
+        "flow-control-max-window",
+        "flow-control-server-budget",
+        "flow-control-budget",
+    ];
+    let flow = konnectivity_proto::flow::FlowPool::new(
+        konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)?,
+    );
     let config = Config {
         connector: Connector {
             host,
@@ -203,22 +215,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             // grpc-go's client raises anything below 10 s to 10 s.
             keepalive: v.duration("keepalive-time").max(Duration::from_secs(10)),
             keepalive_timeout: v.duration("keepalive-timeout"),
-            flow_window: match v.int("flow-control-window") {
-                0 => None,
-                w if (konnectivity_proto::flow::MIN_WINDOW
-                    ..=konnectivity_proto::flow::MAX_WINDOW)
-                    .contains(&w) =>
-                {
-                    Some(w)
-                }
-                w => {
-                    return Err(format!(
-                        "--flow-control-window must be 0 or between {} and {} bytes, got {w}",
-                        konnectivity_proto::flow::MIN_WINDOW,
-                        konnectivity_proto::flow::MAX_WINDOW
-                    ));
-                }
-            },
+            flow_max: flow.offer(),
         },
         sync: SyncConfig {
             interval,
@@ -237,6 +234,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
                 crate::policy::DestinationPolicy::parse(&v.string("allowed-destinations"))
                     .map_err(|e| format!("--allowed-destinations: {e}"))?,
             ),
+            flow,
         },
     };
     let addrs = Addresses {

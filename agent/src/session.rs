@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use daemon::debug_connections::{Connections, Tracked};
 use daemon::drain::Drain;
-use konnectivity_proto::flow::{RecvGate, SendGate};
+use konnectivity_proto::flow::{FlowPool, LinkFlow, SWEEP_INTERVAL, Sweep};
 use konnectivity_proto::ids::{ConnectId, DialId, ServerId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
@@ -36,13 +36,16 @@ pub struct SessionConfig {
     pub stall_timeout: Duration,
     /// What may be dialed (`--allowed-destinations`).
     pub policy: Arc<crate::policy::DestinationPolicy>,
+    /// Flow-control settings, the process budget and the window totals.
+    pub flow: Arc<FlowPool>,
 }
 
 /// Where a session's packets to the server go.
 pub(crate) struct Links {
     pub out: mpsc::Sender<Packet>,
     pub control: mpsc::UnboundedSender<Packet>,
-    pub flow_window: Option<i64>,
+    /// The largest window the server agreed to (`None`: no flow control).
+    pub flow_max: Option<i64>,
     /// Where the session lists its connections (`/debug/connections`).
     pub debug: Connections,
 }
@@ -51,8 +54,8 @@ pub struct Session {
     pub server_id: ServerId,
     out: mpsc::Sender<Packet>,
     control: mpsc::UnboundedSender<Packet>,
-    /// The negotiated flow-control window; `None` with upstream servers.
-    flow_window: Option<i64>,
+    /// Per-connection flow control; `None` with upstream servers.
+    flow: Option<LinkFlow>,
     debug: Connections,
     conns: Mutex<HashMap<ConnectId, ConnHandle>>,
     dials: Mutex<HashMap<DialId, CancellationToken>>,
@@ -76,7 +79,7 @@ impl Session {
         let links = Links {
             out: conn.outbound,
             control: conn.control,
-            flow_window: conn.flow_window,
+            flow_max: conn.flow_max,
             debug,
         };
         let session = Session::with_links(conn.server_id, links, metrics, cfg, drain);
@@ -95,7 +98,7 @@ impl Session {
             server_id,
             out: links.out,
             control: links.control,
-            flow_window: links.flow_window,
+            flow: cfg.flow.link(links.flow_max),
             debug: links.debug,
             conns: Mutex::new(HashMap::new()),
             dials: Mutex::new(HashMap::new()),
@@ -107,8 +110,9 @@ impl Session {
         })
     }
 
-    pub fn flow_window(&self) -> Option<i64> {
-        self.flow_window
+    /// The largest window agreed with the server (`None`: no flow control).
+    pub fn flow_max(&self) -> Option<i64> {
+        self.flow.as_ref().map(|f| f.cfg.max)
     }
 
     /// Sends a packet to the server, waiting while the stream is backed up.
@@ -136,9 +140,12 @@ impl Session {
 
     /// Reads the server's packets until the stream ends or the session closes.
     pub async fn serve(self: &Arc<Self>, mut inbound: Streaming<Packet>) {
+        let sweep = self.sweep_windows();
+        tokio::pin!(sweep);
         loop {
             let msg = tokio::select! {
                 m = inbound.message() => m,
+                _ = &mut sweep => break,
                 _ = self.closed.cancelled() => break,
                 _ = self.drain.stopping() => break,
             };
@@ -210,13 +217,24 @@ impl Session {
                 }
             }
             (Ok(PacketType::WindowUpdate), Some(Payload::WindowUpdate(w))) => {
-                let send = self
+                let found = self
                     .conns
                     .lock()
                     .get(&ConnectId(w.connect_id))
-                    .and_then(|h| h.send.clone());
-                if let Some(send) = send {
-                    send.grant(w.bytes);
+                    .map(|h| (h.send.clone(), h.gate.clone()));
+                let Some((send, gate)) = found else { return };
+                match (w.bytes, send) {
+                    (b, Some(send)) if b > 0 => send.grant(b),
+                    (b, Some(send)) if b < 0 => {
+                        let back = send.give_back(b.saturating_neg());
+                        let _ = self
+                            .control
+                            .send(Packet::credit_returned(w.connect_id, back));
+                        self.metrics
+                            .packet(Segment::FromAgent, PacketType::WindowUpdate as i32);
+                    }
+                    (0, _) => gate.returned(w.returned),
+                    _ => {}
                 }
             }
             (Ok(PacketType::DialCls), Some(Payload::CloseDial(c))) => {
@@ -260,6 +278,35 @@ impl Session {
                 close.close(Some(format!(
                     "{e}; connection closed to protect the stream"
                 )));
+            }
+        }
+    }
+
+    /// Shrinks the windows of connections whose data stands still and asks
+    /// for their unused credit back (flow control only; never ends).
+    async fn sweep_windows(&self) {
+        if self.flow.is_none() {
+            return std::future::pending().await;
+        }
+        let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut out = Vec::new();
+        loop {
+            tick.tick().await;
+            let now = Instant::now();
+            for (id, h) in self.conns.lock().iter() {
+                if let Some(sweep) = h.gate.sweep(now) {
+                    out.push((*id, sweep));
+                }
+            }
+            for (id, sweep) in out.drain(..) {
+                let bytes = match sweep {
+                    Sweep::Grant(n) => n,
+                    Sweep::Revoke(n) => n.saturating_neg(),
+                };
+                let _ = self.control.send(Packet::window_update(id.0, bytes));
+                self.metrics
+                    .packet(Segment::FromAgent, PacketType::WindowUpdate as i32);
             }
         }
     }
@@ -327,11 +374,17 @@ impl Session {
         debug.set_state("established");
         let (tx, rx) = mpsc::unbounded_channel();
         let close = CloseSignal::default();
-        let gate = Arc::new(match self.flow_window {
-            Some(w) => RecvGate::window(w),
-            None => RecvGate::legacy(self.cfg.conn_queue, self.cfg.stall_timeout),
+        let gate = Arc::new(match &self.flow {
+            Some(link) => link.open_recv(),
+            None => self
+                .cfg
+                .flow
+                .legacy(self.cfg.conn_queue, self.cfg.stall_timeout),
         });
-        let send = self.flow_window.map(|w| Arc::new(SendGate::new(w)));
+        let send = self
+            .flow
+            .as_ref()
+            .map(|link| Arc::new(link.open_send(req.flow_window)));
         self.conns.lock().insert(
             connect,
             ConnHandle {
@@ -342,10 +395,9 @@ impl Session {
             },
         );
         self.metrics.open_endpoint_connections.increment(1.0);
-        if self
-            .send(Packet::dial_response(dial_id.0, connect.0, String::new()))
-            .await
-        {
+        let mut rsp = Packet::dial_response(dial_id.0, connect.0, String::new());
+        rsp.set_flow_window(gate.initial().unwrap_or(0));
+        if self.send(rsp).await {
             tracing::debug!("connection established");
             let metrics = self.metrics.clone();
             let link = Link {

@@ -4,6 +4,7 @@
 //! flags, listeners, and one drain signal shared by listeners and live tunnels.
 
 pub mod authority;
+pub mod budget;
 pub mod chunks;
 pub mod debug_connections;
 pub mod drain;

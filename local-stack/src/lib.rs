@@ -170,7 +170,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 10,
             agent_queue: 64,
-            flow_window: Some(konnectivity_proto::flow::DEFAULT_WINDOW),
+            flow: Some(konnectivity_proto::flow::FlowSettings::default()),
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
@@ -207,7 +207,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             token_path: None,
             keepalive: proxy_agent::options::KEEPALIVE_TIME,
             keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
-            flow_window: Some(konnectivity_proto::flow::DEFAULT_WINDOW),
+            flow_max: Some(konnectivity_proto::flow::DEFAULT_MAX_WINDOW),
         },
         sync: proxy_agent::SyncConfig {
             interval: Duration::from_secs(1),
@@ -220,6 +220,9 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             conn_queue: 150,
             stall_timeout: Duration::from_secs(10),
             policy: Default::default(),
+            flow: konnectivity_proto::flow::FlowPool::new(Some(
+                konnectivity_proto::flow::FlowSettings::default(),
+            )),
         },
     });
     let agent_handle = agent.handle();

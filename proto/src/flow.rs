@@ -5,52 +5,285 @@
 //! per-connection flow control, so one reader that stops reading stalls all
 //! of them. Here, when both ends announce it at stream set-up (request
 //! metadata from the agent, response header from the server, both
-//! [`crate::header::FLOW_WINDOW`]), each side of each connection may have at
-//! most `window` bytes of DATA in flight that the other side has not yet
-//! passed on; the receiver returns credit with WINDOW_UPDATE as it delivers
-//! (to the frontend, or to the destination). A side that ignores the
-//! announcement simply falls back to upstream's behaviour.
+//! [`crate::header::FLOW_CONTROL`]), each side of each connection may have
+//! sent no more DATA than the other side granted it credit for; the receiver
+//! returns credit with WINDOW_UPDATE as it passes data on (to the frontend,
+//! or to the destination). A side that ignores the announcement falls back to
+//! upstream's behaviour.
+//!
+//! Windows follow the link. A connection starts with a small window (granted
+//! in its DIAL_REQ / DIAL_RSP, so no round trip is spent on it). The
+//! receiver measures the round-trip time from the credit exchange itself:
+//! data beyond what it had granted before an update can only arrive once that
+//! update reached the sender, so the time from sending an update until such
+//! data arrives is a round trip (the smallest of recent ones is kept). When,
+//! within such a round trip, its reader passed on at least two thirds of the
+//! window and kept up (little is parked), the window doubles, up to the
+//! agreed maximum and only as far as the connection's and the process's
+//! [`Budget`]s allow. A window whose data stops moving (idle, or parked
+//! because its reader stalled) halves per sweep back to its initial size,
+//! and asks the sender to give back credit it has not used, so the budget
+//! goes to connections that need it.
 //!
 //! Every DATA packet costs at least [`MIN_COST`] bytes of credit, so the
-//! number of queued packets is bounded too (`window / MIN_COST`); a packet
-//! larger than the window costs exactly the window, so it can still pass.
-//! Both ends compute the same charge; a peer that sends past the window is
-//! broken and loses that connection.
+//! number of queued packets is bounded too. A packet may be sent once the
+//! sender holds credit for it, or for the connection's initial window if the
+//! packet is larger, so one oversize packet can still pass (credit may go
+//! below zero for it). Both ends compute the same charge; a peer that sends
+//! past what it was granted is broken and loses that connection.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use daemon::budget::Budget;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
 
 /// Smallest credit a DATA packet costs, whatever its length.
 pub const MIN_COST: i64 = 256;
 /// Largest gRPC message either side accepts (grpc-go's default).
 pub const MAX_PACKET: i64 = 4 << 20;
-/// The window we announce by default, per connection and direction.
-pub const DEFAULT_WINDOW: i64 = 1 << 20;
-/// Smallest and largest windows a peer may ask for.
-pub const MIN_WINDOW: i64 = 64 << 10;
-pub const MAX_WINDOW: i64 = 64 << 20;
+/// The window every connection gets even when the budget is used up, so it
+/// still makes progress (and one stalled reader cannot stop the others).
+pub const FLOOR_WINDOW: i64 = 16 << 10;
+/// A new connection's window while the budget has room.
+pub const DEFAULT_INITIAL_WINDOW: i64 = 256 << 10;
+/// How far one connection's window may grow, per direction: bandwidth ×
+/// round trip of 160 MB/s at 100 ms.
+pub const DEFAULT_MAX_WINDOW: i64 = 16 << 20;
+/// Bounds for the window flags and for what a peer may announce.
+pub const MIN_WINDOW: i64 = FLOOR_WINDOW;
+pub const MAX_WINDOW: i64 = 1 << 30;
+/// How long a window's data may stand still before the window shrinks.
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(1);
+/// How often windows are checked for shrinking (and budget freed).
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The credit a DATA payload of `len` bytes costs.
 pub fn cost(len: usize) -> i64 {
     i64::try_from(len).unwrap_or(i64::MAX).max(MIN_COST)
 }
 
-/// Parses a peer's announced window: a decimal byte count, clamped to
-/// [`MIN_WINDOW`]..=[`MAX_WINDOW`]. `None` if absent or not a number.
-pub fn parse_window(value: Option<&str>) -> Option<i64> {
+/// The [`crate::header::FLOW_CONTROL`] value announcing our largest window.
+pub fn offer(max_window: i64) -> String {
+    format!("v2 max={max_window}")
+}
+
+/// Parses a peer's [`offer`]: its largest window, clamped to
+/// [`MIN_WINDOW`]..=[`MAX_WINDOW`]. `None` if absent or not understood.
+pub fn parse_offer(value: Option<&str>) -> Option<i64> {
     value?
         .trim()
+        .strip_prefix("v2 max=")?
         .parse::<i64>()
         .ok()
         .map(|w| w.clamp(MIN_WINDOW, MAX_WINDOW))
 }
 
-/// Credit is returned once this much has been consumed: fewer updates, still
+/// Credit is returned once a quarter window has been passed on: few updates,
 /// well before the sender runs dry.
-pub fn update_threshold(window: i64) -> i64 {
+fn update_threshold(window: i64) -> i64 {
     (window / 4).max(MIN_COST)
+}
+
+/// How windows behave on one side of one agent stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowConfig {
+    /// A new connection's window while the budget has room.
+    pub initial: i64,
+    /// The largest window (the smaller of both sides' offers).
+    pub max: i64,
+    /// How long data may stand still before the window shrinks.
+    pub idle: Duration,
+}
+
+impl Default for WindowConfig {
+    fn default() -> Self {
+        WindowConfig {
+            initial: DEFAULT_INITIAL_WINDOW,
+            max: DEFAULT_MAX_WINDOW,
+            idle: DEFAULT_IDLE,
+        }
+    }
+}
+
+impl WindowConfig {
+    /// This configuration with the window capped at what the peer offered.
+    pub fn agreed(self, peer_max: i64) -> Self {
+        let max = self.max.min(peer_max).max(MIN_WINDOW);
+        WindowConfig {
+            initial: self.initial.clamp(FLOOR_WINDOW, max),
+            max,
+            idle: self.idle,
+        }
+    }
+}
+
+/// A window's agent stream may hold this much in all (per direction).
+pub const DEFAULT_LINK_BUDGET: i64 = 64 << 20;
+/// All agent streams of a process together.
+pub const DEFAULT_PROCESS_BUDGET: i64 = 512 << 20;
+
+/// Flow control as configured on one side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowSettings {
+    pub window: WindowConfig,
+    /// What the tunnels of one agent stream may have in flight towards us.
+    pub link_budget: i64,
+    /// What all tunnels of this process may have in flight towards it.
+    pub process_budget: i64,
+}
+
+impl Default for FlowSettings {
+    fn default() -> Self {
+        FlowSettings {
+            window: WindowConfig::default(),
+            link_budget: DEFAULT_LINK_BUDGET,
+            process_budget: DEFAULT_PROCESS_BUDGET,
+        }
+    }
+}
+
+/// Validates the window and budget flags (values in bytes) into settings;
+/// `initial` 0 turns flow control off. `names` are the flags' names, in the
+/// same order, for the error messages.
+pub fn settings_from_flags(
+    [initial, max, link_budget, process_budget]: [i64; 4],
+    names: [&str; 4],
+) -> Result<Option<FlowSettings>, String> {
+    if initial == 0 {
+        return Ok(None);
+    }
+    let in_range = |v: i64, name: &str| {
+        if (MIN_WINDOW..=MAX_WINDOW).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!(
+                "--{name} must be between {MIN_WINDOW} and {MAX_WINDOW} bytes, got {v}"
+            ))
+        }
+    };
+    let initial =
+        in_range(initial, names[0]).map_err(|e| format!("{e} (or 0 to turn flow control off)"))?;
+    let max = in_range(max, names[1])?;
+    if max < initial {
+        return Err(format!(
+            "--{} ({max}) must not be smaller than --{} ({initial})",
+            names[1], names[0]
+        ));
+    }
+    let budget = |v: i64, name: &str| {
+        if v >= FLOOR_WINDOW {
+            Ok(v)
+        } else {
+            Err(format!(
+                "--{name} must be at least {FLOOR_WINDOW} bytes, got {v}"
+            ))
+        }
+    };
+    Ok(Some(FlowSettings {
+        window: WindowConfig {
+            initial,
+            max,
+            idle: DEFAULT_IDLE,
+        },
+        link_budget: budget(link_budget, names[2])?,
+        process_budget: budget(process_budget, names[3])?,
+    }))
+}
+
+/// What every agent stream of one process shares: the settings (`None`:
+/// flow control off), the process budget and the totals for metrics.
+#[derive(Debug)]
+pub struct FlowPool {
+    pub settings: Option<FlowSettings>,
+    pub budget: Arc<Budget>,
+    pub stats: Arc<FlowStats>,
+}
+
+impl FlowPool {
+    pub fn new(settings: Option<FlowSettings>) -> Arc<FlowPool> {
+        let limit = settings.map_or(0, |s| s.process_budget);
+        Arc::new(FlowPool {
+            settings,
+            budget: Budget::new(limit, None),
+            stats: Arc::new(FlowStats::default()),
+        })
+    }
+
+    /// The largest window we offer a peer; `None` when flow control is off.
+    pub fn offer(&self) -> Option<i64> {
+        self.settings.map(|s| s.window.max)
+    }
+
+    /// Flow control for a new agent stream whose peer offered `peer_max`
+    /// (`None`: the peer did not offer it; the stream runs as upstream's).
+    pub fn link(&self, peer_max: Option<i64>) -> Option<LinkFlow> {
+        let (settings, peer_max) = (self.settings?, peer_max?);
+        Some(LinkFlow {
+            cfg: settings.window.agreed(peer_max),
+            budget: Budget::new(settings.link_budget, Some(self.budget.clone())),
+            stats: self.stats.clone(),
+        })
+    }
+
+    /// The receiving side of a connection with an upstream peer.
+    pub fn legacy(&self, slots: usize, stall: Duration) -> RecvGate {
+        RecvGate::legacy(slots, stall, self.stats.clone())
+    }
+}
+
+/// Totals over every receive window of a process, for its metrics.
+#[derive(Debug, Default)]
+pub struct FlowStats {
+    windows: AtomicI64,
+    parked: AtomicI64,
+}
+
+impl FlowStats {
+    /// Sum of the current receive windows of all flow-controlled connections.
+    pub fn windows(&self) -> i64 {
+        self.windows.load(Ordering::Relaxed)
+    }
+
+    /// Bytes received from the peer and not yet passed on, every connection
+    /// (with upstream peers too).
+    pub fn parked(&self) -> i64 {
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    fn add_parked(&self, n: i64) {
+        self.parked.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn add_windows(&self, n: i64) {
+        self.windows.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Flow control of one agent stream that negotiated it: the agreed window
+/// settings and the stream's budget (inside the process's).
+#[derive(Debug, Clone)]
+pub struct LinkFlow {
+    pub cfg: WindowConfig,
+    pub budget: Arc<Budget>,
+    pub stats: Arc<FlowStats>,
+}
+
+impl LinkFlow {
+    /// The receiving side of a new connection. Its initial window (to be
+    /// announced to the sender) is [`RecvWindow::initial`].
+    pub fn open_recv(&self) -> RecvGate {
+        RecvGate::Window(RecvWindow::new(self))
+    }
+
+    /// The sending side of a new connection whose receiver announced
+    /// `initial` bytes of credit.
+    pub fn open_send(&self, initial: i64) -> SendGate {
+        SendGate::new(initial.clamp(MIN_COST, self.cfg.max))
+    }
 }
 
 /// Why incoming DATA was not admitted.
@@ -59,9 +292,18 @@ pub enum GateError {
     /// Legacy peer: the consumer left the queue full for the whole stall limit.
     #[error("the reader did not take data for {0:?}")]
     Stalled(Duration),
-    /// Flow-controlled peer: it sent more than the window allows.
+    /// Flow-controlled peer: it sent more than it was granted.
     #[error("peer exceeded the flow-control window of {0} bytes")]
     Exceeded(i64),
+}
+
+/// What the sweep asks the caller to send the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// More credit (a window that could grow while its reader was idle).
+    Grant(i64),
+    /// Please give back up to this much unused credit.
+    Revoke(i64),
 }
 
 /// Admission for one connection's incoming DATA, before it is queued for the
@@ -69,61 +311,69 @@ pub enum GateError {
 pub enum RecvGate {
     /// Upstream peer: at most `slots` packets queued; when full, the stream
     /// reader waits at most `stall` before the connection is given up.
-    Legacy { slots: Semaphore, stall: Duration },
-    /// Flow-controlled peer: at most `window` bytes of credit outstanding;
-    /// credit goes back in batches as the consumer passes data on.
-    Window {
-        window: i64,
-        outstanding: AtomicI64,
-        unreported: AtomicI64,
-    },
+    Legacy(LegacyGate),
+    /// Flow-controlled peer.
+    Window(RecvWindow),
+}
+
+pub struct LegacyGate {
+    slots: Semaphore,
+    stall: Duration,
+    parked: AtomicI64,
+    stats: Arc<FlowStats>,
+}
+
+impl Drop for LegacyGate {
+    fn drop(&mut self) {
+        self.stats.add_parked(-self.parked.load(Ordering::Relaxed));
+    }
 }
 
 impl RecvGate {
-    pub fn legacy(slots: usize, stall: Duration) -> Self {
-        RecvGate::Legacy {
+    pub fn legacy(slots: usize, stall: Duration, stats: Arc<FlowStats>) -> Self {
+        RecvGate::Legacy(LegacyGate {
             slots: Semaphore::new(slots.max(1)),
             stall,
-        }
-    }
-
-    pub fn window(window: i64) -> Self {
-        RecvGate::Window {
-            window,
-            outstanding: AtomicI64::new(0),
-            unreported: AtomicI64::new(0),
-        }
+            parked: AtomicI64::new(0),
+            stats,
+        })
     }
 
     /// Whether admitting now would have to wait (legacy only).
     pub fn is_full(&self) -> bool {
-        matches!(self, RecvGate::Legacy { slots, .. } if slots.available_permits() == 0)
+        matches!(self, RecvGate::Legacy(g) if g.slots.available_permits() == 0)
+    }
+
+    /// The window announced to the sender at set-up (flow control only).
+    pub fn initial(&self) -> Option<i64> {
+        match self {
+            RecvGate::Legacy(_) => None,
+            RecvGate::Window(w) => Some(w.initial),
+        }
+    }
+
+    /// The current window (flow control only).
+    pub fn window(&self) -> Option<i64> {
+        match self {
+            RecvGate::Legacy(_) => None,
+            RecvGate::Window(w) => Some(w.inner.lock().target),
+        }
     }
 
     /// Admits DATA of `len` bytes, waiting (legacy only) for room.
     pub async fn admit(&self, len: usize) -> Result<(), GateError> {
         match self {
-            RecvGate::Legacy { slots, stall } => {
-                match tokio::time::timeout(*stall, slots.acquire()).await {
-                    Ok(Ok(p)) => {
-                        p.forget();
-                        Ok(())
-                    }
-                    _ => Err(GateError::Stalled(*stall)),
+            RecvGate::Legacy(g) => match tokio::time::timeout(g.stall, g.slots.acquire()).await {
+                Ok(Ok(p)) => {
+                    p.forget();
+                    let n = i64::try_from(len).unwrap_or(i64::MAX);
+                    g.parked.fetch_add(n, Ordering::Relaxed);
+                    g.stats.add_parked(n);
+                    Ok(())
                 }
-            }
-            RecvGate::Window {
-                window,
-                outstanding,
-                ..
-            } => {
-                let charge = charge(len, *window);
-                let now = outstanding.fetch_add(charge, Ordering::AcqRel) + charge;
-                if now > *window {
-                    return Err(GateError::Exceeded(*window));
-                }
-                Ok(())
-            }
+                _ => Err(GateError::Stalled(g.stall)),
+            },
+            RecvGate::Window(w) => w.admit(len, Instant::now()),
         }
     }
 
@@ -131,125 +381,586 @@ impl RecvGate {
     /// the peer now (flow control, once enough has built up).
     pub fn consumed(&self, len: usize) -> Option<i64> {
         match self {
-            RecvGate::Legacy { slots, .. } => {
-                slots.add_permits(1);
+            RecvGate::Legacy(g) => {
+                g.slots.add_permits(1);
+                let n = i64::try_from(len).unwrap_or(i64::MAX);
+                g.parked.fetch_sub(n, Ordering::Relaxed);
+                g.stats.add_parked(-n);
                 None
             }
-            RecvGate::Window {
-                window,
-                outstanding,
-                unreported,
-            } => {
-                let charge = charge(len, *window);
-                outstanding.fetch_sub(charge, Ordering::AcqRel);
-                let pending = unreported.fetch_add(charge, Ordering::AcqRel) + charge;
-                if pending < update_threshold(*window) {
-                    return None;
-                }
-                let taken = unreported.swap(0, Ordering::AcqRel);
-                (taken > 0).then_some(taken)
-            }
+            RecvGate::Window(w) => w.consumed(len, Instant::now()),
         }
+    }
+
+    /// Periodic check (flow control only): shrinks a window whose data stood
+    /// still, frees its budget, tops up one the budget held back.
+    pub fn sweep(&self, now: Instant) -> Option<Sweep> {
+        match self {
+            RecvGate::Legacy(_) => None,
+            RecvGate::Window(w) => w.sweep(now),
+        }
+    }
+
+    /// The sender gave back `bytes` of credit we asked for.
+    pub fn returned(&self, bytes: i64) {
+        if let RecvGate::Window(w) = self {
+            w.returned(bytes);
+        }
+    }
+
+    /// The smallest round trip measured so far (flow control only).
+    pub fn rtt(&self) -> Option<Duration> {
+        match self {
+            RecvGate::Legacy(_) => None,
+            RecvGate::Window(w) => w.inner.lock().min_rtt,
+        }
+    }
+}
+
+/// An update in flight whose round trip is being timed.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    sent: Instant,
+    /// Credit granted before this update: data beyond it proves arrival.
+    mark: i64,
+    /// `consumed` when the update was sent.
+    consumed: i64,
+    /// The window that limited the data arriving during this round trip:
+    /// it was granted before the update, so a window that grew at the
+    /// last sample does not show until the next one.
+    window: i64,
+}
+
+#[derive(Debug)]
+struct RecvState {
+    /// Credit granted in all (initial window + updates − returns).
+    granted: i64,
+    /// Cost received in all.
+    received: i64,
+    /// Cost passed on in all.
+    consumed: i64,
+    /// The current window: what the sender may have outstanding.
+    target: i64,
+    /// Held in the budget: max(target, granted − consumed).
+    reserved: i64,
+    probe: Option<Probe>,
+    /// The window before it last grew (what the next probe measures).
+    sampled_window: i64,
+    min_rtt: Option<Duration>,
+    /// Last time data arrived or was passed on.
+    last_moved: Instant,
+    last_consumed: Instant,
+    /// A request to give credit back is unanswered.
+    revoking: bool,
+}
+
+/// The receiving side of one flow-controlled connection.
+pub struct RecvWindow {
+    inner: Mutex<RecvState>,
+    /// The window announced at set-up; also what an oversize packet needs.
+    initial: i64,
+    cfg: WindowConfig,
+    budget: Arc<Budget>,
+    stats: Arc<FlowStats>,
+}
+
+impl RecvWindow {
+    fn new(link: &LinkFlow) -> RecvWindow {
+        let want = link.cfg.initial.max(FLOOR_WINDOW);
+        let got = link.budget.try_reserve(want);
+        if got < FLOOR_WINDOW {
+            link.budget.force(FLOOR_WINDOW - got);
+        }
+        let initial = got.max(FLOOR_WINDOW);
+        link.stats.add_windows(initial);
+        let now = Instant::now();
+        RecvWindow {
+            inner: Mutex::new(RecvState {
+                granted: initial,
+                received: 0,
+                consumed: 0,
+                target: initial,
+                reserved: initial,
+                probe: None,
+                sampled_window: initial,
+                min_rtt: None,
+                last_moved: now,
+                last_consumed: now,
+                revoking: false,
+            }),
+            initial,
+            cfg: link.cfg,
+            budget: link.budget.clone(),
+            stats: link.stats.clone(),
+        }
+    }
+
+    fn admit(&self, len: usize, now: Instant) -> Result<(), GateError> {
+        let c = cost(len);
+        let mut s = self.inner.lock();
+        if s.granted - s.received < c.min(self.initial) {
+            return Err(GateError::Exceeded(s.target));
+        }
+        s.received += c;
+        s.last_moved = now;
+        self.stats.add_parked(c);
+        if let Some(p) = s.probe
+            && s.received > p.mark
+        {
+            s.probe = None;
+            self.sampled(&mut s, p, now);
+        }
+        Ok(())
+    }
+
+    /// A round trip completed: remember it, and grow the window if it was
+    /// what held the connection back.
+    fn sampled(&self, s: &mut RecvState, p: Probe, now: Instant) {
+        let rtt = now.saturating_duration_since(p.sent);
+        s.min_rtt = Some(s.min_rtt.map_or(rtt, |m| m.min(rtt)));
+        let delivered = s.consumed - p.consumed;
+        let parked = s.received - s.consumed;
+        s.sampled_window = s.target;
+        if delivered * 3 >= p.window * 2 && parked <= s.target / 2 && s.target < self.cfg.max {
+            let want = (s.target * 2).min(self.cfg.max) - s.target;
+            // What is already reserved above the window counts first.
+            let covered = (s.reserved - s.target).clamp(0, want);
+            let got = self.budget.try_reserve(want - covered);
+            s.reserved += got;
+            let grown = covered + got;
+            s.target += grown;
+            self.stats.add_windows(grown);
+        }
+    }
+
+    fn consumed(&self, len: usize, now: Instant) -> Option<i64> {
+        let c = cost(len);
+        let mut s = self.inner.lock();
+        s.consumed += c;
+        s.last_moved = now;
+        s.last_consumed = now;
+        self.stats.add_parked(-c);
+        self.settle(&mut s);
+        self.grant(&mut s, now)
+    }
+
+    /// Tops the sender's credit up to the window once a batch is due.
+    fn grant(&self, s: &mut RecvState, now: Instant) -> Option<i64> {
+        let want = s.consumed + s.target - s.granted;
+        if want < update_threshold(s.target) {
+            return None;
+        }
+        if s.probe.is_none() {
+            s.probe = Some(Probe {
+                sent: now,
+                mark: s.granted,
+                consumed: s.consumed,
+                window: s.sampled_window,
+            });
+        }
+        s.granted += want;
+        Some(want)
+    }
+
+    /// Keeps the reservation at max(window, what may still arrive unread).
+    fn settle(&self, s: &mut RecvState) {
+        let need = s.target.max(s.granted - s.consumed);
+        if need < s.reserved {
+            self.budget.release(s.reserved - need);
+            s.reserved = need;
+        }
+    }
+
+    fn sweep(&self, now: Instant) -> Option<Sweep> {
+        let mut s = self.inner.lock();
+        let parked = s.received - s.consumed;
+        let still = if parked > 0 {
+            now.saturating_duration_since(s.last_consumed)
+        } else {
+            now.saturating_duration_since(s.last_moved)
+        };
+        if still < self.cfg.idle {
+            return None;
+        }
+        if s.target > self.initial {
+            let shrunk = (s.target / 2).max(self.initial);
+            self.stats.add_windows(shrunk - s.target);
+            s.target = shrunk;
+            s.sampled_window = shrunk;
+            // A window that changed size needs a fresh round trip to grow.
+            s.probe = None;
+            self.settle(&mut s);
+        }
+        // Credit above the window that the sender has not used yet (what is
+        // parked or on its way cannot be taken back).
+        let unused = (s.granted - s.consumed - s.target).min(s.granted - s.received);
+        if unused > 0 && !s.revoking {
+            s.revoking = true;
+            return Some(Sweep::Revoke(unused));
+        }
+        None
+    }
+
+    fn returned(&self, bytes: i64) {
+        let mut s = self.inner.lock();
+        let back = bytes.clamp(0, (s.granted - s.received).max(0));
+        s.granted -= back;
+        s.revoking = false;
+        self.settle(&mut s);
+    }
+}
+
+impl Drop for RecvWindow {
+    fn drop(&mut self) {
+        let s = self.inner.get_mut();
+        self.budget.release(s.reserved);
+        self.stats.add_windows(-s.target);
+        self.stats.add_parked(-(s.received - s.consumed));
     }
 }
 
 /// The sending side's credit for one connection, granted by the peer.
 pub struct SendGate {
-    window: i64,
-    credit: Semaphore,
+    /// What an oversize packet needs in hand: the receiver's initial window.
+    cap: i64,
+    state: Mutex<SendState>,
+    wake: Notify,
+}
+
+struct SendState {
+    credit: i64,
+    closed: bool,
 }
 
 impl SendGate {
-    pub fn new(window: i64) -> Self {
+    fn new(initial: i64) -> Self {
         SendGate {
-            window,
-            credit: Semaphore::new(usize::try_from(window).unwrap_or(0)),
+            cap: initial,
+            state: Mutex::new(SendState {
+                credit: initial,
+                closed: false,
+            }),
+            wake: Notify::new(),
         }
     }
 
     /// Waits until DATA of `len` bytes may be sent, and takes its credit.
+    /// Returns at once (without credit) once the gate is closed.
     pub async fn acquire(&self, len: usize) {
-        let n = u32::try_from(charge(len, self.window)).unwrap_or(u32::MAX);
-        if let Ok(p) = self.credit.acquire_many(n).await {
-            p.forget();
+        let c = cost(len);
+        let need = c.min(self.cap);
+        loop {
+            {
+                let mut s = self.state.lock();
+                if s.closed {
+                    return;
+                }
+                if s.credit >= need {
+                    s.credit -= c;
+                    return;
+                }
+            }
+            // One waiter per connection (its reader); a wake-up that comes
+            // before this point is kept as a permit.
+            self.wake.notified().await;
         }
     }
 
-    /// Credit the peer returned. More than one window in hand is ignored: a
-    /// peer cannot make us buffer more than we agreed on.
+    /// Credit the peer granted.
     pub fn grant(&self, bytes: i64) {
-        let have = i64::try_from(self.credit.available_permits()).unwrap_or(i64::MAX);
-        let add = bytes.min(self.window - have).max(0);
-        self.credit.add_permits(usize::try_from(add).unwrap_or(0));
+        if bytes <= 0 {
+            return;
+        }
+        let mut s = self.state.lock();
+        s.credit = s.credit.saturating_add(bytes).min(MAX_WINDOW);
+        drop(s);
+        self.wake.notify_one();
+    }
+
+    /// The peer asks for up to `bytes` of unused credit back; returns what is
+    /// given back (to be reported with [`crate::PacketExt::credit_returned`]).
+    pub fn give_back(&self, bytes: i64) -> i64 {
+        let mut s = self.state.lock();
+        let back = s.credit.clamp(0, bytes.max(0));
+        s.credit -= back;
+        back
+    }
+
+    /// Credit in hand (may be below zero after an oversize packet).
+    pub fn credit(&self) -> i64 {
+        self.state.lock().credit
     }
 
     /// Wakes any waiting sender for good (the connection is closing).
     pub fn close(&self) {
-        self.credit.close();
+        self.state.lock().closed = true;
+        self.wake.notify_one();
     }
-}
-
-/// What DATA of `len` bytes counts against a window: its cost, but never more
-/// than the whole window, so one oversize packet can still pass.
-fn charge(len: usize, window: i64) -> i64 {
-    cost(len).min(window)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn window_admits_up_to_the_window_and_returns_credit_in_batches() {
-        let gate = RecvGate::window(MIN_WINDOW);
-        let chunk = (MIN_WINDOW / 8) as usize;
-        for _ in 0..8 {
-            assert_eq!(gate.admit(chunk).await, Ok(()));
+    fn link(initial: i64, max: i64, budget: i64) -> LinkFlow {
+        LinkFlow {
+            cfg: WindowConfig {
+                initial,
+                max,
+                idle: Duration::from_secs(1),
+            },
+            budget: Budget::new(budget, None),
+            stats: Arc::new(FlowStats::default()),
         }
-        assert_eq!(gate.admit(1).await, Err(GateError::Exceeded(MIN_WINDOW)));
-        assert_eq!(gate.consumed(chunk), None);
-        assert_eq!(gate.consumed(chunk), Some(2 * chunk as i64));
+    }
+
+    fn window(g: &RecvGate) -> i64 {
+        g.window().unwrap_or_default()
+    }
+
+    /// A sender that always has data, a reader that keeps up, and a link of
+    /// round trip `rtt` in between (credit takes rtt/2 one way, data the
+    /// other), simulated step by step. Returns the window after `rounds`
+    /// round trips and the bytes delivered.
+    fn simulate(gate: &RecvGate, send: &SendGate, rtt: Duration, rounds: u32) -> i64 {
+        let start = Instant::now();
+        let chunk = 16 << 10;
+        let mut delivered = 0;
+        // Each step: the sender spends what credit it has (arriving rtt/2
+        // later); the receiver passes everything on and grants credit
+        // (arriving at the sender rtt/2 later).
+        let mut in_flight: Vec<(Instant, usize)> = Vec::new();
+        let mut grants: Vec<(Instant, i64)> = Vec::new();
+        let step = rtt / 8;
+        let mut now = start;
+        while now < start + rtt * rounds {
+            now += step;
+            for (_, g) in grants.iter().filter(|(t, _)| *t <= now) {
+                send.grant(*g);
+            }
+            grants.retain(|(t, _)| *t > now);
+            while send.credit() >= chunk as i64 {
+                let s = send.state.lock().credit;
+                send.state.lock().credit = s - chunk as i64;
+                in_flight.push((now + rtt / 2, chunk));
+            }
+            let (arrived, rest): (Vec<_>, Vec<_>) =
+                in_flight.into_iter().partition(|(t, _)| *t <= now);
+            in_flight = rest;
+            for (_, n) in arrived {
+                let RecvGate::Window(w) = gate else {
+                    panic!("not a window")
+                };
+                assert_eq!(w.admit(n, now), Ok(()));
+                delivered += n as i64;
+                if let Some(g) = w.consumed(n, now) {
+                    grants.push((now + rtt / 2, g));
+                }
+            }
+        }
+        // Let what is on its way arrive, so both ends agree on the credit.
+        for (_, n) in in_flight {
+            let RecvGate::Window(w) = gate else {
+                panic!("not a window")
+            };
+            assert_eq!(w.admit(n, now), Ok(()));
+            delivered += n as i64;
+            if let Some(g) = w.consumed(n, now) {
+                send.grant(g);
+            }
+        }
+        for (_, g) in grants {
+            send.grant(g);
+        }
+        delivered
+    }
+
+    #[test]
+    fn the_window_grows_while_the_reader_keeps_up_over_a_long_round_trip() {
+        let l = link(64 << 10, 16 << 20, 1 << 30);
+        let gate = l.open_recv();
+        let send = l.open_send(gate.initial().unwrap_or_default());
+        assert_eq!(window(&gate), 64 << 10);
+        let delivered = simulate(&gate, &send, Duration::from_millis(50), 12);
+        assert!(window(&gate) >= 8 << 20, "window {}", window(&gate));
+        assert!(window(&gate) <= 16 << 20);
+        let rtt = gate.rtt().unwrap_or_default();
+        assert!(
+            rtt >= Duration::from_millis(50) && rtt < Duration::from_millis(60),
+            "{rtt:?}"
+        );
+        // Fixed at 64 KiB it would have moved 12 windows.
+        assert!(delivered > 12 * (64 << 10) * 8, "{delivered}");
+        assert_eq!(l.stats.windows(), window(&gate));
+    }
+
+    #[test]
+    fn the_window_never_grows_past_the_budget() {
+        let l = link(64 << 10, 16 << 20, 1 << 20);
+        let a = l.open_recv();
+        let b = l.open_recv();
+        let sa = l.open_send(a.initial().unwrap_or_default());
+        let sb = l.open_send(b.initial().unwrap_or_default());
+        simulate(&a, &sa, Duration::from_millis(20), 20);
+        simulate(&b, &sb, Duration::from_millis(20), 20);
+        assert!(window(&a) + window(&b) <= 1 << 20);
+        assert!(l.budget.used() <= 1 << 20);
+        assert_eq!(l.budget.used(), window(&a) + window(&b));
+        // A newcomer still gets the floor, past the budget.
+        let c = l.open_recv();
+        assert_eq!(c.initial(), Some(FLOOR_WINDOW));
+        drop((a, b, c));
+        assert_eq!(l.budget.used(), 0);
+        assert_eq!(l.stats.windows(), 0);
+        assert_eq!(l.stats.parked(), 0);
+    }
+
+    #[test]
+    fn a_slow_reader_does_not_grow_its_window() {
+        let l = link(64 << 10, 16 << 20, 1 << 30);
+        let gate = l.open_recv();
+        let RecvGate::Window(w) = &gate else {
+            panic!("not a window")
+        };
+        let mut now = Instant::now();
+        // The sender fills the window at once; the reader takes 4 KiB per
+        // 10 ms; credit and data take 25 ms each way.
+        let mut pending: Vec<(Instant, i64)> = Vec::new();
+        let mut credit = 64 << 10;
+        let mut parked = 0;
+        for _ in 0..500 {
+            now += Duration::from_millis(10);
+            for (_, g) in pending.iter().filter(|(t, _)| *t <= now) {
+                credit += g;
+            }
+            pending.retain(|(t, _)| *t > now);
+            while credit >= 4096 {
+                credit -= 4096;
+                assert_eq!(w.admit(4096, now), Ok(()));
+                parked += 4096;
+            }
+            if parked >= 4096 {
+                parked -= 4096;
+                if let Some(g) = w.consumed(4096, now) {
+                    pending.push((now + Duration::from_millis(50), g));
+                }
+            }
+        }
+        assert_eq!(window(&gate), 64 << 10);
+    }
+
+    #[tokio::test]
+    async fn an_idle_window_shrinks_back_and_asks_for_its_credit() {
+        let l = link(64 << 10, 16 << 20, 1 << 30);
+        let gate = l.open_recv();
+        let send = l.open_send(gate.initial().unwrap_or_default());
+        simulate(&gate, &send, Duration::from_millis(10), 20);
+        let grown = window(&gate);
+        assert!(grown > 1 << 20, "{grown}");
+        // Idle: nothing moves for a second; sweeps halve the window.
+        let start = Instant::now();
+        assert_eq!(gate.sweep(start), None, "not idle yet");
+        let mut revoked = 0;
+        for i in 1..40 {
+            let now = start + DEFAULT_IDLE + SWEEP_INTERVAL * i;
+            match gate.sweep(now) {
+                Some(Sweep::Revoke(n)) => {
+                    revoked += n;
+                    let back = send.give_back(n);
+                    gate.returned(back);
+                }
+                Some(Sweep::Grant(_)) | None => {}
+            }
+        }
+        assert_eq!(window(&gate), 64 << 10);
+        assert!(revoked > 0);
+        // The sender keeps what it may still use; the budget keeps only
+        // the window and the credit the sender still holds.
+        assert!(send.credit() <= 64 << 10, "{}", send.credit());
+        assert_eq!(l.budget.used(), 64 << 10);
+        assert_eq!(l.stats.windows(), 64 << 10);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_reader_parks_at_most_its_window_and_the_window_shrinks() {
+        let l = link(256 << 10, 16 << 20, 1 << 30);
+        let gate = l.open_recv();
+        let send = l.open_send(gate.initial().unwrap_or_default());
+        simulate(&gate, &send, Duration::from_millis(10), 10);
+        let grown = window(&gate);
+        // The reader stops; the sender spends all its credit.
+        let mut parked = 0;
+        while send.credit() >= 16 << 10 {
+            send.acquire(16 << 10).await;
+            assert_eq!(gate.admit(16 << 10).await, Ok(()));
+            parked += 16 << 10;
+        }
+        assert!(parked <= grown);
+        assert_eq!(
+            gate.admit(16 << 10).await,
+            Err(GateError::Exceeded(grown)),
+            "nothing past the credit"
+        );
+        let start = Instant::now();
+        for i in 1..40 {
+            if let Some(Sweep::Revoke(n)) = gate.sweep(start + DEFAULT_IDLE + SWEEP_INTERVAL * i) {
+                gate.returned(send.give_back(n));
+            }
+        }
+        assert_eq!(window(&gate), 256 << 10);
+        // What is parked stays reserved until it is read.
+        assert_eq!(l.budget.used(), parked.max(256 << 10));
+        assert_eq!(l.stats.parked(), parked);
+    }
+
+    #[tokio::test]
+    async fn an_oversize_packet_passes_with_the_initial_window_in_hand() {
+        let l = link(64 << 10, 1 << 20, 1 << 30);
+        let gate = l.open_recv();
+        let send = l.open_send(gate.initial().unwrap_or_default());
+        send.acquire(MAX_PACKET as usize).await;
+        assert_eq!(gate.admit(MAX_PACKET as usize).await, Ok(()));
+        assert!(send.credit() < 0);
+        let s2 = Arc::new(l.open_send(64 << 10));
+        s2.acquire(64 << 10).await;
+        let waiting = tokio::spawn({
+            let s2 = s2.clone();
+            async move { s2.acquire(10).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        s2.grant(MIN_COST);
+        waiting.await.unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[tokio::test]
     async fn legacy_stalls_after_the_limit() {
-        let gate = RecvGate::legacy(1, Duration::from_millis(20));
+        let stats = Arc::new(FlowStats::default());
+        let gate = RecvGate::legacy(1, Duration::from_millis(20), stats.clone());
         assert_eq!(gate.admit(10).await, Ok(()));
+        assert_eq!(stats.parked(), 10);
         assert_eq!(
             gate.admit(10).await,
             Err(GateError::Stalled(Duration::from_millis(20)))
         );
         assert_eq!(gate.consumed(10), None);
         assert_eq!(gate.admit(10).await, Ok(()));
-    }
-
-    #[tokio::test]
-    async fn sender_waits_for_credit_and_ignores_excess_grants() {
-        let gate = std::sync::Arc::new(SendGate::new(MIN_WINDOW));
-        gate.acquire(MIN_WINDOW as usize).await;
-        let g = gate.clone();
-        let waiting = tokio::spawn(async move { g.acquire(10).await });
-        tokio::task::yield_now().await;
-        assert!(!waiting.is_finished());
-        gate.grant(i64::MAX);
-        waiting.await.unwrap_or_else(|e| panic!("{e}"));
-        assert!(gate.credit.available_permits() <= MIN_WINDOW as usize);
-        // Oversize packets take the whole window, never more.
-        gate.grant(MIN_WINDOW);
-        gate.acquire(MAX_PACKET as usize).await;
+        drop(gate);
+        assert_eq!(stats.parked(), 0);
     }
 
     #[test]
-    fn costs_and_windows() {
+    fn costs_and_offers() {
         assert_eq!(cost(1), MIN_COST);
         assert_eq!(cost(65536), 65536);
-        assert_eq!(parse_window(Some("1048576")), Some(1 << 20));
-        assert_eq!(parse_window(Some("1")), Some(MIN_WINDOW));
-        assert_eq!(
-            parse_window(Some(&(1i64 << 40).to_string())),
-            Some(MAX_WINDOW)
-        );
-        assert_eq!(parse_window(Some("lots")), None);
-        assert_eq!(parse_window(None), None);
+        assert_eq!(parse_offer(Some(&offer(1 << 20))), Some(1 << 20));
+        assert_eq!(parse_offer(Some("v2 max=1")), Some(MIN_WINDOW));
+        assert_eq!(parse_offer(Some(&offer(1i64 << 40))), Some(MAX_WINDOW));
+        assert_eq!(parse_offer(Some("1048576")), None, "the old header's value");
+        assert_eq!(parse_offer(Some("v3 max=1")), None);
+        assert_eq!(parse_offer(None), None);
+        let agreed = WindowConfig::default().agreed(1 << 20);
+        assert_eq!(agreed.max, 1 << 20);
+        assert_eq!(agreed.initial, DEFAULT_INITIAL_WINDOW);
     }
 }

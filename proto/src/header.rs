@@ -13,8 +13,10 @@ pub const SERVER_ID: &str = "serverid";
 /// Server → agent response header: how many servers the agent should hold.
 pub const SERVER_COUNT: &str = "servercount";
 /// Not upstream: both directions announce per-connection flow control and the
-/// window (bytes) they grant; see [`crate::flow`]. Upstream ignores it.
-pub const FLOW_WINDOW: &str = "konnectivity-flow-window";
+/// largest window (bytes) they grant one connection; see [`crate::flow`].
+/// Upstream ignores it. (Builds before adaptive windows used
+/// `konnectivity-flow-window`; they and we see each other as upstream peers.)
+pub const FLOW_CONTROL: &str = "konnectivity-flow-control";
 
 /// The kinds of identifier an agent can advertise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

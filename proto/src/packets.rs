@@ -15,7 +15,15 @@ pub trait PacketExt {
     fn close_dial(random: i64) -> Packet;
     fn data(connect_id: i64, data: Bytes) -> Packet;
     fn drain() -> Packet;
+    /// Credit for the peer (`bytes` > 0), or a request to give some back (< 0).
     fn window_update(connect_id: i64, bytes: i64) -> Packet;
+    /// The sender's answer to a request to give credit back.
+    fn credit_returned(connect_id: i64, returned: i64) -> Packet;
+    /// Sets the initial flow-control window of a DIAL_REQ or DIAL_RSP (0
+    /// clears it); other packets are left alone.
+    fn set_flow_window(&mut self, window: i64);
+    /// The initial flow-control window a DIAL_REQ or DIAL_RSP carries (0: none).
+    fn flow_window(&self) -> i64;
     /// The `type` as the enum, or `None` for a value this build does not know.
     fn kind(&self) -> Option<PacketType>;
     /// Upstream's label for a packet type in metrics (`DIAL_REQ`, …).
@@ -30,6 +38,7 @@ impl PacketExt for Packet {
                 protocol: protocol.to_string(),
                 address: address.to_string(),
                 random,
+                flow_window: 0,
             })),
         }
     }
@@ -41,6 +50,7 @@ impl PacketExt for Packet {
                 error,
                 connect_id,
                 random,
+                flow_window: 0,
             })),
         }
     }
@@ -87,7 +97,38 @@ impl PacketExt for Packet {
     fn window_update(connect_id: i64, bytes: i64) -> Packet {
         Packet {
             r#type: PacketType::WindowUpdate as i32,
-            payload: Some(Payload::WindowUpdate(WindowUpdate { connect_id, bytes })),
+            payload: Some(Payload::WindowUpdate(WindowUpdate {
+                connect_id,
+                bytes,
+                returned: 0,
+            })),
+        }
+    }
+
+    fn credit_returned(connect_id: i64, returned: i64) -> Packet {
+        Packet {
+            r#type: PacketType::WindowUpdate as i32,
+            payload: Some(Payload::WindowUpdate(WindowUpdate {
+                connect_id,
+                bytes: 0,
+                returned,
+            })),
+        }
+    }
+
+    fn set_flow_window(&mut self, window: i64) {
+        match &mut self.payload {
+            Some(Payload::DialRequest(r)) => r.flow_window = window,
+            Some(Payload::DialResponse(r)) => r.flow_window = window,
+            _ => {}
+        }
+    }
+
+    fn flow_window(&self) -> i64 {
+        match &self.payload {
+            Some(Payload::DialRequest(r)) => r.flow_window,
+            Some(Payload::DialResponse(r)) => r.flow_window,
+            _ => 0,
         }
     }
 

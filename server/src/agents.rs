@@ -94,18 +94,16 @@ impl AgentService for AgentSvc {
                     tracing::warn!(agent_id = %agent_id, error = %e.message(), "client authentication failed");
                 })?;
         }
-        // Flow control when the agent announces it and we have it on: the
-        // smaller of the two windows. Upstream agents never announce it.
-        let asked = konnectivity_proto::flow::parse_window(
+        // Flow control when the agent announces it and we have it on, with
+        // the smaller of the two largest windows. Upstream agents never do.
+        let offered = konnectivity_proto::flow::parse_offer(
             request
                 .metadata()
-                .get(header::FLOW_WINDOW)
+                .get(header::FLOW_CONTROL)
                 .and_then(|v| v.to_str().ok()),
         );
-        let flow_window = match (asked, self.core.cfg.flow_window) {
-            (Some(a), Some(ours)) => Some(a.min(ours)),
-            _ => None,
-        };
+        let flow = self.core.flow.link(offered);
+        let flow_max = flow.as_ref().map(|f| f.cfg.max);
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(self.core.cfg.agent_queue);
         let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -115,12 +113,12 @@ impl AgentService for AgentSvc {
             AgentLinks {
                 data: tx,
                 control: control_tx,
-                flow_window,
+                flow,
             },
             self.core.metrics.clone(),
             self.core.backends.changes(),
         );
-        tracing::info!(agent_id = %agent_id, stream = backend.id, flow_window, "agent connected");
+        tracing::info!(agent_id = %agent_id, stream = backend.id, flow_max, "agent connected");
         self.core.backends.add(backend.clone());
 
         let span = tracing::info_span!("agent", agent_id = %agent_id, stream = backend.id);
@@ -131,7 +129,10 @@ impl AgentService for AgentSvc {
             async move {
                 let gauge = core.metrics.grpc_connections(Service::Connect);
                 gauge.increment(1.0);
-                serve(&core, &b, inbound, &drain).await;
+                tokio::select! {
+                    _ = serve(&core, &b, inbound, &drain) => {}
+                    _ = sweep_windows(&b) => {}
+                }
                 core.agent_gone(&b).await;
                 gauge.decrement(1.0);
                 tracing::info!("agent stream closed");
@@ -156,10 +157,41 @@ impl AgentService for AgentSvc {
             md.insert(header::SERVER_ID, v);
         }
         md.insert(header::SERVER_COUNT, MetadataValue::from(self.server_count));
-        if let Some(w) = flow_window {
-            md.insert(header::FLOW_WINDOW, MetadataValue::from(w));
+        if let Some(max) = flow_max
+            && let Ok(v) = MetadataValue::try_from(konnectivity_proto::flow::offer(max))
+        {
+            md.insert(header::FLOW_CONTROL, v);
         }
         Ok(response)
+    }
+}
+
+/// Shrinks the windows of this agent's connections whose data stands still
+/// and asks for their unused credit back (flow control only; never ends).
+async fn sweep_windows(backend: &Backend) {
+    use konnectivity_proto::PacketExt;
+    use konnectivity_proto::flow::{SWEEP_INTERVAL, Sweep};
+    if backend.flow().is_none() {
+        return std::future::pending().await;
+    }
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut out = Vec::new();
+    loop {
+        tick.tick().await;
+        let now = tokio::time::Instant::now();
+        backend.for_each_conn(|id, t| {
+            if let Some(sweep) = t.flow().and_then(|f| f.recv.sweep(now)) {
+                out.push((id, sweep));
+            }
+        });
+        for (id, sweep) in out.drain(..) {
+            let bytes = match sweep {
+                Sweep::Grant(n) => n,
+                Sweep::Revoke(n) => n.saturating_neg(),
+            };
+            backend.control(Packet::window_update(id.0, bytes));
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use konnectivity_proto::Packet;
+use konnectivity_proto::flow::LinkFlow;
 use konnectivity_proto::header::AgentIdentifiers;
 use konnectivity_proto::ids::{AgentId, ConnectId};
 use parking_lot::{Mutex, RwLock};
@@ -24,7 +25,8 @@ use crate::tunnel::Tunnel;
 pub struct AgentLinks {
     pub data: mpsc::Sender<Packet>,
     pub control: mpsc::UnboundedSender<Packet>,
-    pub flow_window: Option<i64>,
+    /// Flow control, if the agent negotiated it.
+    pub flow: Option<LinkFlow>,
 }
 
 impl AgentLinks {
@@ -34,7 +36,7 @@ impl AgentLinks {
         AgentLinks {
             data: mpsc::channel(1).0,
             control: mpsc::unbounded_channel().0,
-            flow_window: None,
+            flow: None,
         }
     }
 }
@@ -54,9 +56,9 @@ pub struct Backend {
     /// WINDOW_UPDATEs: they never wait behind DATA (their order relative to
     /// data does not matter), and there are at most a few per window.
     control: mpsc::UnboundedSender<Packet>,
-    /// The negotiated per-connection flow-control window, if the agent is one
-    /// of ours; `None` for upstream agents.
-    flow_window: Option<i64>,
+    /// Per-connection flow control, if the agent is one of ours; `None` for
+    /// upstream agents.
+    flow: Option<LinkFlow>,
     draining: AtomicBool,
     retired: CancellationToken,
     conns: Mutex<HashMap<ConnectId, Arc<Tunnel>>>,
@@ -89,7 +91,7 @@ impl Backend {
             identifiers,
             to_agent: links.data,
             control: links.control,
-            flow_window: links.flow_window,
+            flow: links.flow,
             draining: AtomicBool::new(false),
             retired: CancellationToken::new(),
             conns: Mutex::new(HashMap::new()),
@@ -121,8 +123,8 @@ impl Backend {
         }
     }
 
-    pub fn flow_window(&self) -> Option<i64> {
-        self.flow_window
+    pub fn flow(&self) -> Option<&LinkFlow> {
+        self.flow.as_ref()
     }
 
     /// Like [`Backend::send`] but gives up after `limit`.
@@ -202,6 +204,13 @@ impl Backend {
 
     pub fn conn_count(&self) -> usize {
         self.conns.lock().len()
+    }
+
+    /// Runs `f` on every connection, under the table's lock (keep it short).
+    pub fn for_each_conn(&self, mut f: impl FnMut(ConnectId, &Tunnel)) {
+        for (id, t) in self.conns.lock().iter() {
+            f(*id, t);
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use konnectivity_proto::flow::RecvGate;
+use konnectivity_proto::flow::{FlowPool, FlowSettings, RecvGate};
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
@@ -27,15 +27,18 @@ pub struct CoreConfig {
     pub frontend_queue: usize,
     /// Packets queued per agent stream.
     pub agent_queue: usize,
-    /// Per-connection flow-control window offered to agents that ask for it;
-    /// `None` turns flow control off (every agent is treated as upstream's).
-    pub flow_window: Option<i64>,
+    /// Per-connection flow control offered to agents that ask for it;
+    /// `None` turns it off (every agent is treated as upstream's).
+    pub flow: Option<FlowSettings>,
 }
 
 struct Pending {
     tunnel: Arc<Tunnel>,
     backend: Arc<Backend>,
     started: Instant,
+    /// Admission of the agent's DATA, set up with the dial (its initial
+    /// window goes out in the DIAL_REQ).
+    recv: RecvGate,
 }
 
 pub struct Core {
@@ -44,6 +47,8 @@ pub struct Core {
     pub debug: daemon::debug_connections::Connections,
     pending: Mutex<HashMap<DialId, Pending>>,
     pub metrics: Arc<Metrics>,
+    /// The process budget and totals of every agent stream's windows.
+    pub flow: Arc<FlowPool>,
     pub cfg: CoreConfig,
 }
 
@@ -85,6 +90,7 @@ impl Core {
             debug: Default::default(),
             pending: Mutex::new(HashMap::new()),
             metrics,
+            flow: FlowPool::new(cfg.flow),
             cfg,
         }
     }
@@ -177,7 +183,7 @@ impl Core {
         r
     }
 
-    async fn start_dial(&self, tunnel: &Arc<Tunnel>, pkt: Packet) -> Result<(), DialRefused> {
+    async fn start_dial(&self, tunnel: &Arc<Tunnel>, mut pkt: Packet) -> Result<(), DialRefused> {
         let Some(Payload::DialRequest(req)) = &pkt.payload else {
             return Err(DialRefused::Malformed);
         };
@@ -196,6 +202,14 @@ impl Core {
             d.set("dial_id", dial);
             d.set_state("dialing");
         }
+        let recv = match backend.flow() {
+            Some(link) => link.open_recv(),
+            None => self
+                .flow
+                .legacy(self.cfg.frontend_queue, self.cfg.stall_timeout),
+        };
+        // Whatever a frontend put there is not its to say.
+        pkt.set_flow_window(recv.initial().unwrap_or(0));
         let started = Instant::now();
         let deadline = started + self.cfg.dial_timeout;
         {
@@ -210,6 +224,7 @@ impl Core {
                     tunnel: tunnel.clone(),
                     backend: backend.clone(),
                     started,
+                    recv,
                 },
             );
             self.metrics.pending_dials.set(pending.len() as f64);
@@ -493,13 +508,18 @@ impl Core {
                 }
             }
             (Ok(PacketType::WindowUpdate), Some(Payload::WindowUpdate(w))) => {
-                if let Some(send) = backend
-                    .conn(ConnectId(w.connect_id))
-                    .as_deref()
-                    .and_then(|t| t.flow())
-                    .and_then(|f| f.send.as_ref())
-                {
-                    send.grant(w.bytes);
+                let Some(t) = backend.conn(ConnectId(w.connect_id)) else {
+                    return;
+                };
+                let Some(flow) = t.flow() else { return };
+                match (w.bytes, &flow.send) {
+                    (b, Some(send)) if b > 0 => send.grant(b),
+                    (b, Some(send)) if b < 0 => {
+                        let back = send.give_back(b.saturating_neg());
+                        backend.control(Packet::credit_returned(w.connect_id, back));
+                    }
+                    (0, _) => flow.recv.returned(w.returned),
+                    _ => {}
                 }
             }
             (Ok(PacketType::Drain), _) => {
@@ -519,8 +539,11 @@ impl Core {
         random: i64,
         connect: i64,
         failed: bool,
-        pkt: Packet,
+        mut pkt: Packet,
     ) {
+        // The agent's window is for us; the frontend never sees it.
+        let agent_window = pkt.flow_window();
+        pkt.set_flow_window(0);
         let dial = DialId(random);
         let pending = match self.take_pending(dial) {
             // A dial id answered by a stream we did not send it to is not ours.
@@ -580,11 +603,9 @@ impl Core {
             }
             return;
         }
-        let gate = match backend.flow_window() {
-            Some(w) => RecvGate::window(w),
-            None => RecvGate::legacy(self.cfg.frontend_queue, self.cfg.stall_timeout),
-        };
-        p.tunnel.establish_flow(backend.clone(), connect_id, gate);
+        let send = backend.flow().map(|l| l.open_send(agent_window));
+        p.tunnel
+            .establish_flow(backend.clone(), connect_id, p.recv, send);
         if let Some(d) = p.tunnel.debug() {
             d.set("connect_id", connect_id);
             d.set_state("established");

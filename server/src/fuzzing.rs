@@ -93,7 +93,9 @@ fn agent(core: &Core, i: usize) -> Agent {
     let (tx, data) = mpsc::channel(core.cfg.agent_queue);
     let (ctl, control) = mpsc::unbounded_channel();
     // Agent 0 speaks our flow-control extension, agent 1 is upstream's.
-    let flow_window = (i == 0).then_some(konnectivity_proto::flow::MIN_WINDOW);
+    let flow = core
+        .flow
+        .link((i == 0).then_some(konnectivity_proto::flow::MIN_WINDOW));
     // Each agent serves one destination host, so dials pick deterministically.
     let backend = Backend::new(
         AgentId(format!("agent-{i}")),
@@ -101,7 +103,7 @@ fn agent(core: &Core, i: usize) -> Agent {
         AgentLinks {
             data: tx,
             control: ctl,
-            flow_window,
+            flow,
         },
         core.metrics.clone(),
         core.backends.changes(),
@@ -162,7 +164,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 2,
             agent_queue: 2,
-            flow_window: Some(konnectivity_proto::flow::MIN_WINDOW),
+            flow: Some(konnectivity_proto::flow::FlowSettings::default()),
         },
     ));
     let mut agents: Vec<Agent> = (0..AGENTS).map(|i| agent(&core, i)).collect();

@@ -169,7 +169,7 @@ impl ServerHandle {
             .backends
             .snapshot()
             .iter()
-            .filter(|b| b.flow_window().is_some())
+            .filter(|b| b.flow().is_some())
             .count()
     }
 

@@ -71,7 +71,10 @@ pub fn flags() -> FlagSet {
         .duration("graceful-shutdown-timeout", Duration::ZERO, "How long live tunnels may continue after SIGTERM before they are cut. 0 stops at once.")
         .duration("backend-dial-timeout", DEFAULT_BACKEND_DIAL_TIMEOUT, "Deadline for sending DIAL_REQ to an agent and receiving its DIAL_RSP. 0 means the 60s maximum.")
         .duration("frontend-stall-timeout", Duration::from_secs(10), "How long a frontend may leave its queue full before only its connection is closed (protects the shared agent stream).")
-        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_WINDOW, "Per-connection flow-control window (bytes) offered to agents of this project that ask for it; 0 turns it off. Upstream agents never ask.")
+        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with agents of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream agents never ask for it.")
+        .int("flow-control-max-window", konnectivity_proto::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
+        .int("flow-control-agent-budget", konnectivity_proto::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one agent stream may have in flight towards this server together; windows stop growing when it is used.")
+        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all agent streams may have in flight towards this server together.")
         .bool("warn-on-channel-limit", true, "Deprecated no-op.")
         .deprecated("This behavior is now thread safe and always on. This flag will be removed in a future release.")
         .with_klog(4)
@@ -208,16 +211,15 @@ fn pair(v: &Values, cert: &str, key: &str) -> Result<Option<(PathBuf, PathBuf)>,
     }
 }
 
-/// `--flow-control-window`: 0 is off, otherwise within the protocol's bounds.
-pub fn flow_window(v: &Values) -> Result<Option<i64>, String> {
-    use konnectivity_proto::flow::{MAX_WINDOW, MIN_WINDOW};
-    match v.int("flow-control-window") {
-        0 => Ok(None),
-        w if (MIN_WINDOW..=MAX_WINDOW).contains(&w) => Ok(Some(w)),
-        w => Err(format!(
-            "--flow-control-window must be 0 or between {MIN_WINDOW} and {MAX_WINDOW} bytes, got {w}"
-        )),
-    }
+/// The flow-control flags: `None` when `--flow-control-window=0`.
+pub fn flow(v: &Values) -> Result<Option<konnectivity_proto::flow::FlowSettings>, String> {
+    let names = [
+        "flow-control-window",
+        "flow-control-max-window",
+        "flow-control-agent-budget",
+        "flow-control-budget",
+    ];
+    konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)
 }
 
 /// A keepalive time as grpc-go's server applies it: 0 is its default of two
@@ -377,7 +379,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
                 .max(Duration::from_millis(100)),
             frontend_queue: xfr,
             agent_queue: xfr.max(16),
-            flow_window: flow_window(v)?,
+            flow: flow(v)?,
         },
         keepalive_time: grpc_server_keepalive(v.duration("keepalive-time")),
         keepalive_timeout: v.duration("keepalive-timeout"),

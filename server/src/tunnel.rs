@@ -177,8 +177,13 @@ impl Tunnel {
     }
 
     /// Sets up flow bookkeeping once the agent answered the dial.
-    pub fn establish_flow(&self, backend: Arc<Backend>, connect: ConnectId, recv: RecvGate) {
-        let send = backend.flow_window().map(SendGate::new);
+    pub fn establish_flow(
+        &self,
+        backend: Arc<Backend>,
+        connect: ConnectId,
+        recv: RecvGate,
+        send: Option<SendGate>,
+    ) {
         let _ = self.flow.set(Flow {
             recv,
             send,

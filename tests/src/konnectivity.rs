@@ -198,9 +198,9 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
             stall_timeout: opts.stall_timeout,
             frontend_queue: opts.frontend_queue,
             agent_queue: 64,
-            flow_window: opts
+            flow: opts
                 .flow_control
-                .then_some(konnectivity_proto::flow::DEFAULT_WINDOW),
+                .then(konnectivity_proto::flow::FlowSettings::default),
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
@@ -371,9 +371,9 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             token_path: None,
             keepalive: proxy_agent::options::KEEPALIVE_TIME,
             keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
-            flow_window: opts
+            flow_max: opts
                 .flow_control
-                .then_some(konnectivity_proto::flow::DEFAULT_WINDOW),
+                .then_some(konnectivity_proto::flow::DEFAULT_MAX_WINDOW),
         },
         sync: SyncConfig {
             interval: opts.sync_interval,
@@ -386,6 +386,10 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             conn_queue: opts.conn_queue,
             stall_timeout: opts.stall_timeout,
             policy: Arc::new(opts.policy.clone()),
+            flow: konnectivity_proto::flow::FlowPool::new(
+                opts.flow_control
+                    .then(konnectivity_proto::flow::FlowSettings::default),
+            ),
         },
     };
     let agent = Agent::new(config);
@@ -471,7 +475,7 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
         token_path: None,
         keepalive: proxy_agent::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
-        flow_window: None,
+        flow_max: None,
     };
     let c = connector.connect(64).await.unwrap();
     RawAgent {

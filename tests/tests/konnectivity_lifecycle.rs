@@ -123,7 +123,7 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
         token_path: None,
         keepalive: proxy_agent::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
-        flow_window: None,
+        flow_max: None,
     };
     let err = connector
         .connect(8)

@@ -42,6 +42,12 @@ pub struct DialRequest {
     /// Dial id chosen by whoever originates the dial; echoed in DialResponse.
     #[prost(int64, tag = "3")]
     pub random: i64,
+    /// Not upstream: on a stream with flow control, the credit (bytes) the
+    /// server grants the agent's DATA on this connection before any
+    /// WindowUpdate. The server clears it before forwarding a frontend's
+    /// request; upstream agents ignore it.
+    #[prost(int64, tag = "100")]
+    pub flow_window: i64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DialResponse {
@@ -53,6 +59,11 @@ pub struct DialResponse {
     pub connect_id: i64,
     #[prost(int64, tag = "3")]
     pub random: i64,
+    /// Not upstream: on a stream with flow control, the credit (bytes) the
+    /// agent grants the server's DATA on this connection before any
+    /// WindowUpdate. The server clears it before the frontend sees the packet.
+    #[prost(int64, tag = "100")]
+    pub flow_window: i64,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CloseRequest {
@@ -72,16 +83,22 @@ pub struct CloseDial {
     #[prost(int64, tag = "1")]
     pub random: i64,
 }
-/// Grants the sender of DATA on connection `connectID` `bytes` more credit:
-/// the receiver has passed that much on (to the frontend, or to the
-/// destination). Used only when both ends announced flow control in the
-/// stream's metadata (`konnectivity-flow-window`).
+/// Per-connection credit, used only when both ends announced flow control in
+/// the stream's metadata (`konnectivity-flow-control`). Sent by the receiver
+/// of DATA on connection `connectID`:
+/// bytes > 0: the sender may send that much more;
+/// bytes \< 0: the receiver shrank its window and asks the sender to give
+/// back up to -bytes of credit it has not used yet.
+/// Sent by the sender of DATA, answering a request to give credit back:
+/// bytes == 0: `returned` bytes of unused credit are given back (maybe 0).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WindowUpdate {
     #[prost(int64, tag = "1")]
     pub connect_id: i64,
     #[prost(int64, tag = "2")]
     pub bytes: i64,
+    #[prost(int64, tag = "3")]
+    pub returned: i64,
 }
 /// Sent by an agent that is shutting down: no new dials, please.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
