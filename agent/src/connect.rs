@@ -1,13 +1,14 @@
 //! One connection attempt to a proxy server: TCP, TLS (with our ALPN list plus
-//! `h2`), HTTP/2, and the `Connect` stream with the agent's metadata. The
-//! server's `serverid`/`servercount` response headers come back with it.
+//! `h2`), HTTP/2 (`daemon::h2grpc`: windows that grow with the link, bounded
+//! by the process budget), and the `Connect` stream with the agent's
+//! metadata. The server's `serverid`/`servercount` response headers come
+//! back with it.
 
 use crate::limits::MAX_GRPC_MESSAGE;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_client::AgentServiceClient;
 use konnectivity_proto::header;
@@ -61,9 +62,9 @@ pub struct Connector {
     pub token_path: Option<PathBuf>,
     pub keepalive: Duration,
     pub keepalive_timeout: Duration,
-    /// The largest per-connection flow-control window to offer the server
-    /// (`None`: do not offer flow control, behave exactly as upstream's agent).
-    pub flow_max: Option<i64>,
+    /// Flow-control settings (offered to the server unless off: then the
+    /// agent behaves exactly as upstream's), the budget and window totals.
+    pub flow: Arc<konnectivity_proto::flow::FlowPool>,
 }
 
 /// An open `Connect` stream.
@@ -98,42 +99,31 @@ impl Connector {
 
     async fn attempt(&self, queue: usize) -> Result<Connection, ConnectError> {
         let authority = self.authority();
-        // The connector below does TLS itself; tonic must not, so the URI says http.
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
-            .map_err(|_| ConnectError::Address(authority.clone()))?
-            .http2_keep_alive_interval(self.keepalive)
-            .keep_alive_timeout(self.keepalive_timeout)
-            .keep_alive_while_idle(true)
-            .initial_stream_window_size(Some(4 << 20))
-            .initial_connection_window_size(Some(16 << 20))
-            .tcp_nodelay(true);
+        // TLS is done here; the URI only names the server for HTTP/2.
+        let origin = http::Uri::try_from(format!("https://{authority}"))
+            .map_err(|_| ConnectError::Address(authority.clone()))?;
         let name = ServerName::try_from(self.host.clone())
             .map_err(|_| ConnectError::Address(self.host.clone()))?;
         let tls = TlsConnector::from(self.tls.current());
-        let (target, addr) = ((self.host.clone(), self.port), self.addr);
-        let tls_error = Arc::new(std::sync::OnceLock::new());
-        let seen = tls_error.clone();
-        let channel = endpoint
-            .connect_with_connector(tower::service_fn(move |_| {
-                let (tls, name, target, seen) =
-                    (tls.clone(), name.clone(), target.clone(), seen.clone());
-                async move {
-                    let tcp = match addr {
-                        Some(a) => tokio::net::TcpStream::connect(a).await?,
-                        None => {
-                            tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await?
-                        }
-                    };
-                    let _ = tcp.set_nodelay(true);
-                    let stream = tls.connect(name, daemon::tls::read_buffered(tcp)).await?;
-                    Ok::<_, std::io::Error>(TokioIo::new(daemon::tls::NoteTlsError::new(
-                        stream, seen,
-                    )))
-                }
-            }))
+        let tcp = match self.addr {
+            Some(a) => tokio::net::TcpStream::connect(a).await,
+            None => tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await,
+        }
+        .map_err(|e| ConnectError::Transport(source_chain(&e)))?;
+        let _ = tcp.set_nodelay(true);
+        let stream = tls
+            .connect(name, daemon::tls::read_buffered(tcp))
             .await
             .map_err(|e| match daemon::tls::find_rustls_error(&e) {
                 Some(t) => ConnectError::Tls(daemon::tls::explain(t)),
+                None => ConnectError::Transport(source_chain(&e)),
+            })?;
+        let tls_error = Arc::new(std::sync::OnceLock::new());
+        let stream = daemon::tls::NoteTlsError::new(stream, tls_error.clone());
+        let channel = daemon::h2grpc::connect(stream, &self.h2_config())
+            .await
+            .map_err(|e| match tls_error.get() {
+                Some(t) => ConnectError::Tls(t.clone()),
                 None => ConnectError::Transport(source_chain(&e)),
             })?;
 
@@ -154,7 +144,7 @@ impl Connector {
             ConnectError::Address("agent identifiers are not valid header text".into())
         })?;
         md.insert(header::AGENT_IDENTIFIERS, idents);
-        if let Some(max) = self.flow_max {
+        if let Some(max) = self.flow.offer() {
             let offer =
                 MetadataValue::try_from(konnectivity_proto::flow::offer(max)).map_err(|_| {
                     ConnectError::Address("flow-control offer is not header text".into())
@@ -172,7 +162,7 @@ impl Connector {
             md.insert(header::AUTHORIZATION, v);
         }
 
-        let mut client = AgentServiceClient::new(channel)
+        let mut client = AgentServiceClient::with_origin(channel, origin)
             .max_decoding_message_size(MAX_GRPC_MESSAGE)
             .max_encoding_message_size(MAX_GRPC_MESSAGE);
         let response = client
@@ -204,7 +194,7 @@ impl Connector {
             _ => return Err(ConnectError::ServerCount(counts)),
         };
         // Only a server of ours answers the offer; take no more than we offered.
-        let flow_max = self.flow_max.and_then(|ours| {
+        let flow_max = self.flow.offer().and_then(|ours| {
             konnectivity_proto::flow::parse_offer(
                 md.get(header::FLOW_CONTROL).and_then(|v| v.to_str().ok()),
             )
@@ -238,6 +228,37 @@ fn refused(s: &tonic::Status) -> ConnectError {
         )),
     }
 }
+
+impl Connector {
+    /// The server link's HTTP/2: one stream carries every connection, so
+    /// the connection window is the stream window; it grows from 1 MiB with
+    /// the link up to `--http2-max-window`, reserved from the process budget.
+    fn h2_config(&self) -> daemon::h2grpc::H2Config {
+        let max = self.flow.settings.http2_max_window;
+        daemon::h2grpc::H2Config {
+            window: daemon::h2window::WindowSettings {
+                initial: konnectivity_proto::flow::HTTP2_INITIAL_WINDOW.min(max),
+                max,
+                connection_budget: i64::from(max),
+                idle: WINDOW_IDLE,
+                single_stream: true,
+            },
+            keepalive: Some(daemon::h2window::Keepalive {
+                interval: self.keepalive,
+                timeout: self.keepalive_timeout,
+            }),
+            max_frame_size: 16 << 10,
+            max_header_list_size: 64 << 10,
+            max_concurrent_streams: 100,
+            max_send_buffer: 1 << 20,
+            process_budget: self.flow.budget.clone(),
+            stats: self.flow.http2.clone(),
+        }
+    }
+}
+
+/// How long the server link's data may stop before its window shrinks.
+const WINDOW_IDLE: Duration = Duration::from_secs(5);
 
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

@@ -113,9 +113,9 @@ async fn run(data: &[u8], metrics: Arc<Metrics>, d: &Dests) {
             policy: Arc::new(
                 crate::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
             ),
-            flow: konnectivity_proto::flow::FlowPool::new(Some(
+            flow: konnectivity_proto::flow::FlowPool::new(
                 konnectivity_proto::flow::FlowSettings::default(),
-            )),
+            ),
         },
         drain.clone(),
     );

@@ -57,7 +57,8 @@ pub fn flags() -> FlagSet {
         .int("flow-control-window", konnectivity_proto::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with servers of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream servers ignore the offer.")
         .int("flow-control-max-window", konnectivity_proto::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
         .int("flow-control-server-budget", konnectivity_proto::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one server stream may have in flight towards this agent together; windows stop growing when it is used.")
-        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all server streams may have in flight towards this agent together.")
+        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all server streams may have in flight towards this agent together, HTTP/2 windows of the server streams included.")
+        .int("http2-max-window", i64::from(konnectivity_proto::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one server connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")
         .bool("count-server-leases", false, "Enables lease counting system to determine the number of proxy servers to connect to.")
         .string("lease-namespace", "kube-system", "Namespace where lease objects are managed.")
         .string("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")
@@ -200,9 +201,13 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         "flow-control-server-budget",
         "flow-control-budget",
     ];
-    let flow = konnectivity_proto::flow::FlowPool::new(
-        konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)?,
-    );
+    let mut settings =
+        konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)?;
+    settings.http2_max_window = konnectivity_proto::flow::http2_window_from_flag(
+        v.int("http2-max-window"),
+        "http2-max-window",
+    )?;
+    let flow = konnectivity_proto::flow::FlowPool::new(settings);
     let config = Config {
         connector: Connector {
             host,
@@ -215,7 +220,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             // grpc-go's client raises anything below 10 s to 10 s.
             keepalive: v.duration("keepalive-time").max(Duration::from_secs(10)),
             keepalive_timeout: v.duration("keepalive-timeout"),
-            flow_max: flow.offer(),
+            flow: flow.clone(),
         },
         sync: SyncConfig {
             interval,

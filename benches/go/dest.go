@@ -22,7 +22,9 @@ import (
 //	'E' echo: the client writes size bytes, the destination writes them back;
 //	'H' hold: the destination answers 'K' and holds the connection idle;
 //	'S' stuck source: the destination writes until the connection breaks, counting
-//	    into stuck[size] (the harness watches it), the client never reads.
+//	    into stuck[size] (the harness watches it), the client never reads;
+//	'N' stalled sink: the destination reads nothing more until the harness
+//	    releases it (releaseSinks), then reads to the end.
 //
 // No half-close is used: konnectivity-client connections cannot CloseWrite.
 const (
@@ -31,6 +33,7 @@ const (
 	opEcho     = 'E'
 	opHold     = 'H'
 	opStuck    = 'S'
+	opSink     = 'N'
 	headerLen  = 16
 	// chunk is the read and write size of every copy loop on both ends of
 	// every workload (io.Copy's default buffer).
@@ -152,6 +155,8 @@ func handle(c net.Conn) error {
 		if _, err := c.Write([]byte{'K'}); err != nil {
 			return err
 		}
+	case opSink:
+		<-currentSinkRelease()
 	case opStuck:
 		stuckMu.Lock()
 		ctr := stuck[size]

@@ -24,7 +24,7 @@ import (
 
 var (
 	flagQuick     = flag.Bool("quick", false, "tiny sizes (a smoke run of every workload, well under 2 minutes)")
-	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P9, nodeport (default: all)")
+	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P10, nodeport, P9 (default: all)")
 	flagRepeats   = flag.Int("repeats", 0, "timed repeats per workload (default 5, quick 3)")
 	flagOurs      = flag.String("ours-bin", "target/release", "directory with proxy-server, proxy-agent, nodeport-proxy, tunnel-agent")
 	flagUpstream  = flag.String("upstream-bin", "target/bench/bin", "directory with upstream-proxy-server and upstream-proxy-agent")
@@ -153,6 +153,7 @@ func main() {
 		{"konn-connect", func() []*row { return konnGroup("http-connect") }},
 		{"P5", idleGroup},
 		{"P6", holGroup},
+		{"P10", distanceGroup},
 		{"nodeport", nodeportGroup},
 		{"P9", startGroup},
 	}
@@ -178,7 +179,7 @@ func main() {
 			failures++
 		}
 	}
-	report := reportHeader(started, startLoad) + "\n" + renderTable(rows)
+	report := reportHeader(started, startLoad) + "\n" + renderTable(rows) + distanceSummary.String()
 	fmt.Println(report)
 	if *flagOut != "" {
 		if err := os.WriteFile(*flagOut, []byte(report), 0o644); err != nil {

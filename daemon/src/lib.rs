@@ -16,7 +16,9 @@ pub mod flags;
 pub mod forward;
 pub mod gofmt;
 pub mod gometrics;
+pub mod h2grpc;
 pub mod h2io;
+pub mod h2window;
 pub mod keepalive;
 #[cfg(feature = "kubernetes")]
 pub mod lease;

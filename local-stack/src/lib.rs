@@ -170,7 +170,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 10,
             agent_queue: 64,
-            flow: Some(konnectivity_proto::flow::FlowSettings::default()),
+            flow: konnectivity_proto::flow::FlowSettings::default(),
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
@@ -196,6 +196,8 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         &[b"h2".to_vec()],
     )?;
     let agent_health = bind(0, "the agent health port").await?;
+    let flow =
+        konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings::default());
     let agent = proxy_agent::Agent::new(proxy_agent::Config {
         connector: proxy_agent::Connector {
             host: "127.0.0.1".into(),
@@ -207,7 +209,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             token_path: None,
             keepalive: proxy_agent::options::KEEPALIVE_TIME,
             keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
-            flow_max: Some(konnectivity_proto::flow::DEFAULT_MAX_WINDOW),
+            flow: flow.clone(),
         },
         sync: proxy_agent::SyncConfig {
             interval: Duration::from_secs(1),
@@ -220,9 +222,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             conn_queue: 150,
             stall_timeout: Duration::from_secs(10),
             policy: Default::default(),
-            flow: konnectivity_proto::flow::FlowPool::new(Some(
-                konnectivity_proto::flow::FlowSettings::default(),
-            )),
+            flow,
         },
     });
     let agent_handle = agent.handle();

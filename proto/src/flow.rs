@@ -27,10 +27,13 @@
 //!
 //! Every DATA packet costs at least [`MIN_COST`] bytes of credit, so the
 //! number of queued packets is bounded too. A packet may be sent once the
-//! sender holds credit for it, or for the connection's initial window if the
-//! packet is larger, so one oversize packet can still pass (credit may go
-//! below zero for it). Both ends compute the same charge; a peer that sends
-//! past what it was granted is broken and loses that connection.
+//! sender holds credit for it, or for half the connection's initial window
+//! if the packet is larger (credit may then go below zero), so one oversize
+//! packet can still pass: once everything sent was passed on, the sender
+//! holds at least three quarters of the window (credit goes back in quarter
+//! windows, and a window never shrinks below its initial size). Both ends
+//! compute the same charge; a peer that sends past what it was granted is
+//! broken and loses that connection.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -123,38 +126,65 @@ impl WindowConfig {
 
 /// A window's agent stream may hold this much in all (per direction).
 pub const DEFAULT_LINK_BUDGET: i64 = 64 << 20;
+/// The largest HTTP/2 window of an agent stream (grpc-go's BDP estimator
+/// stops at 16 MiB).
+pub const DEFAULT_HTTP2_MAX_WINDOW: u32 = 32 << 20;
+/// An agent stream's HTTP/2 window to start with.
+pub const HTTP2_INITIAL_WINDOW: u32 = 1 << 20;
 /// All agent streams of a process together.
 pub const DEFAULT_PROCESS_BUDGET: i64 = 512 << 20;
 
 /// Flow control as configured on one side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowSettings {
+    /// Offered to peers of ours (`--flow-control-window` not 0).
+    pub enabled: bool,
     pub window: WindowConfig,
     /// What the tunnels of one agent stream may have in flight towards us.
     pub link_budget: i64,
     /// What all tunnels of this process may have in flight towards it.
     pub process_budget: i64,
+    /// The largest HTTP/2 window of one agent stream (its connection and
+    /// its one stream), for upstream peers too; reserved from the process
+    /// budget as it grows.
+    pub http2_max_window: u32,
 }
 
 impl Default for FlowSettings {
     fn default() -> Self {
         FlowSettings {
+            enabled: true,
             window: WindowConfig::default(),
             link_budget: DEFAULT_LINK_BUDGET,
             process_budget: DEFAULT_PROCESS_BUDGET,
+            http2_max_window: DEFAULT_HTTP2_MAX_WINDOW,
         }
     }
 }
 
 /// Validates the window and budget flags (values in bytes) into settings;
-/// `initial` 0 turns flow control off. `names` are the flags' names, in the
-/// same order, for the error messages.
+/// `initial` 0 turns flow control off (the process budget still bounds the
+/// agent streams' HTTP/2 windows). `names` are the flags' names, in the same
+/// order, for the error messages.
 pub fn settings_from_flags(
     [initial, max, link_budget, process_budget]: [i64; 4],
     names: [&str; 4],
-) -> Result<Option<FlowSettings>, String> {
+) -> Result<FlowSettings, String> {
+    let budget = |v: i64, name: &str| {
+        if v >= FLOOR_WINDOW {
+            Ok(v)
+        } else {
+            Err(format!(
+                "--{name} must be at least {FLOOR_WINDOW} bytes, got {v}"
+            ))
+        }
+    };
     if initial == 0 {
-        return Ok(None);
+        return Ok(FlowSettings {
+            enabled: false,
+            process_budget: budget(process_budget, names[3])?,
+            ..FlowSettings::default()
+        });
     }
     let in_range = |v: i64, name: &str| {
         if (MIN_WINDOW..=MAX_WINDOW).contains(&v) {
@@ -174,16 +204,8 @@ pub fn settings_from_flags(
             names[1], names[0]
         ));
     }
-    let budget = |v: i64, name: &str| {
-        if v >= FLOOR_WINDOW {
-            Ok(v)
-        } else {
-            Err(format!(
-                "--{name} must be at least {FLOOR_WINDOW} bytes, got {v}"
-            ))
-        }
-    };
-    Ok(Some(FlowSettings {
+    Ok(FlowSettings {
+        enabled: true,
         window: WindowConfig {
             initial,
             max,
@@ -191,37 +213,57 @@ pub fn settings_from_flags(
         },
         link_budget: budget(link_budget, names[2])?,
         process_budget: budget(process_budget, names[3])?,
-    }))
+        http2_max_window: DEFAULT_HTTP2_MAX_WINDOW,
+    })
 }
 
-/// What every agent stream of one process shares: the settings (`None`:
-/// flow control off), the process budget and the totals for metrics.
+/// Validates an HTTP/2 window flag: 64 KiB (HTTP/2's own) up to 1 GiB.
+pub fn http2_window_from_flag(v: i64, name: &str) -> Result<u32, String> {
+    const MIN: i64 = 65_535;
+    if (MIN..=MAX_WINDOW).contains(&v) {
+        Ok(u32::try_from(v).unwrap_or(u32::MAX))
+    } else {
+        Err(format!(
+            "--{name} must be between {MIN} and {MAX_WINDOW} bytes, got {v}"
+        ))
+    }
+}
+
+/// What every agent stream of one process shares: the settings, the process
+/// budget (which the HTTP/2 windows of the agent streams share too) and the
+/// totals for metrics.
 #[derive(Debug)]
 pub struct FlowPool {
-    pub settings: Option<FlowSettings>,
+    pub settings: FlowSettings,
     pub budget: Arc<Budget>,
     pub stats: Arc<FlowStats>,
+    /// Totals of the agent streams' HTTP/2 windows.
+    pub http2: Arc<daemon::h2window::WindowStats>,
 }
 
 impl FlowPool {
-    pub fn new(settings: Option<FlowSettings>) -> Arc<FlowPool> {
-        let limit = settings.map_or(0, |s| s.process_budget);
+    pub fn new(settings: FlowSettings) -> Arc<FlowPool> {
         Arc::new(FlowPool {
             settings,
-            budget: Budget::new(limit, None),
+            budget: Budget::new(settings.process_budget, None),
             stats: Arc::new(FlowStats::default()),
+            http2: Arc::default(),
         })
     }
 
     /// The largest window we offer a peer; `None` when flow control is off.
     pub fn offer(&self) -> Option<i64> {
-        self.settings.map(|s| s.window.max)
+        self.settings.enabled.then_some(self.settings.window.max)
     }
 
     /// Flow control for a new agent stream whose peer offered `peer_max`
     /// (`None`: the peer did not offer it; the stream runs as upstream's).
     pub fn link(&self, peer_max: Option<i64>) -> Option<LinkFlow> {
-        let (settings, peer_max) = (self.settings?, peer_max?);
+        let settings = self.settings;
+        if !settings.enabled {
+            return None;
+        }
+        let peer_max = peer_max?;
         Some(LinkFlow {
             cfg: settings.window.agreed(peer_max),
             budget: Budget::new(settings.link_budget, Some(self.budget.clone())),
@@ -457,7 +499,8 @@ struct RecvState {
 /// The receiving side of one flow-controlled connection.
 pub struct RecvWindow {
     inner: Mutex<RecvState>,
-    /// The window announced at set-up; also what an oversize packet needs.
+    /// The window announced at set-up; half of it is what an oversize
+    /// packet needs.
     initial: i64,
     cfg: WindowConfig,
     budget: Arc<Budget>,
@@ -498,7 +541,7 @@ impl RecvWindow {
     fn admit(&self, len: usize, now: Instant) -> Result<(), GateError> {
         let c = cost(len);
         let mut s = self.inner.lock();
-        if s.granted - s.received < c.min(self.initial) {
+        if s.granted - s.received < c.min(self.initial / 2) {
             return Err(GateError::Exceeded(s.target));
         }
         s.received += c;
@@ -621,7 +664,8 @@ impl Drop for RecvWindow {
 
 /// The sending side's credit for one connection, granted by the peer.
 pub struct SendGate {
-    /// What an oversize packet needs in hand: the receiver's initial window.
+    /// What an oversize packet needs in hand: half the receiver's initial
+    /// window.
     cap: i64,
     state: Mutex<SendState>,
     wake: Notify,
@@ -635,7 +679,7 @@ struct SendState {
 impl SendGate {
     fn new(initial: i64) -> Self {
         SendGate {
-            cap: initial,
+            cap: initial / 2,
             state: Mutex::new(SendState {
                 credit: initial,
                 closed: false,
@@ -914,10 +958,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_oversize_packet_passes_with_the_initial_window_in_hand() {
+    async fn an_oversize_packet_passes_with_half_the_initial_window_in_hand() {
         let l = link(64 << 10, 1 << 20, 1 << 30);
         let gate = l.open_recv();
         let send = l.open_send(gate.initial().unwrap_or_default());
+        // Small packets first: their credit is not returned yet (less than
+        // a quarter window), yet a packet of the whole window must pass.
+        for _ in 0..3 {
+            send.acquire(10).await;
+            assert_eq!(gate.admit(10).await, Ok(()));
+            assert_eq!(gate.consumed(10), None);
+        }
+        let whole = tokio::time::timeout(Duration::from_secs(5), send.acquire(64 << 10)).await;
+        assert!(
+            whole.is_ok(),
+            "a window-sized packet after small ones waited forever"
+        );
+        assert_eq!(gate.admit(64 << 10).await, Ok(()));
+        assert_eq!(gate.consumed(64 << 10), Some((64 << 10) + 3 * MIN_COST));
+        send.grant((64 << 10) + 3 * MIN_COST);
         send.acquire(MAX_PACKET as usize).await;
         assert_eq!(gate.admit(MAX_PACKET as usize).await, Ok(()));
         assert!(send.credit() < 0);

@@ -27,9 +27,9 @@ pub struct CoreConfig {
     pub frontend_queue: usize,
     /// Packets queued per agent stream.
     pub agent_queue: usize,
-    /// Per-connection flow control offered to agents that ask for it;
-    /// `None` turns it off (every agent is treated as upstream's).
-    pub flow: Option<FlowSettings>,
+    /// Per-connection flow control offered to agents that ask for it (when
+    /// not enabled, every agent is treated as upstream's), and the budgets.
+    pub flow: FlowSettings,
 }
 
 struct Pending {

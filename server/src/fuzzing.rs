@@ -164,7 +164,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 2,
             agent_queue: 2,
-            flow: Some(konnectivity_proto::flow::FlowSettings::default()),
+            flow: konnectivity_proto::flow::FlowSettings::default(),
         },
     ));
     let mut agents: Vec<Agent> = (0..AGENTS).map(|i| agent(&core, i)).collect();

@@ -373,6 +373,7 @@ fn serve_agents(
     core: Arc<Core>,
     drain: Drain,
 ) -> impl Future<Output = ()> + Send + use<> {
+    let settings = transport::agent_h2(config.keepalive_time, config.keepalive_timeout, &core);
     let svc = AgentServiceServer::new(AgentSvc {
         core,
         drain: drain.clone(),
@@ -381,7 +382,6 @@ fn serve_agents(
         auth,
     })
     .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
-    let settings = H2Settings::agent(config.keepalive_time, config.keepalive_timeout);
     let tls = config.agent_tls.clone();
     let d = drain.clone();
     accept_loop(
@@ -399,7 +399,7 @@ fn serve_agents(
             );
             async move {
                 if let Some(io) = tls_handshake(&tls, daemon::tls::read_buffered(io)).await {
-                    serve_h2(io, svc, &settings, &d).await;
+                    daemon::h2grpc::serve(io, svc, &settings, &d).await;
                 }
             }
         },

@@ -74,7 +74,8 @@ pub fn flags() -> FlagSet {
         .int("flow-control-window", konnectivity_proto::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with agents of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream agents never ask for it.")
         .int("flow-control-max-window", konnectivity_proto::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
         .int("flow-control-agent-budget", konnectivity_proto::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one agent stream may have in flight towards this server together; windows stop growing when it is used.")
-        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all agent streams may have in flight towards this server together.")
+        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all agent streams may have in flight towards this server together, HTTP/2 windows of the agent streams included.")
+        .int("agent-http2-max-window", i64::from(konnectivity_proto::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one agent connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")
         .bool("warn-on-channel-limit", true, "Deprecated no-op.")
         .deprecated("This behavior is now thread safe and always on. This flag will be removed in a future release.")
         .with_klog(4)
@@ -211,15 +212,20 @@ fn pair(v: &Values, cert: &str, key: &str) -> Result<Option<(PathBuf, PathBuf)>,
     }
 }
 
-/// The flow-control flags: `None` when `--flow-control-window=0`.
-pub fn flow(v: &Values) -> Result<Option<konnectivity_proto::flow::FlowSettings>, String> {
+/// The flow-control flags (`--flow-control-window=0` turns it off).
+pub fn flow(v: &Values) -> Result<konnectivity_proto::flow::FlowSettings, String> {
     let names = [
         "flow-control-window",
         "flow-control-max-window",
         "flow-control-agent-budget",
         "flow-control-budget",
     ];
-    konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)
+    let mut s = konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)?;
+    s.http2_max_window = konnectivity_proto::flow::http2_window_from_flag(
+        v.int("agent-http2-max-window"),
+        "agent-http2-max-window",
+    )?;
+    Ok(s)
 }
 
 /// A keepalive time as grpc-go's server applies it: 0 is its default of two

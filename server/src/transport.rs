@@ -49,19 +49,44 @@ impl H2Settings {
             connection_window: 2 << 20,
         }
     }
+}
 
-    /// An agent's side: one stream carries all of its connections, each
-    /// bounded by its own credit window, so the stream window only has to
-    /// keep a fast link full.
-    pub fn agent(keepalive: Duration, keepalive_timeout: Duration) -> Self {
-        H2Settings {
-            keepalive,
-            keepalive_timeout,
-            stream_window: 4 << 20,
-            connection_window: 16 << 20,
-        }
+/// The agent listener's HTTP/2 (served with `daemon::h2grpc`): one stream
+/// carries all of an agent's connections, so the connection window is the
+/// stream window; it grows from 1 MiB with the link up to
+/// `--agent-http2-max-window`, reserved from the process budget. With our
+/// agents each connection is bounded by its own credit too; with upstream's
+/// the window is what an agent may park here while frontends do not read.
+pub fn agent_h2(
+    keepalive: Duration,
+    keepalive_timeout: Duration,
+    core: &crate::core::Core,
+) -> daemon::h2grpc::H2Config {
+    let max = core.flow.settings.http2_max_window;
+    let initial = konnectivity_proto::flow::HTTP2_INITIAL_WINDOW.min(max);
+    daemon::h2grpc::H2Config {
+        window: daemon::h2window::WindowSettings {
+            initial,
+            max,
+            connection_budget: i64::from(max),
+            idle: AGENT_WINDOW_IDLE,
+            single_stream: true,
+        },
+        keepalive: Some(daemon::h2window::Keepalive {
+            interval: keepalive,
+            timeout: keepalive_timeout,
+        }),
+        max_frame_size: limits::MAX_FRAME_SIZE,
+        max_header_list_size: limits::MAX_HEADER_LIST_SIZE as u32,
+        max_concurrent_streams: 1000,
+        max_send_buffer: 1 << 20,
+        process_budget: core.flow.budget.clone(),
+        stats: core.flow.http2.clone(),
     }
 }
+
+/// How long an agent link's data may stop before its HTTP/2 window shrinks.
+const AGENT_WINDOW_IDLE: Duration = Duration::from_secs(5);
 
 /// How long a PING may stay unanswered before the connection is closed.
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);

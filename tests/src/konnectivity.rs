@@ -198,9 +198,10 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
             stall_timeout: opts.stall_timeout,
             frontend_queue: opts.frontend_queue,
             agent_queue: 64,
-            flow: opts
-                .flow_control
-                .then(konnectivity_proto::flow::FlowSettings::default),
+            flow: konnectivity_proto::flow::FlowSettings {
+                enabled: opts.flow_control,
+                ..Default::default()
+            },
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
@@ -360,6 +361,10 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
         .first()
         .cloned()
         .unwrap_or_else(|| (server.ip().to_string(), server.port()));
+    let flow = konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings {
+        enabled: opts.flow_control,
+        ..Default::default()
+    });
     let config = proxy_agent::Config {
         connector: Connector {
             host,
@@ -371,9 +376,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             token_path: None,
             keepalive: proxy_agent::options::KEEPALIVE_TIME,
             keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
-            flow_max: opts
-                .flow_control
-                .then_some(konnectivity_proto::flow::DEFAULT_MAX_WINDOW),
+            flow: flow.clone(),
         },
         sync: SyncConfig {
             interval: opts.sync_interval,
@@ -386,10 +389,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             conn_queue: opts.conn_queue,
             stall_timeout: opts.stall_timeout,
             policy: Arc::new(opts.policy.clone()),
-            flow: konnectivity_proto::flow::FlowPool::new(
-                opts.flow_control
-                    .then(konnectivity_proto::flow::FlowSettings::default),
-            ),
+            flow,
         },
     };
     let agent = Agent::new(config);
@@ -475,7 +475,10 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
         token_path: None,
         keepalive: proxy_agent::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
-        flow_max: None,
+        flow: konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings {
+            enabled: false,
+            ..Default::default()
+        }),
     };
     let c = connector.connect(64).await.unwrap();
     RawAgent {

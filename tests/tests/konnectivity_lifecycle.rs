@@ -123,7 +123,10 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
         token_path: None,
         keepalive: proxy_agent::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
-        flow_max: None,
+        flow: konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings {
+            enabled: false,
+            ..Default::default()
+        }),
     };
     let err = connector
         .connect(8)

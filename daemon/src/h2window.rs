@@ -1,0 +1,553 @@
+//! HTTP/2 receive windows that follow the link, for connections served with
+//! the `h2` crate directly (the Konnectivity agent link on both ends, the
+//! tunnel-agent ↔ nodeport-proxy tunnels), plus the keepalive PINGs of such
+//! a connection, since both share its one PING in flight.
+//!
+//! A fixed window caps a connection at window ÷ round trip (4 MiB at 50 ms
+//! is 80 MiB/s). Like grpc-go's BDP estimator, the [`Controller`] times a
+//! PING sent while data arrives and counts the bytes readers took meanwhile:
+//! when that round trip carried at least two thirds of the window that was in
+//! effect, the window was the limit and doubles, up to the configured
+//! maximum and only as far as the connection's and the process's [`Budget`]s
+//! allow. A connection whose data stops for [`WindowSettings::idle`] halves
+//! its window per idle period back to the initial one and gives the budget
+//! back. A PING follows only data that arrived after the previous PONG (a
+//! grpc-go server counts PINGs without data in between as abuse).
+//!
+//! With many streams on one connection (tunnels), a stream whose reader stops
+//! holds its stream window of the connection window until it reads again.
+//! So the connection window is twice the stream window plus what stopped
+//! streams hold ([`Meter::held`]), bounded by the budgets: one stalled tunnel
+//! does not stop the others; only the budget does, by design.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::task::AtomicWaker;
+use h2::{FlowControl, Ping, PingPong};
+use parking_lot::Mutex;
+use tokio::time::{Instant, Sleep};
+
+use crate::budget::Budget;
+
+/// HTTP/2's own initial window (RFC 9113 §6.9.2).
+pub const SPEC_WINDOW: u32 = 65_535;
+
+/// How a connection's windows behave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowSettings {
+    /// The stream window a connection starts with.
+    pub initial: u32,
+    /// The largest stream window.
+    pub max: u32,
+    /// The most the connection may have in flight towards us (its connection
+    /// window), stopped streams included; at least `2 × initial`.
+    pub connection_budget: i64,
+    /// How long data may stop before the windows shrink.
+    pub idle: Duration,
+    /// One stream per connection (the Konnectivity agent link): the
+    /// connection window equals the stream window.
+    pub single_stream: bool,
+}
+
+impl WindowSettings {
+    /// The connection window a connection starts with.
+    pub fn initial_connection(&self) -> u32 {
+        if self.single_stream {
+            self.initial
+        } else {
+            self.initial.saturating_mul(2).max(1 << 20)
+        }
+    }
+}
+
+/// Keepalive: a PING after `interval` without one, answered within `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+/// Totals over every connection of a process, for its metrics.
+#[derive(Debug, Default)]
+pub struct WindowStats {
+    stream_windows: AtomicI64,
+    connection_windows: AtomicI64,
+    held: AtomicI64,
+}
+
+impl WindowStats {
+    /// Sum of the current stream windows of all connections.
+    pub fn stream_windows(&self) -> i64 {
+        self.stream_windows.load(Ordering::Relaxed)
+    }
+
+    /// Sum of the current connection windows of all connections.
+    pub fn connection_windows(&self) -> i64 {
+        self.connection_windows.load(Ordering::Relaxed)
+    }
+
+    /// Bytes received and not yet taken by readers that stopped, as of the
+    /// controllers' last look.
+    pub fn held(&self) -> i64 {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// What a connection's readers report: the bytes they took, and (with many
+/// streams) each stream's flow control, to see what stopped streams hold.
+#[derive(Default)]
+pub struct Meter {
+    taken: AtomicU64,
+    want_wake: AtomicBool,
+    waker: AtomicWaker,
+    streams: Mutex<Streams>,
+}
+
+#[derive(Default)]
+struct Streams {
+    next: u64,
+    flows: HashMap<u64, FlowControl>,
+}
+
+impl std::fmt::Debug for Meter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meter")
+            .field("taken", &self.taken.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Meter {
+    pub fn new() -> Arc<Meter> {
+        Arc::new(Meter::default())
+    }
+
+    /// A reader took `len` bytes off the connection.
+    pub fn record(&self, len: usize) {
+        self.taken.fetch_add(len as u64, Ordering::Relaxed);
+        if self.want_wake.load(Ordering::Relaxed) && self.want_wake.swap(false, Ordering::AcqRel) {
+            self.waker.wake();
+        }
+    }
+
+    /// Watches a stream's flow control until the returned guard drops.
+    pub fn register(self: &Arc<Self>, flow: FlowControl) -> Registration {
+        let mut s = self.streams.lock();
+        let id = s.next;
+        s.next += 1;
+        s.flows.insert(id, flow);
+        Registration {
+            meter: self.clone(),
+            id,
+        }
+    }
+
+    /// Bytes received on registered streams and not yet released.
+    pub fn held(&self) -> i64 {
+        let s = self.streams.lock();
+        s.flows
+            .values()
+            .map(|f| i64::try_from(f.used_capacity()).unwrap_or(i64::MAX))
+            .sum()
+    }
+
+    fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
+    }
+}
+
+/// Keeps a stream registered with its connection's [`Meter`].
+pub struct Registration {
+    meter: Arc<Meter>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.meter.streams.lock().flows.remove(&self.id);
+    }
+}
+
+/// What the connection's driver must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// `set_target_window_size(connection)` and `set_initial_window_size(stream)`.
+    Resize { stream: u32, connection: u32 },
+    /// A keepalive PING went unanswered: close the connection.
+    KeepaliveTimedOut,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PingKind {
+    Bdp,
+    Keepalive,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    sent: Instant,
+    taken: u64,
+    kind: PingKind,
+    /// The stream window that limited data during this round trip.
+    window: u32,
+}
+
+/// How often held bytes are looked at while streams may be stopped.
+const HELD_INTERVAL: Duration = Duration::from_millis(500);
+/// The longest pause between BDP PINGs once the window stopped growing.
+const MAX_BDP_PAUSE: Duration = Duration::from_secs(5);
+
+/// Drives one connection's windows and keepalive; polled by the task that
+/// drives the connection (only it may resize the windows).
+pub struct Controller {
+    pings: PingPong,
+    settings: WindowSettings,
+    keepalive: Option<Keepalive>,
+    meter: Arc<Meter>,
+    budget: Arc<Budget>,
+    stats: Arc<WindowStats>,
+    /// Current stream and connection windows.
+    stream: u32,
+    connection: u32,
+    /// Bytes reserved in the budget (the connection window).
+    reserved: i64,
+    /// Stream window before the last growth (what the next PING measures).
+    sampled: u32,
+    /// Held bytes as last seen.
+    held: i64,
+    in_flight: Option<InFlight>,
+    /// Bytes taken when the last PONG arrived: a new PING needs more.
+    taken_at_pong: u64,
+    /// When the next BDP PING may go.
+    next_bdp: Instant,
+    bdp_pause: Duration,
+    last_taken: u64,
+    last_data: Instant,
+    last_ping: Instant,
+    last_held_check: Instant,
+    min_rtt: Option<Duration>,
+    timer: Pin<Box<Sleep>>,
+    /// A resize the driver could not apply yet, and when to offer it again.
+    pending: Option<(Action, Instant)>,
+}
+
+impl Controller {
+    /// A controller for a connection that starts with `settings`' initial
+    /// windows; `budget` is the process's (the connection's own budget,
+    /// `settings.connection_budget`, is kept inside it).
+    pub fn new(
+        pings: PingPong,
+        settings: WindowSettings,
+        keepalive: Option<Keepalive>,
+        meter: Arc<Meter>,
+        process: &Arc<Budget>,
+        stats: Arc<WindowStats>,
+    ) -> Controller {
+        let budget = Budget::new(settings.connection_budget, Some(process.clone()));
+        let connection = settings.initial_connection();
+        budget.force(i64::from(connection));
+        stats
+            .stream_windows
+            .fetch_add(i64::from(settings.initial), Ordering::Relaxed);
+        stats
+            .connection_windows
+            .fetch_add(i64::from(connection), Ordering::Relaxed);
+        let now = Instant::now();
+        Controller {
+            pings,
+            settings,
+            keepalive,
+            meter,
+            budget,
+            stats,
+            stream: settings.initial,
+            connection,
+            reserved: i64::from(connection),
+            sampled: settings.initial,
+            held: 0,
+            in_flight: None,
+            taken_at_pong: 0,
+            next_bdp: now,
+            bdp_pause: Duration::ZERO,
+            last_taken: 0,
+            last_data: now,
+            last_ping: now,
+            last_held_check: now,
+            min_rtt: None,
+            timer: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
+            pending: None,
+        }
+    }
+
+    /// The current stream window.
+    pub fn stream_window(&self) -> u32 {
+        self.stream
+    }
+
+    /// The current connection window.
+    pub fn connection_window(&self) -> u32 {
+        self.connection
+    }
+
+    /// The smallest PING round trip seen.
+    pub fn min_rtt(&self) -> Option<Duration> {
+        self.min_rtt
+    }
+
+    /// Waits for the next thing the driver must do. Cancel-safe.
+    pub async fn next(&mut self) -> Action {
+        std::future::poll_fn(|cx| self.poll_action(cx)).await
+    }
+
+    pub fn poll_action(&mut self, cx: &mut Context<'_>) -> Poll<Action> {
+        let now = Instant::now();
+        if let Some((a, at)) = self.pending
+            && now >= at
+        {
+            self.pending = None;
+            return Poll::Ready(a);
+        }
+        let taken = self.meter.taken();
+        if taken != self.last_taken {
+            self.last_taken = taken;
+            self.last_data = now;
+        }
+        if let Some(p) = self.in_flight {
+            match self.pings.poll_pong(cx) {
+                Poll::Ready(Ok(_)) => {
+                    self.in_flight = None;
+                    self.taken_at_pong = taken;
+                    let rtt = now.saturating_duration_since(p.sent);
+                    self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
+                    if p.kind == PingKind::Bdp
+                        && let Some(a) = self.sampled(p, taken)
+                    {
+                        return Poll::Ready(a);
+                    }
+                }
+                // The connection is going away; its driver sees that.
+                Poll::Ready(Err(_)) => self.in_flight = None,
+                Poll::Pending => {
+                    if p.kind == PingKind::Keepalive
+                        && let Some(k) = self.keepalive
+                        && now.saturating_duration_since(p.sent) >= k.timeout
+                    {
+                        return Poll::Ready(Action::KeepaliveTimedOut);
+                    }
+                }
+            }
+        }
+        if self.in_flight.is_none() {
+            if taken > self.taken_at_pong && now >= self.next_bdp && self.wants_bdp() {
+                self.send(PingKind::Bdp, taken, now);
+            } else if let Some(k) = self.keepalive
+                && now.saturating_duration_since(self.last_ping.max(self.last_data)) >= k.interval
+            {
+                self.send(PingKind::Keepalive, taken, now);
+            }
+        }
+        if let Some(a) = self.shrink_if_idle(now) {
+            return Poll::Ready(a);
+        }
+        if !self.settings.single_stream
+            && now.saturating_duration_since(self.last_held_check) >= HELD_INTERVAL
+        {
+            self.last_held_check = now;
+            if let Some(a) = self.follow_held() {
+                return Poll::Ready(a);
+            }
+        }
+        self.arm(cx, now, taken);
+        Poll::Pending
+    }
+
+    /// Whether a BDP PING could still change anything.
+    fn wants_bdp(&self) -> bool {
+        self.stream < self.settings.max && !self.budget.is_full()
+    }
+
+    fn send(&mut self, kind: PingKind, taken: u64, now: Instant) {
+        if self.pings.send_ping(Ping::opaque()).is_ok() {
+            self.in_flight = Some(InFlight {
+                sent: now,
+                taken,
+                kind,
+                window: self.sampled,
+            });
+            self.last_ping = now;
+        }
+    }
+
+    /// A BDP round trip completed: grow when the window was the limit.
+    fn sampled(&mut self, p: InFlight, taken: u64) -> Option<Action> {
+        let delivered = taken.saturating_sub(p.taken);
+        let limit = u64::from(p.window);
+        self.sampled = self.stream;
+        if delivered * 3 >= limit * 2 && self.stream < self.settings.max {
+            let want = self.stream.saturating_mul(2).min(self.settings.max);
+            self.bdp_pause = Duration::ZERO;
+            self.next_bdp = Instant::now();
+            return self.resize(want);
+        }
+        // Not the limit: look again later, less and less often.
+        self.bdp_pause = (self.bdp_pause * 2)
+            .max(self.min_rtt.unwrap_or_default() * 4)
+            .max(Duration::from_millis(50))
+            .min(MAX_BDP_PAUSE);
+        self.next_bdp = Instant::now() + self.bdp_pause;
+        None
+    }
+
+    fn shrink_if_idle(&mut self, now: Instant) -> Option<Action> {
+        if self.stream <= self.settings.initial
+            || now.saturating_duration_since(self.last_data) < self.settings.idle
+        {
+            return None;
+        }
+        // One halving per idle period.
+        self.last_data = now;
+        let want = (self.stream / 2).max(self.settings.initial);
+        self.sampled = want;
+        self.resize(want)
+    }
+
+    /// With many streams: the connection window also covers what stopped
+    /// streams hold.
+    fn follow_held(&mut self) -> Option<Action> {
+        let held = self.meter.held();
+        let before = self.held;
+        self.held = held;
+        self.stats.held.fetch_add(held - before, Ordering::Relaxed);
+        if held == before {
+            return None;
+        }
+        self.resize(self.stream)
+    }
+
+    /// Sets the stream window to `stream` (or as much of it as the budgets
+    /// allow) and the connection window to match; `None` if nothing changed.
+    fn resize(&mut self, stream: u32) -> Option<Action> {
+        let stream = stream.clamp(self.settings.initial, self.settings.max);
+        let want_conn = |stream: u32| -> i64 {
+            if self.settings.single_stream {
+                i64::from(stream)
+            } else {
+                (i64::from(stream) * 2 + self.held)
+                    .max(i64::from(self.settings.initial_connection()))
+            }
+        };
+        let mut stream = stream;
+        let mut conn = want_conn(stream).min(i64::from(h2_max()));
+        if conn > self.reserved {
+            let got = self.budget.try_reserve(conn - self.reserved);
+            self.reserved += got;
+            if self.reserved < conn {
+                // The budget decides: grow only as far as it allows.
+                conn = self.reserved;
+                if self.settings.single_stream {
+                    stream = stream.min(u32::try_from(conn).unwrap_or(u32::MAX));
+                } else {
+                    let room = u32::try_from((conn - self.held) / 2).unwrap_or(0);
+                    stream = stream.min(room.max(self.settings.initial));
+                }
+            }
+        } else if conn < self.reserved {
+            self.budget.release(self.reserved - conn);
+            self.reserved = conn;
+        }
+        let conn = u32::try_from(conn).unwrap_or(h2_max());
+        if stream == self.stream && conn == self.connection {
+            return None;
+        }
+        self.stats.stream_windows.fetch_add(
+            i64::from(stream) - i64::from(self.stream),
+            Ordering::Relaxed,
+        );
+        self.stats.connection_windows.fetch_add(
+            i64::from(conn) - i64::from(self.connection),
+            Ordering::Relaxed,
+        );
+        self.stream = stream;
+        self.connection = conn;
+        Some(Action::Resize {
+            stream,
+            connection: conn,
+        })
+    }
+
+    /// The driver could not apply a stream window yet (our previous
+    /// SETTINGS is not acknowledged): it is offered again a little later.
+    pub fn retry(&mut self, a: Action) {
+        let wait = self
+            .min_rtt
+            .unwrap_or(Duration::from_millis(10))
+            .clamp(Duration::from_millis(1), Duration::from_millis(100));
+        self.pending = Some((a, Instant::now() + wait));
+    }
+
+    /// Sleeps until something may be due; data arriving wakes it sooner when
+    /// a BDP PING is waiting for it.
+    fn arm(&mut self, cx: &mut Context<'_>, now: Instant, taken: u64) {
+        let mut wake = now + self.settings.idle.max(Duration::from_millis(100));
+        if let Some((_, at)) = self.pending {
+            wake = wake.min(at);
+        }
+        if let Some(p) = self.in_flight {
+            if p.kind == PingKind::Keepalive
+                && let Some(k) = self.keepalive
+            {
+                wake = wake.min(p.sent + k.timeout);
+            }
+        } else {
+            if let Some(k) = self.keepalive {
+                wake = wake.min(self.last_ping.max(self.last_data) + k.interval);
+            }
+            if self.wants_bdp() {
+                if taken > self.taken_at_pong {
+                    wake = wake.min(self.next_bdp);
+                } else {
+                    self.meter.waker.register(cx.waker());
+                    self.meter.want_wake.store(true, Ordering::Release);
+                    // Data that came in between counts as well.
+                    if self.meter.taken() != taken {
+                        cx.waker().wake_by_ref();
+                    }
+                }
+            }
+        }
+        if self.stream > self.settings.initial {
+            wake = wake.min(self.last_data + self.settings.idle);
+        }
+        if !self.settings.single_stream {
+            wake = wake.min(self.last_held_check + HELD_INTERVAL);
+        }
+        self.timer
+            .as_mut()
+            .reset(wake.max(now + Duration::from_millis(1)));
+        let _ = self.timer.as_mut().poll(cx);
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.budget.release(self.reserved);
+        self.stats
+            .stream_windows
+            .fetch_sub(i64::from(self.stream), Ordering::Relaxed);
+        self.stats
+            .connection_windows
+            .fetch_sub(i64::from(self.connection), Ordering::Relaxed);
+        self.stats.held.fetch_sub(self.held, Ordering::Relaxed);
+    }
+}
+
+/// HTTP/2's largest window.
+fn h2_max() -> u32 {
+    (1 << 31) - 1
+}
