@@ -159,6 +159,7 @@ pub async fn bind(addrs: &options::Addresses) -> Result<Listeners, daemon::liste
 impl Agent {
     pub fn new(config: Config) -> Agent {
         let metrics = Arc::new(Metrics::new());
+        metrics.watch_flow(config.session.flow.clone());
         let drain = Drain::new();
         let clients = ClientSet::new(metrics.clone(), config.session.clone(), drain.clone());
         Agent {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use daemon::gometrics::{CounterGrid, Registry};
+use konnectivity_proto::flow::FlowPool;
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
@@ -27,6 +28,14 @@ const STREAM_ERRORS: &str = "konnectivity_network_proxy_agent_stream_errors_tota
 /// `endpoint_dial_failure_total`, whose series stay as upstream's).
 const DIALS_DENIED: &str = "konnectivity_network_proxy_agent_dials_denied_total";
 
+// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
+// of the server streams (docs/konnectivity.md, "Windows that follow the link").
+const FLOW_WINDOWS: &str = "konnectivity_network_proxy_agent_flow_control_window_bytes";
+const FLOW_PARKED: &str = "konnectivity_network_proxy_agent_flow_control_parked_bytes";
+const FLOW_RESERVED: &str = "konnectivity_network_proxy_agent_flow_control_reserved_bytes";
+const FLOW_BUDGET: &str = "konnectivity_network_proxy_agent_flow_control_budget_bytes";
+const HTTP2_WINDOWS: &str = "konnectivity_network_proxy_agent_http2_window_bytes";
+
 /// Packets sent to the server (`from_agent`) or received from it (`to_agent`).
 #[derive(Debug, Clone, Copy)]
 pub enum Segment {
@@ -39,9 +48,60 @@ pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames
     expiry: "konnectivity_network_proxy_agent_certificate_expiration_timestamp_seconds",
     reloads: "konnectivity_network_proxy_agent_tls_reloads_total",
 };
+/// Ours: the flow-control gauges, read from the process's [`FlowPool`] when
+/// the metrics are rendered.
+struct FlowGauges {
+    pool: std::sync::OnceLock<Arc<FlowPool>>,
+    windows: Gauge,
+    parked: Gauge,
+    reserved: Gauge,
+    budget: Gauge,
+    http2: Gauge,
+}
+
+impl FlowGauges {
+    fn new(r: &Registry) -> Self {
+        r.describe_gauge(
+            FLOW_WINDOWS,
+            "Ours: sum of the current flow-control windows of connections through servers of this project, bytes the servers may send before hearing from us (each grows with its link, see --flow-control-max-window).",
+        );
+        r.describe_gauge(
+            FLOW_PARKED,
+            "Ours: bytes received from servers and not yet passed on to destinations, every connection.",
+        );
+        r.describe_gauge(
+            FLOW_RESERVED,
+            "Ours: bytes reserved against --flow-control-budget by flow-control and HTTP/2 windows.",
+        );
+        r.describe_gauge(FLOW_BUDGET, "Ours: --flow-control-budget in bytes.");
+        r.describe_gauge(
+            HTTP2_WINDOWS,
+            "Ours: sum of the current HTTP/2 receive windows of the connections to servers (each grows with its link, see --http2-max-window).",
+        );
+        FlowGauges {
+            pool: std::sync::OnceLock::new(),
+            windows: r.gauge(FLOW_WINDOWS, &[]),
+            parked: r.gauge(FLOW_PARKED, &[]),
+            reserved: r.gauge(FLOW_RESERVED, &[]),
+            budget: r.gauge(FLOW_BUDGET, &[]),
+            http2: r.gauge(HTTP2_WINDOWS, &[]),
+        }
+    }
+
+    fn update(&self) {
+        let Some(pool) = self.pool.get() else { return };
+        let s = pool.snapshot();
+        self.windows.set(s.windows as f64);
+        self.parked.set(s.parked as f64);
+        self.reserved.set(s.reserved as f64);
+        self.budget.set(s.budget as f64);
+        self.http2.set(s.http2_windows as f64);
+    }
+}
 
 pub struct Metrics {
     registry: Arc<Registry>,
+    flow: FlowGauges,
     pub dial_duration: Histogram,
     dial_timeout: Counter,
     dial_unknown: Counter,
@@ -120,6 +180,7 @@ impl Metrics {
             "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
         );
         Metrics {
+            flow: FlowGauges::new(&r),
             dial_duration: r.histogram(DIAL_DURATION, &[]),
             dial_timeout: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "timeout")]),
             dial_unknown: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "unknown")]),
@@ -208,8 +269,14 @@ impl Metrics {
             .increment(1);
     }
 
+    /// Shows `pool`'s windows and budget from now on.
+    pub fn watch_flow(&self, pool: Arc<FlowPool>) {
+        let _ = self.flow.pool.set(pool);
+    }
+
     /// The exposition, as one scrape of `/metrics` (promhttp's counters move).
     pub fn render(&self) -> String {
+        self.flow.update();
         self.registry.scrape()
     }
 }

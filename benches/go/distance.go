@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,20 +72,20 @@ func (p pairing) String() string {
 // link to the server runs through a relay adding rtt; clients use
 // HTTP-CONNECT over the server's Unix socket (kube-apiserver's
 // `proxyProtocol: HTTPConnect`).
-func startDistant(p pairing, rtt time.Duration) (*subject, *delayRelay, error) {
+func startDistant(p pairing, rtt time.Duration) (*subject, *goharness.DelayRelay, error) {
 	srv, uds, addrs, err := startServer(p.server, "http-connect")
 	if err != nil {
 		return nil, nil, err
 	}
-	relay, err := startRelay(addrs["agent"], rtt)
+	relay, err := goharness.StartDelayRelay(addrs["agent"], rtt)
 	if err != nil {
 		srv.Kill()
 		return nil, nil, err
 	}
-	via := map[string]string{"agent": relay.addr(), "health": addrs["health"]}
+	via := map[string]string{"agent": relay.Addr(), "health": addrs["health"]}
 	ag, agentHealth, agentAdmin, err := startAgent(p.agent, via)
 	if err != nil {
-		relay.stop()
+		relay.Stop()
 		srv.Kill()
 		return nil, nil, err
 	}
@@ -98,15 +99,15 @@ func startDistant(p pairing, rtt time.Duration) (*subject, *delayRelay, error) {
 func measuredRTTs(rtts []time.Duration) map[time.Duration]time.Duration {
 	out := map[time.Duration]time.Duration{}
 	for _, rtt := range rtts {
-		r, err := startRelay(dest.plainAddr(), rtt)
+		r, err := goharness.StartDelayRelay(dest.plainAddr(), rtt)
 		if err != nil {
 			continue
 		}
-		if m, err := pingPong(r.addr(), 7); err == nil {
+		if m, err := goharness.MeasureRTT(r.Addr(), 7, holdExchange); err == nil {
 			out[rtt] = m
-			logf("   relay set to %s RTT: ping-pong through it %s", rtt, fmtRTT(m))
+			logf("   relay set to %s RTT: ping-pong through it %s", rtt, goharness.FormatRTT(m))
 		}
-		r.stop()
+		r.Stop()
 	}
 	return out
 }
@@ -131,7 +132,7 @@ func distanceGroup() []*row {
 	med := map[key][]float64{}
 	for _, rtt := range dc.rtts {
 		var subs []*subject
-		var relays []*delayRelay
+		var relays []*goharness.DelayRelay
 		var startErr error
 		for _, p := range pairings {
 			s, r, err := startDistant(p, rtt)
@@ -147,7 +148,7 @@ func distanceGroup() []*row {
 				s.stop()
 			}
 			for _, r := range relays {
-				r.stop()
+				r.Stop()
 			}
 			dest.closeAll()
 		}
@@ -164,7 +165,7 @@ func distanceGroup() []*row {
 			}
 			for _, dir := range []byte{opDownload, opUpload} {
 				what := fmt.Sprintf("%d tunnel%s bulk %s, %s RTT on the server↔agent link (relay; ping-pong %s), HTTP-CONNECT over UDS",
-					conns, plural(conns), dirName(dir), rtt, fmtRTT(measured[rtt]))
+					conns, plural(conns), dirName(dir), rtt, goharness.FormatRTT(measured[rtt]))
 				tmpl := row{id: "P10", workload: what, unit: "MiB/s", aim: "≥ 1.0×", ratioMin: 1}
 				logf("P10 %s", what)
 				once := func(s *subject) (float64, int64, error) { return bulk(s, d, conns, size, dir, dc.limit) }
@@ -202,7 +203,7 @@ func distanceGroup() []*row {
 	b := &distanceSummary
 	fmt.Fprintf(b, "\n### P10 at a glance (median MiB/s of %d interleaved repeats; HTTP-CONNECT over UDS; relay ping-pong:", dc.repeats)
 	for _, rtt := range dc.rtts {
-		fmt.Fprintf(b, " %s → %s", rtt, fmtRTT(measured[rtt]))
+		fmt.Fprintf(b, " %s → %s", rtt, goharness.FormatRTT(measured[rtt]))
 	}
 	b.WriteString(")\n\n| RTT | tunnels | direction |")
 	for _, p := range pairings {
@@ -239,6 +240,15 @@ func distanceGroup() []*row {
 	return rows
 }
 
+// holdExchange is one request and answer with the destination: a hold
+// ('H') is answered with one byte at once.
+func holdExchange(c net.Conn) error {
+	if _, err := c.Write(header(opHold, 0)); err != nil {
+		return err
+	}
+	return readAck(c)
+}
+
 func plural(n int) string {
 	if n == 1 {
 		return ""
@@ -257,29 +267,29 @@ func tunnelDistance(dc distanceSizes, measured map[time.Duration]time.Duration) 
 			rows = append(rows, errRow(row{id: "P10", workload: "nodeport-proxy"}, err))
 			continue
 		}
-		tr, err := startRelay(goharness.Loopback(pp.tunnel), rtt)
+		tr, err := goharness.StartDelayRelay(goharness.Loopback(pp.tunnel), rtt)
 		if err != nil {
 			np.stop()
 			rows = append(rows, errRow(row{id: "P10", workload: "relay"}, err))
 			continue
 		}
-		nr, err := startRelay(goharness.Loopback(pp.nodePort), rtt)
+		nr, err := goharness.StartDelayRelay(goharness.Loopback(pp.nodePort), rtt)
 		if err != nil {
-			tr.stop()
+			tr.Stop()
 			np.stop()
 			rows = append(rows, errRow(row{id: "P10", workload: "relay"}, err))
 			continue
 		}
-		ta, listen, err := startTunnelAgent(tr.port(), plainAuthority)
+		ta, listen, err := startTunnelAgent(tr.Port(), plainAuthority)
 		if err != nil {
-			nr.stop()
-			tr.stop()
+			nr.Stop()
+			tr.Stop()
 			np.stop()
 			rows = append(rows, errRow(row{id: "P10", workload: "tunnel-agent"}, err))
 			continue
 		}
 		tun := &subject{name: "ours tunnel-agent → nodeport-proxy (HTTP/2 CONNECT)", procs: []*proc{ta, np.procs[0]}, dial: tcpTo(goharness.Loopback(listen))}
-		plain := &subject{name: "NodePort TCP relay over the same link", procs: []*proc{np.procs[0]}, dial: tcpTo(nr.addr())}
+		plain := &subject{name: "NodePort TCP relay over the same link", procs: []*proc{np.procs[0]}, dial: tcpTo(nr.Addr())}
 		d := dest.plainAddr()
 		for _, conns := range []int{1, dc.manyConns} {
 			size := dc.one
@@ -287,7 +297,7 @@ func tunnelDistance(dc distanceSizes, measured map[time.Duration]time.Duration) 
 				size = dc.many
 			}
 			for _, dir := range []byte{opDownload, opUpload} {
-				what := fmt.Sprintf("%d tunnel%s bulk %s, %s RTT on the tunnel-agent↔nodeport-proxy link (relay; ping-pong %s)", conns, plural(conns), dirName(dir), rtt, fmtRTT(measured[rtt]))
+				what := fmt.Sprintf("%d tunnel%s bulk %s, %s RTT on the tunnel-agent↔nodeport-proxy link (relay; ping-pong %s)", conns, plural(conns), dirName(dir), rtt, goharness.FormatRTT(measured[rtt]))
 				rows = append(rows, run(row{id: "P10", workload: what, unit: "MiB/s", anchorName: "NodePort TCP relay over the same link"},
 					[]*subject{tun, plain},
 					func(s *subject) (float64, int64, error) {
@@ -297,8 +307,8 @@ func tunnelDistance(dc distanceSizes, measured map[time.Duration]time.Duration) 
 			}
 		}
 		ta.Kill()
-		nr.stop()
-		tr.stop()
+		nr.Stop()
+		tr.Stop()
 		np.stop()
 		dest.closeAll()
 	}
@@ -324,7 +334,7 @@ func stalledReaders(dc distanceSizes) []*row {
 		k, note, err := stalledOnce(s, dc)
 		_, peaks[i] = s.mem()
 		s.stop()
-		relay.stop()
+		relay.Stop()
 		releaseSinks()
 		dest.closeAll()
 		if err != nil {

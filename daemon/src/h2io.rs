@@ -5,17 +5,23 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use h2::{RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::h2window::{Meter, Registration};
+
 pub struct H2Io {
     send: SendStream<Bytes>,
     recv: RecvStream,
     pending: Bytes,
     write_closed: bool,
+    /// The connection's window controller learns what this stream takes and
+    /// what it holds while its reader is stopped.
+    meter: Option<(Arc<Meter>, Registration)>,
 }
 
 impl H2Io {
@@ -25,6 +31,17 @@ impl H2Io {
             recv,
             pending: Bytes::new(),
             write_closed: false,
+            meter: None,
+        }
+    }
+
+    /// A stream of a connection whose windows follow the link
+    /// ([`crate::h2window`]).
+    pub fn metered(send: SendStream<Bytes>, mut recv: RecvStream, meter: &Arc<Meter>) -> Self {
+        let registration = meter.register(recv.flow_control().clone());
+        H2Io {
+            meter: Some((meter.clone(), registration)),
+            ..H2Io::new(send, recv)
         }
     }
 
@@ -66,6 +83,9 @@ impl AsyncRead for H2Io {
                 Some(Ok(data)) => {
                     // The frame is now ours to hold; let the peer send more.
                     let _ = self.recv.flow_control().release_capacity(data.len());
+                    if let Some((m, _)) = &self.meter {
+                        m.record(data.len());
+                    }
                     self.pending = data;
                 }
                 Some(Err(e)) => {

@@ -66,7 +66,8 @@ impl WindowSettings {
     }
 }
 
-/// Keepalive: a PING after `interval` without one, answered within `timeout`.
+/// Keepalive: a PING every `interval` (Envoy's `connection_keepalive`; a BDP
+/// PING counts), answered within `timeout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keepalive {
     pub interval: Duration,
@@ -96,6 +97,108 @@ impl WindowStats {
     /// controllers' last look.
     pub fn held(&self) -> i64 {
         self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// What the connections of one process share: the budget their windows are
+/// reserved from, and the totals for metrics.
+#[derive(Debug)]
+pub struct Pool {
+    pub budget: Arc<Budget>,
+    pub stats: Arc<WindowStats>,
+}
+
+impl Pool {
+    /// A pool whose connections together may have `budget` bytes in flight.
+    pub fn new(budget: i64) -> Arc<Pool> {
+        Arc::new(Pool {
+            budget: Budget::new(budget, None),
+            stats: Arc::default(),
+        })
+    }
+
+    /// A controller for a new connection of this pool.
+    pub fn controller(
+        &self,
+        pings: PingPong,
+        settings: WindowSettings,
+        keepalive: Option<Keepalive>,
+        meter: Arc<Meter>,
+    ) -> Controller {
+        Controller::new(
+            pings,
+            settings,
+            keepalive,
+            meter,
+            &self.budget,
+            self.stats.clone(),
+        )
+    }
+}
+
+/// Gauges of a [`Pool`], set from it whenever metrics are rendered.
+pub struct PoolGauges {
+    pool: std::sync::OnceLock<Arc<Pool>>,
+    stream: metrics::Gauge,
+    connection: metrics::Gauge,
+    held: metrics::Gauge,
+    reserved: metrics::Gauge,
+    budget: metrics::Gauge,
+}
+
+/// The names of a [`PoolGauges`]' gauges (a process's own prefix).
+pub struct PoolGaugeNames {
+    pub stream_windows: &'static str,
+    pub connection_windows: &'static str,
+    pub held: &'static str,
+    pub reserved: &'static str,
+    pub budget: &'static str,
+}
+
+impl PoolGauges {
+    /// Registers and describes the gauges; `budget_flag` names the flag
+    /// that sets the budget, for the help text.
+    pub fn new(r: &crate::metrics::Registry, n: PoolGaugeNames, budget_flag: &'static str) -> Self {
+        r.describe_gauge(
+            n.stream_windows,
+            "Sum of the current HTTP/2 stream windows of the connections (each grows with its link).",
+        );
+        r.describe_gauge(
+            n.connection_windows,
+            "Sum of the current HTTP/2 connection windows: what the peers may have in flight to this process.",
+        );
+        r.describe_gauge(
+            n.held,
+            "Bytes received on streams whose readers have not taken them yet (stalled streams), as last looked at.",
+        );
+        r.describe_gauge(
+            n.reserved,
+            "Bytes of the memory budget the connection windows hold.",
+        );
+        r.describe_gauge(n.budget, budget_flag);
+        PoolGauges {
+            pool: std::sync::OnceLock::new(),
+            stream: r.gauge(n.stream_windows, &[]),
+            connection: r.gauge(n.connection_windows, &[]),
+            held: r.gauge(n.held, &[]),
+            reserved: r.gauge(n.reserved, &[]),
+            budget: r.gauge(n.budget, &[]),
+        }
+    }
+
+    /// Shows `pool` from now on.
+    pub fn watch(&self, pool: Arc<Pool>) {
+        let _ = self.pool.set(pool);
+    }
+
+    /// Sets the gauges from the pool (before rendering).
+    pub fn update(&self) {
+        let Some(p) = self.pool.get() else { return };
+        self.stream.set(p.stats.stream_windows() as f64);
+        self.connection.set(p.stats.connection_windows() as f64);
+        self.held.set(p.stats.held() as f64);
+        self.reserved.set(p.budget.used() as f64);
+        self.budget.set(p.budget.limit() as f64);
     }
 }
 
@@ -232,6 +335,8 @@ pub struct Controller {
     last_ping: Instant,
     last_held_check: Instant,
     min_rtt: Option<Duration>,
+    /// PINGs answered so far.
+    pongs: u64,
     timer: Pin<Box<Sleep>>,
     /// A resize the driver could not apply yet, and when to offer it again.
     pending: Option<(Action, Instant)>,
@@ -280,6 +385,7 @@ impl Controller {
             last_ping: now,
             last_held_check: now,
             min_rtt: None,
+            pongs: 0,
             timer: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
             pending: None,
         }
@@ -298,6 +404,11 @@ impl Controller {
     /// The smallest PING round trip seen.
     pub fn min_rtt(&self) -> Option<Duration> {
         self.min_rtt
+    }
+
+    /// PINGs the peer answered so far (it is alive and reading).
+    pub fn pongs(&self) -> u64 {
+        self.pongs
     }
 
     /// Waits for the next thing the driver must do. Cancel-safe.
@@ -322,6 +433,7 @@ impl Controller {
             match self.pings.poll_pong(cx) {
                 Poll::Ready(Ok(_)) => {
                     self.in_flight = None;
+                    self.pongs += 1;
                     self.taken_at_pong = taken;
                     let rtt = now.saturating_duration_since(p.sent);
                     self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
@@ -347,7 +459,7 @@ impl Controller {
             if taken > self.taken_at_pong && now >= self.next_bdp && self.wants_bdp() {
                 self.send(PingKind::Bdp, taken, now);
             } else if let Some(k) = self.keepalive
-                && now.saturating_duration_since(self.last_ping.max(self.last_data)) >= k.interval
+                && now.saturating_duration_since(self.last_ping) >= k.interval
             {
                 self.send(PingKind::Keepalive, taken, now);
             }
@@ -506,7 +618,7 @@ impl Controller {
             }
         } else {
             if let Some(k) = self.keepalive {
-                wake = wake.min(self.last_ping.max(self.last_data) + k.interval);
+                wake = wake.min(self.last_ping + k.interval);
             }
             if self.wants_bdp() {
                 if taken > self.taken_at_pong {

@@ -77,8 +77,36 @@ pub fn flag_set() -> FlagSet {
     .string("access-log-format", "json", "access-log lines as json (fields named after Envoy's command operators) or envoy (Envoy's default text format, plus listener, SNI host and close reason)")
     .string("accept-proxy-protocol", "", "listeners whose clients must start with a PROXY protocol v1 or v2 header, a comma list of sni, tunneling, nodeport (a load balancer sending one is in front; source allow-lists then see the real client); empty: none")
     .duration("proxy-protocol-timeout", p.proxy_protocol_timeout, "close clients of such a listener that have not sent a complete PROXY header within this")
+    .int("tunneling-max-stream-window", i64::from(p.tunnel_windows.max), "largest HTTP/2 stream window (bytes) of a tunneling connection; windows start at 256 KiB and grow as the link needs (Envoy: fixed 256 MiB)")
+    .int("tunneling-connection-budget", p.tunnel_windows.connection_budget, "bytes one HTTP/2 tunneling connection may have in flight to this proxy, its stalled streams included")
+    .int("tunneling-memory-budget", p.tunnel_memory_budget, "bytes all HTTP/2 tunneling connections together may have in flight to this proxy")
     .int("worker-threads", 0, "runtime worker threads (0: one per core)")
     .with_kkp_logging()
+}
+
+/// The HTTP/2 window flags of the tunneling listener.
+fn tunnel_windows(v: &Values, p: &ProxyConfig) -> Result<daemon::h2window::WindowSettings, String> {
+    let initial = p.tunnel_windows.initial;
+    let max = at_least(v, "tunneling-max-stream-window", i64::from(initial))?;
+    let max = u32::try_from(max.min((1 << 31) - 1)).unwrap_or(u32::MAX);
+    let budget = at_least(
+        v,
+        "tunneling-connection-budget",
+        i64::from(p.tunnel_windows.initial_connection()),
+    )?;
+    Ok(daemon::h2window::WindowSettings {
+        max,
+        connection_budget: budget,
+        ..p.tunnel_windows
+    })
+}
+
+/// A byte count flag that must be at least `min`.
+fn at_least(v: &Values, name: &str, min: i64) -> Result<i64, String> {
+    match v.int(name) {
+        n if n >= min => Ok(n),
+        n => Err(format!("-{name} must be at least {min} bytes, got {n}")),
+    }
 }
 
 /// KKP accepts 0 (meaning "default") or at least one second for these.
@@ -213,6 +241,8 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             (p, _) if p.is_empty() => None,
             (path, format) => Some(crate::access_log::AccessLogConfig { path, format }),
         },
+        tunnel_windows: tunnel_windows(v, &p)?,
+        tunnel_memory_budget: at_least(v, "tunneling-memory-budget", 1 << 20)?,
     };
     if config.expose_annotation_key.is_empty() {
         return Err("-expose-annotation-key must not be empty".into());

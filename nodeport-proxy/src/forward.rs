@@ -35,6 +35,8 @@ pub struct Shared {
     pub access_log: Option<Arc<crate::access_log::AccessLog>>,
     /// What `/debug/connections` on the admin port lists.
     pub connections: Connections,
+    /// The budget and totals of the tunneling connections' HTTP/2 windows.
+    pub windows: Arc<daemon::h2window::Pool>,
 }
 
 /// The client as allow-lists, logs and upstreams see it: the connection's
@@ -218,6 +220,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
             attempts: config.upstream_connect_attempts,
             keepalive: config.connection.upstream_keepalive,
         },
+        windows: daemon::h2window::Pool::new(config.tunnel_memory_budget),
         config,
         table,
         metrics,

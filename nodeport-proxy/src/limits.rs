@@ -38,12 +38,23 @@ pub const HEADER_TABLE_SIZE: u32 = 4096;
 /// SETTINGS_MAX_FRAME_SIZE we advertise (HTTP/2's default and minimum).
 pub const MAX_FRAME_SIZE: u32 = 16 << 10;
 
-/// HTTP/2 flow-control windows: the most DATA a client may have in flight
-/// to us per stream and per connection. Received DATA is released only as it
-/// is forwarded, so this is also what a stream or connection can make us
-/// buffer.
+/// HTTP/2 flow-control windows a tunneling connection starts with: the most
+/// DATA a client may have in flight to us per stream and per connection
+/// until the windows grow with the link (up to
+/// `-tunneling-max-stream-window`, and only as far as
+/// `-tunneling-connection-budget` and `-tunneling-memory-budget` allow;
+/// `daemon::h2window`). Received DATA is released only as it is forwarded,
+/// so the windows are also what a stream or connection can make us buffer.
 pub const STREAM_WINDOW: u32 = 256 << 10;
 pub const CONNECTION_WINDOW: u32 = 1 << 20;
+/// Defaults of those flags: a stream window of 16 MiB carries 160 MB/s over
+/// a 100 ms round trip; one client connection (one tunnel-agent, i.e. one
+/// node) may park 64 MiB with us, all of them together 1 GiB.
+pub const DEFAULT_MAX_STREAM_WINDOW: u32 = 16 << 20;
+pub const DEFAULT_CONNECTION_BUDGET: i64 = 64 << 20;
+pub const DEFAULT_MEMORY_BUDGET: i64 = 1 << 30;
+/// How long a connection's data may stop before its windows shrink.
+pub const WINDOW_IDLE: Duration = Duration::from_secs(5);
 
 /// Streams a client may reset before we accept them (the HTTP/2 "rapid
 /// reset" attack, CVE-2023-44487); past it the connection gets GOAWAY. h2's

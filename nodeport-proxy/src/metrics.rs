@@ -40,6 +40,8 @@ pub struct Metrics {
     routes_sni: Gauge,
     routes_tunnel: Gauge,
     pub draining_routes: Gauge,
+    /// Ours: the tunneling listener's HTTP/2 windows and their budget.
+    windows: daemon::h2window::PoolGauges,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -106,6 +108,17 @@ impl Metrics {
             )
         };
         let m = Metrics {
+            windows: daemon::h2window::PoolGauges::new(
+                &r,
+                daemon::h2window::PoolGaugeNames {
+                    stream_windows: "nodeport_proxy_tunneling_http2_stream_window_bytes",
+                    connection_windows: "nodeport_proxy_tunneling_http2_connection_window_bytes",
+                    held: "nodeport_proxy_tunneling_http2_held_bytes",
+                    reserved: "nodeport_proxy_tunneling_memory_reserved_bytes",
+                    budget: "nodeport_proxy_tunneling_memory_budget_bytes",
+                },
+                "-tunneling-memory-budget in bytes.",
+            ),
             started: Instant::now(),
             server_live: r.gauge("envoy_server_live", &[]),
             server_uptime: r.gauge("envoy_server_uptime", &[]),
@@ -238,7 +251,13 @@ impl Metrics {
     /// `used_only`: per-cluster series of clusters that never carried
     /// traffic are left out, but their membership (see cluster_stats.rs).
     /// Takes a while at seed scale: call it off the runtime's workers.
+    /// Shows the tunneling connections' windows from now on.
+    pub fn watch_windows(&self, pool: Arc<daemon::h2window::Pool>) {
+        self.windows.watch(pool);
+    }
+
     pub fn render(&self, used_only: bool) -> String {
+        self.windows.update();
         self.server_uptime
             .set(self.started.elapsed().as_secs() as f64);
         if let Some(rss) = resident_bytes() {

@@ -130,6 +130,11 @@ impl NodePortProxy {
                 attempts: config.upstream_connect_attempts,
                 keepalive: config.connection.upstream_keepalive,
             },
+            windows: {
+                let pool = daemon::h2window::Pool::new(config.tunnel_memory_budget);
+                metrics.watch_windows(pool.clone());
+                pool
+            },
             config,
             table: store,
             metrics: metrics.clone(),

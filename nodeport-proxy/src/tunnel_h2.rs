@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use daemon::debug_connections::Tracked;
 use daemon::h2io::H2Io;
+use daemon::h2window::{Action, Meter};
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -36,8 +37,8 @@ pub async fn serve<T>(
     let mut builder = h2::server::Builder::new();
     builder
         .max_concurrent_streams(shared.config.max_streams_per_connection)
-        .initial_window_size(limits::STREAM_WINDOW)
-        .initial_connection_window_size(limits::CONNECTION_WINDOW)
+        .initial_window_size(shared.config.tunnel_windows.initial)
+        .initial_connection_window_size(shared.config.tunnel_windows.initial_connection())
         .max_header_list_size(limits::MAX_HEADER_LIST_SIZE)
         .header_table_size(limits::HEADER_TABLE_SIZE)
         .max_frame_size(limits::MAX_FRAME_SIZE)
@@ -59,6 +60,16 @@ pub async fn serve<T>(
             return;
         }
     };
+    let Some(pings) = conn.ping_pong() else {
+        return;
+    };
+    // Windows that follow the link, bounded by the budgets; the seed side
+    // sends no keepalive PINGs (KKP's Envoy sets none on this listener).
+    let meter = Meter::new();
+    let mut windows =
+        shared
+            .windows
+            .controller(pings, shared.config.tunnel_windows, None, meter.clone());
     let streams = Arc::new(watch::Sender::new(0usize));
     let idle = shared.config.connection.tunneling_connection_idle_timeout;
     // The request-head deadline ended with the preface: an open connection
@@ -79,8 +90,9 @@ pub async fn serve<T>(
                     let access = access.stream("HTTP/2");
                     let tracked = shared.connections.open("tunneling-stream", Some(downstream.source));
                     tracked.set("connection", record.id());
+                    let meter = meter.clone();
                     shared.drain.spawn(async move {
-                        stream(req, respond, &l, access, &downstream, &tracked).await;
+                        stream(req, respond, &l, access, &downstream, &tracked, &meter).await;
                         streams.send_modify(|n| *n = n.saturating_sub(1));
                     });
                 }
@@ -93,6 +105,14 @@ pub async fn serve<T>(
                 }
                 None => break,
             },
+            a = windows.next() => {
+                if let Action::Resize { stream, connection } = a {
+                    conn.set_target_window_size(connection);
+                    if conn.set_initial_window_size(stream).is_err() {
+                        windows.retry(a);
+                    }
+                }
+            }
             _ = idle_for(streams.subscribe(), idle), if !going_away => {
                 tracing::debug!("HTTP/2 connection idle; going away");
                 conn.graceful_shutdown();
@@ -132,6 +152,7 @@ async fn stream(
     mut access: Access,
     downstream: &Downstream,
     conn: &Tracked,
+    meter: &Arc<Meter>,
 ) {
     let shared = &l.shared;
     let http = &shared.metrics.http;
@@ -167,7 +188,7 @@ async fn stream(
     };
     http.downstream_rq_2xx.increment(1);
     let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active());
-    let io = H2Io::new(send, req.into_body());
+    let io = H2Io::metered(send, req.into_body(), meter);
     forward(
         io,
         bytes::Bytes::new(),

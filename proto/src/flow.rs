@@ -241,7 +241,32 @@ pub struct FlowPool {
     pub http2: Arc<daemon::h2window::WindowStats>,
 }
 
+/// What the flow-control metrics show, at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowSnapshot {
+    /// Sum of the current receive windows of flow-controlled connections.
+    pub windows: i64,
+    /// Bytes received from the peers and not yet passed on.
+    pub parked: i64,
+    /// Reserved in the process budget (those windows and the HTTP/2 ones).
+    pub reserved: i64,
+    /// The process budget.
+    pub budget: i64,
+    /// Sum of the agent streams' current HTTP/2 receive windows.
+    pub http2_windows: i64,
+}
+
 impl FlowPool {
+    pub fn snapshot(&self) -> FlowSnapshot {
+        FlowSnapshot {
+            windows: self.stats.windows(),
+            parked: self.stats.parked(),
+            reserved: self.budget.used(),
+            budget: self.budget.limit(),
+            http2_windows: self.http2.connection_windows(),
+        }
+    }
+
     pub fn new(settings: FlowSettings) -> Arc<FlowPool> {
         Arc::new(FlowPool {
             settings,

@@ -85,12 +85,14 @@ pub const AGENT_LOST: &str = "connection to the proxy agent was lost";
 
 impl Core {
     pub fn new(backends: Backends, metrics: Arc<Metrics>, cfg: CoreConfig) -> Self {
+        let flow = FlowPool::new(cfg.flow);
+        metrics.watch_flow(flow.clone());
         Core {
             backends,
             debug: Default::default(),
             pending: Mutex::new(HashMap::new()),
             metrics,
-            flow: FlowPool::new(cfg.flow),
+            flow,
             cfg,
         }
     }

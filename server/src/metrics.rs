@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use daemon::gometrics::{CounterGrid, Registry};
+use konnectivity_proto::flow::FlowPool;
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
@@ -98,6 +99,14 @@ impl Segment {
     }
 }
 
+// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
+// of the agent streams (docs/konnectivity.md, "Windows that follow the link").
+const FLOW_WINDOWS: &str = "konnectivity_network_proxy_server_flow_control_window_bytes";
+const FLOW_PARKED: &str = "konnectivity_network_proxy_server_flow_control_parked_bytes";
+const FLOW_RESERVED: &str = "konnectivity_network_proxy_server_flow_control_reserved_bytes";
+const FLOW_BUDGET: &str = "konnectivity_network_proxy_server_flow_control_budget_bytes";
+const HTTP2_WINDOWS: &str = "konnectivity_network_proxy_server_http2_window_bytes";
+
 /// Which gRPC service a connection gauge counts.
 #[derive(Debug, Clone, Copy)]
 pub enum Service {
@@ -105,8 +114,60 @@ pub enum Service {
     Connect,
 }
 
+/// Ours: the flow-control gauges, read from the process's [`FlowPool`] when
+/// the metrics are rendered.
+struct FlowGauges {
+    pool: std::sync::OnceLock<Arc<FlowPool>>,
+    windows: Gauge,
+    parked: Gauge,
+    reserved: Gauge,
+    budget: Gauge,
+    http2: Gauge,
+}
+
+impl FlowGauges {
+    fn new(r: &Registry) -> Self {
+        r.describe_gauge(
+            FLOW_WINDOWS,
+            "Ours: sum of the current flow-control windows of connections through agents of this project, bytes the agents may send before hearing from us (each grows with its link, see --flow-control-max-window).",
+        );
+        r.describe_gauge(
+            FLOW_PARKED,
+            "Ours: bytes received from agents and not yet passed on to frontends, every connection.",
+        );
+        r.describe_gauge(
+            FLOW_RESERVED,
+            "Ours: bytes reserved against --flow-control-budget by flow-control and HTTP/2 windows.",
+        );
+        r.describe_gauge(FLOW_BUDGET, "Ours: --flow-control-budget in bytes.");
+        r.describe_gauge(
+            HTTP2_WINDOWS,
+            "Ours: sum of the current HTTP/2 receive windows of the connections to agents (each grows with its link, see --agent-http2-max-window).",
+        );
+        FlowGauges {
+            pool: std::sync::OnceLock::new(),
+            windows: r.gauge(FLOW_WINDOWS, &[]),
+            parked: r.gauge(FLOW_PARKED, &[]),
+            reserved: r.gauge(FLOW_RESERVED, &[]),
+            budget: r.gauge(FLOW_BUDGET, &[]),
+            http2: r.gauge(HTTP2_WINDOWS, &[]),
+        }
+    }
+
+    fn update(&self) {
+        let Some(pool) = self.pool.get() else { return };
+        let s = pool.snapshot();
+        self.windows.set(s.windows as f64);
+        self.parked.set(s.parked as f64);
+        self.reserved.set(s.reserved as f64);
+        self.budget.set(s.budget as f64);
+        self.http2.set(s.http2_windows as f64);
+    }
+}
+
 pub struct Metrics {
     registry: Arc<Registry>,
+    flow: FlowGauges,
     pub dial_duration: Histogram,
     pub frontend_write_duration: Histogram,
     grpc_proxy: Gauge,
@@ -208,6 +269,7 @@ impl Metrics {
             "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
         );
         Metrics {
+            flow: FlowGauges::new(&r),
             dial_duration: r.histogram(DIAL_DURATION, &[]),
             frontend_write_duration: r.histogram(FRONTEND_WRITE_DURATION, &[]),
             grpc_proxy: r.gauge(GRPC_CONNECTIONS, &[("service_method", "Proxy")]),
@@ -324,8 +386,14 @@ impl Metrics {
             .increment(1);
     }
 
+    /// Shows `pool`'s windows and budget from now on.
+    pub fn watch_flow(&self, pool: Arc<FlowPool>) {
+        let _ = self.flow.pool.set(pool);
+    }
+
     /// The exposition, as one scrape of `/metrics` (promhttp's counters move).
     pub fn render(&self) -> String {
+        self.flow.update();
         self.registry.scrape()
     }
 }

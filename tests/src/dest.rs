@@ -67,6 +67,28 @@ pub async fn source(len: usize) -> SocketAddr {
     addr
 }
 
+/// A destination that accepts and then never reads: what a client sends it
+/// piles up in the proxy once the (small) socket buffers are full. Its
+/// connections stay open as long as the listener task runs.
+pub async fn sink() -> SocketAddr {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    // Accepted sockets inherit a small receive buffer: stalls come quickly.
+    let _ = s.set_recv_buffer_size(16 << 10);
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    s.listen(128).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let l = TcpListener::from_std(s.into()).unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
 /// A port on loopback that refuses connections: bound, never listened on, and
 /// kept bound so nobody else takes it while the test runs.
 pub fn refused() -> (socket2::Socket, SocketAddr) {

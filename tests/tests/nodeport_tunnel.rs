@@ -320,3 +320,92 @@ async fn oversize_http2_headers_are_refused_and_the_connection_serves_on() {
     io.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"after");
 }
+
+/// Streams whose destinations stop reading keep their stream windows of the
+/// connection window until they read again; the connection window follows
+/// what they hold (`nodeport_proxy_tunneling_http2_held_bytes`), so a stream
+/// beside them on the same HTTP/2 connection still moves. (With the fixed
+/// 256 KiB stream and 1 MiB connection windows, four stalled streams
+/// stopped every other stream of their connection.)
+#[tokio::test]
+async fn stalled_streams_do_not_stop_the_others_on_their_connection() {
+    const STALLED: &str = "stalled.cluster-a.svc.cluster.local:7001";
+    let sink = dest::sink().await;
+    let echo = dest::echo().await;
+    let inv = inventory(
+        vec![
+            service(
+                "cluster-a",
+                "stalled",
+                "Tunneling",
+                "ClusterIP",
+                &[("tcp", 7001, 0)],
+            ),
+            service(
+                "cluster-a",
+                "echo",
+                "Tunneling",
+                "ClusterIP",
+                &[("tcp", 7000, 0)],
+            ),
+        ],
+        vec![
+            slices("cluster-a", "stalled", "tcp", &[(sink, true)]),
+            slices("cluster-a", "echo", "tcp", &[(echo, true)]),
+        ],
+    );
+    let p = start_proxy(&inv, vec![], test_config()).await;
+    let send = h2_client(p.tunnel).await;
+    // Eight uploads into the sink: each stops once the sink's socket and
+    // its stream window are full.
+    let mut writers = Vec::new();
+    for _ in 0..8 {
+        let (code, io) = connect_h2(&send, STALLED).await;
+        assert_eq!(code, 200);
+        let mut io = io.unwrap();
+        writers.push(tokio::spawn(async move {
+            let chunk = vec![7u8; 64 << 10];
+            while io.write_all(&chunk).await.is_ok() {}
+        }));
+    }
+    let held = || async {
+        let (_, body) = p.stats_get("/stats/prometheus").await;
+        gauge(&body, "nodeport_proxy_tunneling_http2_held_bytes")
+    };
+    // They hold more than the 1 MiB connection window the connection
+    // started with.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while held().await <= f64::from(1u32 << 20) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the stalled streams never held more than 1 MiB");
+    let (code, io) = connect_h2(&send, ECHO_STALL).await;
+    assert_eq!(code, 200);
+    let mut io = io.unwrap();
+    let data: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 253) as u8).collect();
+    let back = tokio::time::timeout(Duration::from_secs(60), dest::roundtrip(&mut io, &data))
+        .await
+        .expect("a stream beside stalled ones on the same connection stopped");
+    assert!(back == data);
+    let (_, body) = p.stats_get("/stats/prometheus").await;
+    let budget = gauge(&body, "nodeport_proxy_tunneling_memory_budget_bytes");
+    let reserved = gauge(&body, "nodeport_proxy_tunneling_memory_reserved_bytes");
+    assert!(
+        reserved > 0.0 && reserved <= budget,
+        "reserved {reserved} of {budget}"
+    );
+    for w in writers {
+        w.abort();
+    }
+}
+
+const ECHO_STALL: &str = "echo.cluster-a.svc.cluster.local:7000";
+
+/// One unlabelled gauge of a Prometheus text.
+fn gauge(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}

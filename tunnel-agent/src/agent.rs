@@ -375,9 +375,10 @@ async fn tunnel(
     }
     let timeout = config.connect_timeout;
     let mut current = inner.current.clone();
-    let mut send = seed::ready(&mut current, timeout)
+    let seed = seed::ready(&mut current, timeout)
         .await
         .ok_or(TunnelError::NoSeed(timeout))?;
+    let mut send = seed.send;
     let mut req = Request::new(());
     *req.method_mut() = Method::CONNECT;
     *req.uri_mut() = http::Uri::try_from(authority.to_string())
@@ -394,7 +395,7 @@ async fn tunnel(
     }
     inner.metrics.rq_active.increment(1.0);
     conn.set_state("established");
-    let io = H2Io::new(stream, resp.into_body());
+    let io = H2Io::metered(stream, resp.into_body(), &seed.meter);
     let options = RelayOptions {
         buffer_size: config.buffer_size,
         idle_timeout: Some(config.idle_timeout).filter(|d| !d.is_zero()),

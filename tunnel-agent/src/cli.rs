@@ -62,6 +62,7 @@ pub struct FlagSettings {
     /// `HTTPS_PROXY`/`https_proxy` and `NO_PROXY`/`no_proxy` as they were at
     /// start.
     proxy_env: Vec<(&'static str, String)>,
+    windows: daemon::h2window::WindowSettings,
 }
 
 /// The proxy variables read (in this order of preference).
@@ -86,8 +87,34 @@ impl Default for FlagSettings {
             http_proxy: String::new(),
             http_proxy_ca: None,
             proxy_env: Vec::new(),
+            windows: d.windows,
         }
     }
+}
+
+/// `-max-stream-window` and `-connection-budget`.
+fn windows(v: &Values) -> Result<daemon::h2window::WindowSettings, String> {
+    let d = crate::config::DEFAULT_WINDOWS;
+    let max = v.int("max-stream-window");
+    if max < i64::from(d.initial) || max >= 1 << 31 {
+        return Err(format!(
+            "-max-stream-window must be between {} and {} bytes, got {max}",
+            d.initial,
+            (1u32 << 31) - 1
+        ));
+    }
+    let budget = v.int("connection-budget");
+    if budget < i64::from(d.initial_connection()) {
+        return Err(format!(
+            "-connection-budget must be at least {} bytes, got {budget}",
+            d.initial_connection()
+        ));
+    }
+    Ok(daemon::h2window::WindowSettings {
+        max: u32::try_from(max).unwrap_or(d.max),
+        connection_budget: budget,
+        ..d
+    })
 }
 
 pub fn flag_set() -> FlagSet {
@@ -121,6 +148,8 @@ pub fn flag_set() -> FlagSet {
     .string("admin-address", "", "address:port of the admin listener serving /debug/connections (empty: the bootstrap's admin address, else 127.0.0.1:9902; none: off)")
     .string("http-proxy", "", "reach the seed through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the seed host")
     .string("http-proxy-ca", "", "CA bundle (PEM) a TLS (https://) proxy's certificate is checked against (empty: /etc/ssl/certs/ca-certificates.crt)")
+    .int("max-stream-window", i64::from(d.windows.max), "ours: largest HTTP/2 stream window (bytes) on the seed connection; windows start at 256 KiB and grow as the link needs (Envoy: fixed 256 MiB)")
+    .int("connection-budget", d.windows.connection_budget, "ours: bytes the seed may have in flight to this agent on one connection, stalled tunnels included")
     .int("worker-threads", 1, "runtime worker threads; fixed so memory and threads do not grow with the core count")
     .with_kkp_logging()
 }
@@ -185,6 +214,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             .iter()
             .filter_map(|n| std::env::var(n).ok().map(|v| (*n, v)))
             .collect(),
+        windows: windows(v)?,
     };
     let path = [v.string("config-path"), v.string("config")]
         .into_iter()
@@ -328,6 +358,7 @@ impl FlagSettings {
         c.idle_timeout = self.idle_timeout;
         c.drain_timeout = self.drain_timeout;
         c.max_connections_per_listener = self.max_connections_per_listener;
+        c.windows = self.windows;
         match (self.stats_port, self.stats_address) {
             (Some(0), _) => stats = None,
             (port, address) if port.is_some() || address.is_some() => {

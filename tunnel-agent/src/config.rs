@@ -78,7 +78,23 @@ pub struct AgentConfig {
     /// A forward proxy the seed connection goes through (`-http-proxy`,
     /// `HTTPS_PROXY`); `None`: direct.
     pub http_proxy: Option<crate::http_proxy::HttpProxy>,
+    /// How the seed connection's HTTP/2 windows grow with the link
+    /// (`daemon::h2window`) and what they may hold.
+    pub windows: daemon::h2window::WindowSettings,
 }
+
+/// Windows start as before (256 KiB per stream, 1 MiB per connection) and
+/// grow as the link needs: a 16 MiB stream window carries 160 MB/s over a
+/// 100 ms round trip. What the seed may send us ahead of our readers is
+/// 64 MiB per connection (a replaced connection finishing its tunnels may
+/// hold as much again).
+pub const DEFAULT_WINDOWS: daemon::h2window::WindowSettings = daemon::h2window::WindowSettings {
+    initial: 256 << 10,
+    max: 16 << 20,
+    connection_budget: 64 << 20,
+    idle: Duration::from_secs(5),
+    single_stream: false,
+};
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -96,6 +112,7 @@ impl Default for AgentConfig {
             buffer_size: 16 * 1024,
             drain_timeout: Duration::from_secs(30),
             http_proxy: None,
+            windows: DEFAULT_WINDOWS,
         }
     }
 }

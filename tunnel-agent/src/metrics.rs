@@ -12,6 +12,8 @@ pub const TCP_PREFIX: &str = "tcp_stats";
 
 pub struct AgentMetrics {
     registry: Arc<Registry>,
+    /// Ours: the seed connection's HTTP/2 windows and their budget.
+    windows: daemon::h2window::PoolGauges,
     started: Instant,
     uptime: Gauge,
     pub live: Gauge,
@@ -113,6 +115,17 @@ impl AgentMetrics {
         let c = [("envoy_cluster_name", CLUSTER)];
         let t = [("envoy_tcp_prefix", TCP_PREFIX)];
         let m = AgentMetrics {
+            windows: daemon::h2window::PoolGauges::new(
+                &r,
+                daemon::h2window::PoolGaugeNames {
+                    stream_windows: "tunnel_agent_http2_stream_window_bytes",
+                    connection_windows: "tunnel_agent_http2_connection_window_bytes",
+                    held: "tunnel_agent_http2_held_bytes",
+                    reserved: "tunnel_agent_memory_reserved_bytes",
+                    budget: "tunnel_agent_memory_budget_bytes",
+                },
+                "Twice -connection-budget (the seed connection and one being replaced), in bytes.",
+            ),
             started: Instant::now(),
             uptime: r.gauge("envoy_server_uptime", &[]),
             live: r.gauge("envoy_server_live", &[]),
@@ -179,7 +192,13 @@ impl AgentMetrics {
         self.last_reload_success.set(now);
     }
 
+    /// Shows the seed connections' windows from now on.
+    pub fn watch_windows(&self, pool: Arc<daemon::h2window::Pool>) {
+        self.windows.watch(pool);
+    }
+
     pub fn render(&self) -> String {
+        self.windows.update();
         self.uptime.set(self.started.elapsed().as_secs() as f64);
         self.registry.render()
     }

@@ -1,15 +1,16 @@
 //! The one HTTP/2 (h2c) connection to the seed proxy that every tunnel shares:
 //! kept however long it idles, declared dead when a PING goes unanswered,
 //! resolved and dialled again after every loss with exponential back-off and
-//! jitter. A new configuration naming another seed (or other PING settings)
-//! starts a new connection; tunnels on the old one run on until they end.
+//! jitter. A new configuration naming another seed (or other PING or window
+//! settings) starts a new connection; tunnels on the old one run on until
+//! they end. Its receive windows follow the link (`daemon::h2window`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::drain::Drain;
+use daemon::h2window::{Action, Keepalive, Meter, Pool};
 use h2::client::SendRequest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -18,9 +19,6 @@ use crate::config::AgentConfig;
 use crate::http_proxy::{HttpProxy, ProxyError, SeedIo};
 use crate::limits;
 use crate::metrics::AgentMetrics;
-
-const STREAM_WINDOW: u32 = 256 * 1024;
-const CONNECTION_WINDOW: u32 = 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
@@ -44,19 +42,37 @@ pub enum SeedError {
     HttpProxy(#[from] ProxyError),
 }
 
+/// A connection to the seed: where tunnels open streams, and what their
+/// readers report to its window controller.
+#[derive(Clone)]
+pub struct Seed {
+    pub send: SendRequest<Bytes>,
+    pub meter: Arc<Meter>,
+}
+
 /// The current connection, if any; tunnels wait on it.
-pub type Current = watch::Receiver<Option<SendRequest<Bytes>>>;
+pub type Current = watch::Receiver<Option<Seed>>;
 
 type Connection = h2::client::Connection<SeedIo, Bytes>;
 
 /// What a seed connection is dialled and kept with; a change means a new one.
-fn target(c: &AgentConfig) -> (&str, u16, Duration, Duration, Option<&HttpProxy>) {
+fn target(
+    c: &AgentConfig,
+) -> (
+    &str,
+    u16,
+    Duration,
+    Duration,
+    Option<&HttpProxy>,
+    daemon::h2window::WindowSettings,
+) {
     (
         c.proxy_host.as_str(),
         c.proxy_port,
         c.keepalive_interval,
         c.keepalive_timeout,
         c.http_proxy.as_ref(),
+        c.windows,
     )
 }
 
@@ -64,11 +80,14 @@ fn target(c: &AgentConfig) -> (&str, u16, Duration, Duration, Option<&HttpProxy>
 /// configuration changes.
 pub async fn maintain(
     mut config: watch::Receiver<Arc<AgentConfig>>,
-    current: watch::Sender<Option<SendRequest<Bytes>>>,
+    current: watch::Sender<Option<Seed>>,
     metrics: Arc<AgentMetrics>,
     drain: Drain,
 ) {
     let mut backoff = config.borrow().backoff_initial;
+    // The current connection and one being replaced may each hold their budget.
+    let pool = Pool::new(config.borrow().windows.connection_budget.saturating_mul(2));
+    metrics.watch_windows(pool.clone());
     loop {
         let cfg = config.borrow_and_update().clone();
         match dial(&cfg).await {
@@ -83,8 +102,12 @@ pub async fn maintain(
                         tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, %via, "connected to seed proxy through the HTTP proxy")
                     }
                 }
-                current.send_replace(Some(send));
-                let end = drive(conn, &cfg, &mut config, &metrics, &drain).await;
+                let meter = Meter::new();
+                current.send_replace(Some(Seed {
+                    send,
+                    meter: meter.clone(),
+                }));
+                let end = drive(conn, meter, &pool, &cfg, &mut config, &metrics, &drain).await;
                 current.send_replace(None);
                 if drain.is_stopping() {
                     metrics.cx_active.decrement(1.0);
@@ -139,8 +162,8 @@ async fn handshake(
     config: &AgentConfig,
 ) -> Result<(SendRequest<Bytes>, Connection), SeedError> {
     h2::client::Builder::new()
-        .initial_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
+        .initial_window_size(config.windows.initial)
+        .initial_connection_window_size(config.windows.initial_connection())
         .max_send_buffer_size(config.buffer_size)
         .max_header_list_size(limits::MAX_HEADER_LIST_SIZE)
         .max_pending_accept_reset_streams(limits::MAX_PENDING_ACCEPT_RESET_STREAMS)
@@ -197,36 +220,29 @@ struct End {
 }
 
 /// Runs the connection until it fails, a PING times out, the seed settings
-/// change, or the agent stops. However long it idles, it is kept.
+/// change, or the agent stops. However long it idles, it is kept. PINGs
+/// (keepalive, and to size the windows) and window changes are driven here.
 async fn drive(
     mut conn: Connection,
+    meter: Arc<Meter>,
+    pool: &Pool,
     cfg: &AgentConfig,
     config: &mut watch::Receiver<Arc<AgentConfig>>,
     metrics: &AgentMetrics,
     drain: &Drain,
 ) -> End {
-    let Some(mut pings) = conn.ping_pong() else {
+    let Some(pings) = conn.ping_pong() else {
         return End {
             reason: "PING handle unavailable".into(),
             healthy: false,
             retired: None,
         };
     };
-    let healthy = AtomicBool::new(false);
-    let keepalive = async {
-        loop {
-            tokio::time::sleep(cfg.keepalive_interval).await;
-            match tokio::time::timeout(cfg.keepalive_timeout, pings.ping(h2::Ping::opaque())).await
-            {
-                Ok(Ok(_)) => healthy.store(true, Ordering::Relaxed),
-                Ok(Err(e)) => return format!("PING failed: {e}"),
-                Err(_) => {
-                    metrics.cx_destroy_keepalive.increment(1);
-                    return format!("PING unanswered for {:?}", cfg.keepalive_timeout);
-                }
-            }
-        }
+    let keepalive = Keepalive {
+        interval: cfg.keepalive_interval,
+        timeout: cfg.keepalive_timeout,
     };
+    let mut ctl = pool.controller(pings, cfg.windows, Some(keepalive), meter);
     let replaced = async {
         loop {
             if config.changed().await.is_err() {
@@ -237,29 +253,48 @@ async fn drive(
             }
         }
     };
-    let (reason, retire) = tokio::select! {
-        r = &mut conn => (match r {
-            Ok(()) => "closed by the seed proxy".into(),
-            Err(e) => e.to_string(),
-        }, false),
-        why = keepalive => (why, false),
-        _ = replaced => ("seed settings changed".into(), true),
-        _ = drain.stopping() => ("agent stopping".into(), false),
+    tokio::pin!(replaced);
+    let (reason, retire) = loop {
+        tokio::select! {
+            r = &mut conn => break (match r {
+                Ok(()) => "closed by the seed proxy".into(),
+                Err(e) => e.to_string(),
+            }, false),
+            a = ctl.next() => match a {
+                Action::KeepaliveTimedOut => {
+                    metrics.cx_destroy_keepalive.increment(1);
+                    break (format!("PING unanswered for {:?}", cfg.keepalive_timeout), false);
+                }
+                Action::Resize { stream, connection } => {
+                    conn.set_target_window_size(connection);
+                    if conn.set_initial_window_size(stream).is_err() {
+                        ctl.retry(a);
+                    }
+                }
+            },
+            _ = &mut replaced => break ("seed settings changed".into(), true),
+            _ = drain.stopping() => break ("agent stopping".into(), false),
+        }
     };
     End {
         reason,
-        healthy: healthy.load(Ordering::Relaxed),
+        healthy: ctl.pongs() > 0,
         retired: retire.then_some(conn),
     }
 }
 
 /// Waits up to `timeout` for a connection with room for another stream.
-pub async fn ready(current: &mut Current, timeout: Duration) -> Option<SendRequest<Bytes>> {
+pub async fn ready(current: &mut Current, timeout: Duration) -> Option<Seed> {
     tokio::time::timeout(timeout, async {
         loop {
-            let send = current.wait_for(Option::is_some).await.ok()?.clone()?;
-            match send.ready().await {
-                Ok(s) => return Some(s),
+            let seed = current.wait_for(Option::is_some).await.ok()?.clone()?;
+            match seed.send.ready().await {
+                Ok(send) => {
+                    return Some(Seed {
+                        send,
+                        meter: seed.meter,
+                    });
+                }
                 // This connection is going away; wait for the next one.
                 Err(_) => {
                     let _ = current.changed().await;

@@ -1,10 +1,9 @@
-package main
+package goharness
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sort"
 	"sync"
@@ -12,7 +11,7 @@ import (
 	"time"
 )
 
-// delayRelay stands in for a long network path: a TCP relay on loopback
+// DelayRelay stands in for a long network path: a TCP relay on loopback
 // that holds every chunk it reads for half the round-trip time in each
 // direction before writing it on, with unbounded buffering (a long fat
 // pipe without loss). This kernel has no netem qdisc, so the delay is made
@@ -21,7 +20,7 @@ import (
 // Because the relay reads as fast as its side sends, only flow control
 // above TCP (HTTP/2 windows, our credit) can hold a transfer back over it,
 // which is what it is for.
-type delayRelay struct {
+type DelayRelay struct {
 	ln     net.Listener
 	target string
 	oneWay atomic.Int64 // nanoseconds
@@ -30,27 +29,27 @@ type delayRelay struct {
 	closed bool
 }
 
-// startRelay listens on a free loopback port and relays every connection
+// StartDelayRelay listens on a free loopback port and relays every connection
 // to target with rtt/2 of delay each way.
-func startRelay(target string, rtt time.Duration) (*delayRelay, error) {
+func StartDelayRelay(target string, rtt time.Duration) (*DelayRelay, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	r := &delayRelay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	r := &DelayRelay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	r.oneWay.Store(int64(rtt / 2))
 	go r.serve()
 	return r, nil
 }
 
-func (r *delayRelay) addr() string { return r.ln.Addr().String() }
+func (r *DelayRelay) Addr() string { return r.ln.Addr().String() }
 
-func (r *delayRelay) port() int { return r.ln.Addr().(*net.TCPAddr).Port }
+func (r *DelayRelay) Port() int { return r.ln.Addr().(*net.TCPAddr).Port }
 
-// setRTT changes the delay for chunks read from now on.
-func (r *delayRelay) setRTT(rtt time.Duration) { r.oneWay.Store(int64(rtt / 2)) }
+// SetRTT changes the delay for chunks read from now on.
+func (r *DelayRelay) SetRTT(rtt time.Duration) { r.oneWay.Store(int64(rtt / 2)) }
 
-func (r *delayRelay) track(c net.Conn) bool {
+func (r *DelayRelay) track(c net.Conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -60,14 +59,14 @@ func (r *delayRelay) track(c net.Conn) bool {
 	return true
 }
 
-func (r *delayRelay) untrack(c net.Conn) {
+func (r *DelayRelay) untrack(c net.Conn) {
 	r.mu.Lock()
 	delete(r.conns, c)
 	r.mu.Unlock()
 }
 
-// stop closes the listener and every relayed connection.
-func (r *delayRelay) stop() {
+// Stop closes the listener and every relayed connection.
+func (r *DelayRelay) Stop() {
 	r.ln.Close()
 	r.mu.Lock()
 	r.closed = true
@@ -77,7 +76,7 @@ func (r *delayRelay) stop() {
 	r.mu.Unlock()
 }
 
-func (r *delayRelay) serve() {
+func (r *DelayRelay) serve() {
 	for {
 		a, err := r.ln.Accept()
 		if err != nil {
@@ -114,7 +113,7 @@ type delayed struct {
 
 // pipe copies src to dst, each chunk written no sooner than one-way delay
 // after it was read. The queue between reader and writer is unbounded.
-func (r *delayRelay) pipe(src, dst net.Conn) {
+func (r *DelayRelay) pipe(src, dst net.Conn) {
 	var mu sync.Mutex
 	cond := sync.NewCond(&mu)
 	var queue []delayed
@@ -168,37 +167,28 @@ func (r *delayRelay) pipe(src, dst net.Conn) {
 	}
 }
 
-// pingPong measures the round trip through the relay to the destination's
-// echo: n one-byte exchanges on one connection; returns the median.
-func pingPong(relayAddr string, n int) (time.Duration, error) {
+// MeasureRTT measures the round trip through the relay at addr: n
+// exchanges, each on a new connection (so no window or buffer carries over),
+// timed from the first byte written until exchange returns; returns the
+// median. exchange writes a small request and reads the answer.
+func MeasureRTT(addr string, n int, exchange func(net.Conn) error) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", relayAddr)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { c.Close() }()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 	var samples []time.Duration
 	for range n {
-		// One echo connection per exchange would add a dial; the
-		// destination's echo answers one message per connection, so the
-		// ping-pong is the header round trip of a hold ('H': answers 'K').
-		t0 := time.Now()
-		if _, err := c.Write(header(opHold, 0)); err != nil {
-			return 0, err
-		}
-		var b [1]byte
-		if _, err := io.ReadFull(c, b[:]); err != nil {
-			return 0, err
-		}
-		samples = append(samples, time.Since(t0))
-		c.Close()
-		if c, err = d.DialContext(ctx, "tcp", relayAddr); err != nil {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
 			return 0, err
 		}
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		t0 := time.Now()
+		err = exchange(c)
+		samples = append(samples, time.Since(t0))
+		c.Close()
+		if err != nil {
+			return 0, err
+		}
 	}
 	if len(samples) == 0 {
 		return 0, errors.New("no samples")
@@ -207,6 +197,7 @@ func pingPong(relayAddr string, n int) (time.Duration, error) {
 	return samples[len(samples)/2], nil
 }
 
-func fmtRTT(d time.Duration) string {
+// FormatRTT is a round trip in milliseconds, as the reports print it.
+func FormatRTT(d time.Duration) string {
 	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
 }
