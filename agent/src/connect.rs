@@ -258,7 +258,9 @@ impl Connector {
 }
 
 /// How long the server link's data may stop before its window shrinks.
-const WINDOW_IDLE: Duration = Duration::from_secs(5);
+/// grpc-go's windows never shrink; growing again costs a round trip per
+/// doubling, so only a link idle for half a minute gives its budget back.
+const WINDOW_IDLE: Duration = Duration::from_secs(30);
 
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

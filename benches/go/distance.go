@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,7 +38,21 @@ type distanceSizes struct {
 }
 
 func distanceCfg() distanceSizes {
-	if *flagQuick {
+	dc := distanceSizesFor(*flagQuick)
+	// Debugging aid: BENCH_P10_RTTS=10ms,50ms runs only those.
+	if v := os.Getenv("BENCH_P10_RTTS"); v != "" {
+		dc.rtts = nil
+		for _, s := range strings.Split(v, ",") {
+			if d, err := time.ParseDuration(strings.TrimSpace(s)); err == nil {
+				dc.rtts = append(dc.rtts, d)
+			}
+		}
+	}
+	return dc
+}
+
+func distanceSizesFor(quick bool) distanceSizes {
+	if quick {
 		return distanceSizes{
 			rtts: []time.Duration{0, 10 * time.Millisecond}, one: 4 * mib, many: 8 * mib, manyConns: 16,
 			repeats: 1, limit: 60 * time.Second,
@@ -196,8 +211,14 @@ func distanceGroup() []*row {
 		}
 		stopAll()
 	}
-	rows = append(rows, tunnelDistance(dc, measured)...)
-	rows = append(rows, stalledReaders(dc)...)
+	// Debugging aid: BENCH_P10_SKIP=tunnels,stalled leaves those parts out.
+	skip := os.Getenv("BENCH_P10_SKIP")
+	if !strings.Contains(skip, "tunnels") {
+		rows = append(rows, tunnelDistance(dc, measured)...)
+	}
+	if !strings.Contains(skip, "stalled") {
+		rows = append(rows, stalledReaders(dc)...)
+	}
 
 	// The summary in the shape.
 	b := &distanceSummary

@@ -99,6 +99,11 @@ impl Budget {
         }
     }
 
+    /// Whether half or more is reserved, here or above.
+    pub fn is_half_used(&self) -> bool {
+        self.used() >= self.limit / 2 || self.parent.as_ref().is_some_and(|p| p.is_half_used())
+    }
+
     /// Whether nothing more can be reserved here or above.
     pub fn is_full(&self) -> bool {
         self.used() >= self.limit || self.parent.as_ref().is_some_and(|p| p.is_full())

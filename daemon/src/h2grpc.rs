@@ -106,7 +106,7 @@ where
     let mut body = std::pin::pin!(body);
     loop {
         let frame = std::future::poll_fn(|cx| {
-            if let Poll::Ready(_) = send.poll_reset(cx) {
+            if send.poll_reset(cx).is_ready() {
                 return Poll::Ready(None);
             }
             body.as_mut().poll_frame(cx).map(Some)
@@ -167,7 +167,7 @@ where
 {
     if let Action::Resize { stream, connection } = a {
         conn.set_target_window_size(connection);
-        if conn.set_initial_window_size(stream).is_err() {
+        if stream.is_some_and(|s| conn.set_initial_window_size(s).is_err()) {
             ctl.retry(a);
         }
     }
@@ -323,7 +323,7 @@ where
                     }
                     Action::Resize { stream, connection } => {
                         conn.set_target_window_size(connection);
-                        if conn.set_initial_window_size(stream).is_err() {
+                        if stream.is_some_and(|s| conn.set_initial_window_size(s).is_err()) {
                             ctl.retry(a);
                         }
                     }

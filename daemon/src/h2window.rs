@@ -11,8 +11,13 @@
 //! maximum and only as far as the connection's and the process's [`Budget`]s
 //! allow. A connection whose data stops for [`WindowSettings::idle`] halves
 //! its window per idle period back to the initial one and gives the budget
-//! back. A PING follows only data that arrived after the previous PONG (a
-//! grpc-go server counts PINGs without data in between as abuse).
+//! back. Only the connection window shrinks: lowering
+//! SETTINGS_INITIAL_WINDOW_SIZE can leave a stream's advertised window at
+//! zero with nothing left to prompt a WINDOW_UPDATE (the `h2` crate sends one
+//! only when a reader releases data), so a stream window, once grown, stays,
+//! and the connection window bounds what all streams hold. A PING follows
+//! only data that arrived after the previous PONG (a grpc-go server counts
+//! PINGs without data in between as abuse).
 //!
 //! With many streams on one connection (tunnels), a stream whose reader stops
 //! holds its stream window of the connection window until it reads again.
@@ -280,8 +285,12 @@ impl Drop for Registration {
 /// What the connection's driver must do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// `set_target_window_size(connection)` and `set_initial_window_size(stream)`.
-    Resize { stream: u32, connection: u32 },
+    /// `set_target_window_size(connection)`, and `set_initial_window_size`
+    /// when the stream window grew.
+    Resize {
+        stream: Option<u32>,
+        connection: u32,
+    },
     /// A keepalive PING went unanswered: close the connection.
     KeepaliveTimedOut,
 }
@@ -315,7 +324,10 @@ pub struct Controller {
     meter: Arc<Meter>,
     budget: Arc<Budget>,
     stats: Arc<WindowStats>,
-    /// Current stream and connection windows.
+    /// The window the link is given now (follows the BDP estimate, grows
+    /// and shrinks); the connection window follows it.
+    target: u32,
+    /// The advertised stream window: follows `target` up, never down.
     stream: u32,
     connection: u32,
     /// Bytes reserved in the budget (the connection window).
@@ -371,6 +383,7 @@ impl Controller {
             meter,
             budget,
             stats,
+            target: settings.initial,
             stream: settings.initial,
             connection,
             reserved: i64::from(connection),
@@ -391,9 +404,9 @@ impl Controller {
         }
     }
 
-    /// The current stream window.
-    pub fn stream_window(&self) -> u32 {
-        self.stream
+    /// The window the link is given now.
+    pub fn window(&self) -> u32 {
+        self.target
     }
 
     /// The current connection window.
@@ -445,9 +458,10 @@ impl Controller {
                 }
                 // The connection is going away; its driver sees that.
                 Poll::Ready(Err(_)) => self.in_flight = None,
+                // Any PING answers for liveness: a BDP PING that stays
+                // unanswered means a frozen peer as much as a keepalive one.
                 Poll::Pending => {
-                    if p.kind == PingKind::Keepalive
-                        && let Some(k) = self.keepalive
+                    if let Some(k) = self.keepalive
                         && now.saturating_duration_since(p.sent) >= k.timeout
                     {
                         return Poll::Ready(Action::KeepaliveTimedOut);
@@ -481,7 +495,7 @@ impl Controller {
 
     /// Whether a BDP PING could still change anything.
     fn wants_bdp(&self) -> bool {
-        self.stream < self.settings.max && !self.budget.is_full()
+        self.target < self.settings.max && !self.budget.is_full()
     }
 
     fn send(&mut self, kind: PingKind, taken: u64, now: Instant) {
@@ -500,9 +514,9 @@ impl Controller {
     fn sampled(&mut self, p: InFlight, taken: u64) -> Option<Action> {
         let delivered = taken.saturating_sub(p.taken);
         let limit = u64::from(p.window);
-        self.sampled = self.stream;
-        if delivered * 3 >= limit * 2 && self.stream < self.settings.max {
-            let want = self.stream.saturating_mul(2).min(self.settings.max);
+        self.sampled = self.target;
+        if delivered * 3 >= limit * 2 && self.target < self.settings.max {
+            let want = self.target.saturating_mul(2).min(self.settings.max);
             self.bdp_pause = Duration::ZERO;
             self.next_bdp = Instant::now();
             return self.resize(want);
@@ -517,14 +531,14 @@ impl Controller {
     }
 
     fn shrink_if_idle(&mut self, now: Instant) -> Option<Action> {
-        if self.stream <= self.settings.initial
+        if self.target <= self.settings.initial
             || now.saturating_duration_since(self.last_data) < self.settings.idle
         {
             return None;
         }
         // One halving per idle period.
         self.last_data = now;
-        let want = (self.stream / 2).max(self.settings.initial);
+        let want = (self.target / 2).max(self.settings.initial);
         self.sampled = want;
         self.resize(want)
     }
@@ -539,56 +553,57 @@ impl Controller {
         if held == before {
             return None;
         }
-        self.resize(self.stream)
+        self.resize(self.target)
     }
 
-    /// Sets the stream window to `stream` (or as much of it as the budgets
-    /// allow) and the connection window to match; `None` if nothing changed.
-    fn resize(&mut self, stream: u32) -> Option<Action> {
-        let stream = stream.clamp(self.settings.initial, self.settings.max);
-        let want_conn = |stream: u32| -> i64 {
-            if self.settings.single_stream {
-                i64::from(stream)
-            } else {
-                (i64::from(stream) * 2 + self.held)
-                    .max(i64::from(self.settings.initial_connection()))
-            }
-        };
-        let mut stream = stream;
-        let mut conn = want_conn(stream).min(i64::from(h2_max()));
+    /// Gives the link a window of `target` (or as much of it as the budgets
+    /// allow): the connection window to match, the stream window up to it if
+    /// it is larger; `None` if nothing changed.
+    fn resize(&mut self, target: u32) -> Option<Action> {
+        let mut target = target.clamp(self.settings.initial, self.settings.max);
+        let mut conn = if self.settings.single_stream {
+            i64::from(target)
+        } else {
+            (i64::from(target) * 2 + self.held).max(i64::from(self.settings.initial_connection()))
+        }
+        .min(i64::from(h2_max()));
         if conn > self.reserved {
             let got = self.budget.try_reserve(conn - self.reserved);
             self.reserved += got;
             if self.reserved < conn {
                 // The budget decides: grow only as far as it allows.
                 conn = self.reserved;
-                if self.settings.single_stream {
-                    stream = stream.min(u32::try_from(conn).unwrap_or(u32::MAX));
+                let room = if self.settings.single_stream {
+                    conn
                 } else {
-                    let room = u32::try_from((conn - self.held) / 2).unwrap_or(0);
-                    stream = stream.min(room.max(self.settings.initial));
-                }
+                    (conn - self.held) / 2
+                };
+                let room = u32::try_from(room.max(0)).unwrap_or(u32::MAX);
+                target = target.min(room.max(self.settings.initial));
             }
         } else if conn < self.reserved {
             self.budget.release(self.reserved - conn);
             self.reserved = conn;
         }
         let conn = u32::try_from(conn).unwrap_or(h2_max());
-        if stream == self.stream && conn == self.connection {
+        let stream = self.stream.max(target);
+        if target == self.target && conn == self.connection && stream == self.stream {
             return None;
         }
         self.stats.stream_windows.fetch_add(
-            i64::from(stream) - i64::from(self.stream),
+            i64::from(target) - i64::from(self.target),
             Ordering::Relaxed,
         );
         self.stats.connection_windows.fetch_add(
             i64::from(conn) - i64::from(self.connection),
             Ordering::Relaxed,
         );
+        let grew = stream > self.stream;
+        self.target = target;
         self.stream = stream;
         self.connection = conn;
         Some(Action::Resize {
-            stream,
+            stream: grew.then_some(stream),
             connection: conn,
         })
     }
@@ -611,9 +626,7 @@ impl Controller {
             wake = wake.min(at);
         }
         if let Some(p) = self.in_flight {
-            if p.kind == PingKind::Keepalive
-                && let Some(k) = self.keepalive
-            {
+            if let Some(k) = self.keepalive {
                 wake = wake.min(p.sent + k.timeout);
             }
         } else {
@@ -633,7 +646,7 @@ impl Controller {
                 }
             }
         }
-        if self.stream > self.settings.initial {
+        if self.target > self.settings.initial {
             wake = wake.min(self.last_data + self.settings.idle);
         }
         if !self.settings.single_stream {
@@ -651,7 +664,7 @@ impl Drop for Controller {
         self.budget.release(self.reserved);
         self.stats
             .stream_windows
-            .fetch_sub(i64::from(self.stream), Ordering::Relaxed);
+            .fetch_sub(i64::from(self.target), Ordering::Relaxed);
         self.stats
             .connection_windows
             .fetch_sub(i64::from(self.connection), Ordering::Relaxed);
@@ -662,4 +675,227 @@ impl Drop for Controller {
 /// HTTP/2's largest window.
 fn h2_max() -> u32 {
     (1 << 31) - 1
+}
+
+#[cfg(test)]
+mod tests {
+    //! The controller on a real HTTP/2 connection (`h2grpc::serve` against
+    //! an `h2` client) over an in-memory link that delays every chunk by half
+    //! the round trip each way, on tokio's paused clock: round trips are
+    //! simulated, not waited for.
+    use super::*;
+    use crate::h2grpc::{H2Config, RecvBody, serve};
+    use bytes::Bytes;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::AtomicU64;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    const MIB: u32 = 1 << 20;
+
+    /// Bytes pass after `rtt / 2` each way, without a bandwidth limit; once
+    /// `frozen` is set nothing passes any more (a stopped peer whose kernel
+    /// still takes the bytes).
+    fn delayed_link(rtt: Duration) -> (DuplexStream, DuplexStream, Arc<AtomicBool>) {
+        let (near, relay_a) = tokio::io::duplex(1 << 20);
+        let (relay_b, far) = tokio::io::duplex(1 << 20);
+        let frozen = Arc::new(AtomicBool::new(false));
+        let (ar, aw) = tokio::io::split(relay_a);
+        let (br, bw) = tokio::io::split(relay_b);
+        for (mut from, mut to) in [(ar, bw), (br, aw)] {
+            let frozen = frozen.clone();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+            tokio::spawn(async move {
+                let mut buf = vec![0; 64 << 10];
+                while let Ok(n) = from.read(&mut buf).await {
+                    if n == 0
+                        || tx
+                            .send((Instant::now() + rtt / 2, buf[..n].to_vec()))
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                while let Some((at, chunk)) = rx.recv().await {
+                    tokio::time::sleep_until(at).await;
+                    if !frozen.load(Ordering::Relaxed) && to.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        (near, far, frozen)
+    }
+
+    fn config(max: u32, process_budget: i64, keepalive: Option<Keepalive>) -> H2Config {
+        H2Config {
+            window: WindowSettings {
+                initial: MIB,
+                max,
+                connection_budget: i64::from(max),
+                idle: Duration::from_secs(1),
+                single_stream: true,
+            },
+            keepalive,
+            max_frame_size: 16 << 10,
+            max_header_list_size: 16 << 10,
+            max_concurrent_streams: 10,
+            max_send_buffer: 1 << 20,
+            process_budget: Budget::new(process_budget, None),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Reads each request body to its end, counting the bytes.
+    #[derive(Clone)]
+    struct Sink(Arc<AtomicU64>);
+
+    impl tower_service::Service<http::Request<RecvBody>> for Sink {
+        type Response = http::Response<http_body_util::Empty<Bytes>>;
+        type Error = h2::Error;
+        type Future = Pin<Box<dyn Future<Output = Result<Self::Response, h2::Error>> + Send>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<RecvBody>) -> Self::Future {
+            let n = self.0.clone();
+            Box::pin(async move {
+                let mut body = req.into_body();
+                while let Some(f) = body.frame().await {
+                    if let Ok(d) = f?.into_data() {
+                        n.fetch_add(d.len() as u64, Ordering::Relaxed);
+                    }
+                }
+                Ok(http::Response::new(http_body_util::Empty::new()))
+            })
+        }
+    }
+
+    /// Serves `cfg` at the far end of a link of `rtt`; the client uploads
+    /// `total` bytes on one stream (or freezes the link after
+    /// `freeze_after`). Returns the largest connection window seen while the
+    /// upload ran, the bytes the server read, the server's task and the
+    /// client (the connection lives as long as it does).
+    async fn upload(
+        cfg: &H2Config,
+        rtt: Duration,
+        total: usize,
+        freeze_after: Option<usize>,
+    ) -> (
+        i64,
+        u64,
+        tokio::task::JoinHandle<()>,
+        h2::client::SendRequest<Bytes>,
+    ) {
+        let (client_io, server_io, frozen) = delayed_link(rtt);
+        let read = Arc::new(AtomicU64::new(0));
+        let drain = crate::drain::Drain::new();
+        let (svc, c) = (Sink(read.clone()), cfg.clone());
+        let server = tokio::spawn(async move { serve(server_io, svc, &c, &drain).await });
+        let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(conn);
+        let stats = cfg.stats.clone();
+        let peak = Arc::new(AtomicI64::new(0));
+        let watch = {
+            let peak = peak.clone();
+            tokio::spawn(async move {
+                loop {
+                    peak.fetch_max(stats.connection_windows(), Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        };
+        let req = http::Request::post("http://test/").body(()).unwrap();
+        let (_resp, mut send) = client.send_request(req, false).unwrap();
+        let chunk = Bytes::from(vec![7u8; 256 << 10]);
+        let mut sent = 0;
+        while sent < total {
+            if freeze_after.is_some_and(|f| sent >= f) {
+                frozen.store(true, Ordering::Relaxed);
+                break;
+            }
+            send.reserve_capacity(chunk.len().min(total - sent));
+            match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(n)) if n > 0 => {
+                    let n = n.min(total - sent);
+                    send.send_data(chunk.slice(..n), false).unwrap();
+                    sent += n;
+                }
+                Some(Ok(_)) => {}
+                _ => panic!("stream ended after {sent} bytes"),
+            }
+        }
+        if !frozen.load(Ordering::Relaxed) {
+            send.send_data(Bytes::new(), true).unwrap();
+            // Everything arrived and was read.
+            while read.load(Ordering::Relaxed) < total as u64 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        watch.abort();
+        let read = read.load(Ordering::Relaxed);
+        (peak.load(Ordering::Relaxed), read, server, client)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_window_grows_under_a_long_round_trip_and_shrinks_back_when_idle() {
+        let cfg = config(16 * MIB, 1 << 30, None);
+        let (peak, read, _server, _client) =
+            upload(&cfg, Duration::from_millis(50), 48 << 20, None).await;
+        assert_eq!(read, 48 << 20);
+        assert!(peak >= i64::from(8 * MIB), "peak window {peak}");
+        assert!(peak <= i64::from(16 * MIB), "peak window {peak}");
+        assert!(cfg.stats.stream_windows() > i64::from(MIB));
+        // Idle: one halving per idle second, back to the initial window, and
+        // the budget holds only that again.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(cfg.stats.stream_windows(), i64::from(MIB));
+        assert_eq!(cfg.stats.connection_windows(), i64::from(MIB));
+        assert_eq!(cfg.process_budget.used(), i64::from(MIB));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_round_trip_to_cover_the_window_stays_small() {
+        let cfg = config(16 * MIB, 1 << 30, None);
+        let (peak, read, _server, _client) = upload(&cfg, Duration::ZERO, 24 << 20, None).await;
+        assert_eq!(read, 24 << 20);
+        assert!(peak <= i64::from(2 * MIB), "peak window {peak}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_window_never_grows_past_the_process_budget() {
+        let budget = 3 * i64::from(MIB);
+        let cfg = config(16 * MIB, budget, None);
+        let (peak, read, _server, _client) =
+            upload(&cfg, Duration::from_millis(50), 32 << 20, None).await;
+        assert_eq!(read, 32 << 20);
+        assert!(peak > i64::from(MIB), "it grew within the budget: {peak}");
+        assert!(
+            peak <= budget,
+            "peak window {peak} past the budget {budget}"
+        );
+        assert!(cfg.process_budget.used() <= budget);
+    }
+
+    /// A peer that stops answering while a BDP PING is out is found out by
+    /// the keepalive timeout as well.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_frozen_while_data_flows_is_dropped_after_the_keepalive_timeout() {
+        let keepalive = Keepalive {
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+        };
+        let cfg = config(16 * MIB, 1 << 30, Some(keepalive));
+        let (_, _, server, _client) =
+            upload(&cfg, Duration::from_millis(20), 64 << 20, Some(4 << 20)).await;
+        let t0 = Instant::now();
+        tokio::time::timeout(Duration::from_secs(30), server)
+            .await
+            .expect("the connection to the frozen peer is still served")
+            .unwrap();
+        assert!(t0.elapsed() <= keepalive.timeout + Duration::from_millis(100));
+    }
 }

@@ -108,7 +108,7 @@ pub async fn serve<T>(
             a = windows.next() => {
                 if let Action::Resize { stream, connection } = a {
                     conn.set_target_window_size(connection);
-                    if conn.set_initial_window_size(stream).is_err() {
+                    if stream.is_some_and(|s| conn.set_initial_window_size(s).is_err()) {
                         windows.retry(a);
                     }
                 }

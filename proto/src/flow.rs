@@ -17,8 +17,8 @@
 //! data beyond what it had granted before an update can only arrive once that
 //! update reached the sender, so the time from sending an update until such
 //! data arrives is a round trip (the smallest of recent ones is kept). When,
-//! within such a round trip, its reader passed on at least two thirds of the
-//! window and kept up (little is parked), the window doubles, up to the
+//! within such a round trip, at least two thirds of the window arrived and its
+//! reader kept up (little is parked), the window doubles, up to the
 //! agreed maximum and only as far as the connection's and the process's
 //! [`Budget`]s allow. A window whose data stops moving (idle, or parked
 //! because its reader stalled) halves per sweep back to its initial size,
@@ -289,11 +289,11 @@ impl FlowPool {
             return None;
         }
         let peer_max = peer_max?;
-        Some(LinkFlow {
-            cfg: settings.window.agreed(peer_max),
-            budget: Budget::new(settings.link_budget, Some(self.budget.clone())),
-            stats: self.stats.clone(),
-        })
+        Some(LinkFlow::new(
+            settings.window.agreed(peer_max),
+            Budget::new(settings.link_budget, Some(self.budget.clone())),
+            self.stats.clone(),
+        ))
     }
 
     /// The receiving side of a connection with an upstream peer.
@@ -337,9 +337,50 @@ pub struct LinkFlow {
     pub cfg: WindowConfig,
     pub budget: Arc<Budget>,
     pub stats: Arc<FlowStats>,
+    /// What connections of this stream needed lately: a new one starts
+    /// there instead of ramping up from the initial window again.
+    warm: Arc<Mutex<Warm>>,
+}
+
+/// A window the link recently carried, halving every [`WARM_HOLD`] since.
+#[derive(Debug)]
+struct Warm {
+    window: i64,
+    noted: Instant,
+}
+
+/// How long a link's recent window is remembered at full size.
+pub const WARM_HOLD: Duration = Duration::from_secs(30);
+
+impl Warm {
+    fn current(&self, now: Instant) -> i64 {
+        let halvings = now.saturating_duration_since(self.noted).as_secs() / WARM_HOLD.as_secs();
+        self.window
+            .checked_shr(u32::try_from(halvings).unwrap_or(63))
+            .unwrap_or(0)
+    }
+
+    fn note(&mut self, window: i64, now: Instant) {
+        if window >= self.current(now) {
+            self.window = window;
+            self.noted = now;
+        }
+    }
 }
 
 impl LinkFlow {
+    pub fn new(cfg: WindowConfig, budget: Arc<Budget>, stats: Arc<FlowStats>) -> Self {
+        LinkFlow {
+            cfg,
+            budget,
+            stats,
+            warm: Arc::new(Mutex::new(Warm {
+                window: 0,
+                noted: Instant::now(),
+            })),
+        }
+    }
+
     /// The receiving side of a new connection. Its initial window (to be
     /// announced to the sender) is [`RecvWindow::initial`].
     pub fn open_recv(&self) -> RecvGate {
@@ -490,8 +531,8 @@ struct Probe {
     sent: Instant,
     /// Credit granted before this update: data beyond it proves arrival.
     mark: i64,
-    /// `consumed` when the update was sent.
-    consumed: i64,
+    /// `received` when the update was sent.
+    received: i64,
     /// The window that limited the data arriving during this round trip:
     /// it was granted before the update, so a window that grew at the
     /// last sample does not show until the next one.
@@ -530,18 +571,27 @@ pub struct RecvWindow {
     cfg: WindowConfig,
     budget: Arc<Budget>,
     stats: Arc<FlowStats>,
+    warm: Arc<Mutex<Warm>>,
 }
 
 impl RecvWindow {
     fn new(link: &LinkFlow) -> RecvWindow {
-        let want = link.cfg.initial.max(FLOOR_WINDOW);
-        let got = link.budget.try_reserve(want);
+        let now = Instant::now();
+        let warm = link.warm.lock().current(now);
+        let want = link.cfg.initial.max(warm).clamp(FLOOR_WINDOW, link.cfg.max);
+        // Initial windows take at most half the budget: connections whose
+        // readers never read (they never grow) cannot take it all from
+        // those that do.
+        let got = if link.budget.is_half_used() {
+            0
+        } else {
+            link.budget.try_reserve(want)
+        };
         if got < FLOOR_WINDOW {
             link.budget.force(FLOOR_WINDOW - got);
         }
         let initial = got.max(FLOOR_WINDOW);
         link.stats.add_windows(initial);
-        let now = Instant::now();
         RecvWindow {
             inner: Mutex::new(RecvState {
                 granted: initial,
@@ -560,6 +610,7 @@ impl RecvWindow {
             cfg: link.cfg,
             budget: link.budget.clone(),
             stats: link.stats.clone(),
+            warm: link.warm.clone(),
         }
     }
 
@@ -576,20 +627,28 @@ impl RecvWindow {
             && s.received > p.mark
         {
             s.probe = None;
-            self.sampled(&mut s, p, now);
+            self.sampled(&mut s, p, c, now);
         }
         Ok(())
     }
 
     /// A round trip completed: remember it, and grow the window if it was
     /// what held the connection back.
-    fn sampled(&self, s: &mut RecvState, p: Probe, now: Instant) {
+    fn sampled(&self, s: &mut RecvState, p: Probe, arriving: i64, now: Instant) {
         let rtt = now.saturating_duration_since(p.sent);
         s.min_rtt = Some(s.min_rtt.map_or(rtt, |m| m.min(rtt)));
-        let delivered = s.consumed - p.consumed;
-        let parked = s.received - s.consumed;
+        // What arrived in that round trip, the packet that proved it included.
+        let delivered = s.received - p.received;
+        // Parked before this packet: the reader kept up with the rest.
+        let parked = s.received - s.consumed - arriving;
         s.sampled_window = s.target;
-        if delivered * 3 >= p.window * 2 && parked <= s.target / 2 && s.target < self.cfg.max {
+        let limited = delivered * 3 >= p.window * 2 && parked <= s.target / 2;
+        // What this connection carried in a round trip (or its window, when
+        // that was the limit) is a fair start for the link's next ones.
+        self.warm
+            .lock()
+            .note(if limited { s.target } else { delivered }, now);
+        if limited && s.target < self.cfg.max {
             let want = (s.target * 2).min(self.cfg.max) - s.target;
             // What is already reserved above the window counts first.
             let covered = (s.reserved - s.target).clamp(0, want);
@@ -622,7 +681,7 @@ impl RecvWindow {
             s.probe = Some(Probe {
                 sent: now,
                 mark: s.granted,
-                consumed: s.consumed,
+                received: s.received,
                 window: s.sampled_window,
             });
         }
@@ -772,15 +831,15 @@ mod tests {
     use super::*;
 
     fn link(initial: i64, max: i64, budget: i64) -> LinkFlow {
-        LinkFlow {
-            cfg: WindowConfig {
+        LinkFlow::new(
+            WindowConfig {
                 initial,
                 max,
                 idle: Duration::from_secs(1),
             },
-            budget: Budget::new(budget, None),
-            stats: Arc::new(FlowStats::default()),
-        }
+            Budget::new(budget, None),
+            Arc::new(FlowStats::default()),
+        )
     }
 
     fn window(g: &RecvGate) -> i64 {
@@ -882,6 +941,41 @@ mod tests {
         assert_eq!(l.budget.used(), 0);
         assert_eq!(l.stats.windows(), 0);
         assert_eq!(l.stats.parked(), 0);
+    }
+
+    #[test]
+    fn a_new_connection_starts_at_what_the_link_carried_lately() {
+        let l = link(64 << 10, 16 << 20, 1 << 30);
+        let a = l.open_recv();
+        let sa = l.open_send(a.initial().unwrap_or_default());
+        simulate(&a, &sa, Duration::from_millis(20), 12);
+        let grown = window(&a);
+        assert!(grown > 1 << 20, "{grown}");
+        let b = l.open_recv();
+        assert_eq!(b.initial(), Some(grown), "no second ramp from 64 KiB");
+    }
+
+    #[test]
+    fn readers_that_never_read_take_at_most_half_the_budget_with_their_initial_windows() {
+        let l = link(256 << 10, 16 << 20, 8 << 20);
+        let stalled: Vec<_> = (0..100).map(|_| l.open_recv()).collect();
+        let initials: i64 = stalled.iter().filter_map(RecvGate::initial).sum();
+        let big = stalled
+            .iter()
+            .filter(|g| g.initial() == Some(256 << 10))
+            .count() as i64;
+        assert_eq!(big, 16, "256 KiB windows until half of 8 MiB is taken");
+        assert_eq!(initials, big * (256 << 10) + (100 - big) * FLOOR_WINDOW);
+        // The other half is there for a connection whose reader keeps up.
+        let active = l.open_recv();
+        let send = l.open_send(active.initial().unwrap_or_default());
+        let moved = simulate(&active, &send, Duration::from_millis(20), 12);
+        assert!(
+            window(&active) >= 2 << 20,
+            "{} after {moved}",
+            window(&active)
+        );
+        assert!(l.budget.used() <= 8 << 20);
     }
 
     #[test]

@@ -86,7 +86,9 @@ pub fn agent_h2(
 }
 
 /// How long an agent link's data may stop before its HTTP/2 window shrinks.
-const AGENT_WINDOW_IDLE: Duration = Duration::from_secs(5);
+/// grpc-go's windows never shrink; growing again costs a round trip per
+/// doubling, so only a link idle for half a minute gives its budget back.
+const AGENT_WINDOW_IDLE: Duration = Duration::from_secs(30);
 
 /// How long a PING may stay unanswered before the connection is closed.
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);

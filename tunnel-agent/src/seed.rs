@@ -267,7 +267,7 @@ async fn drive(
                 }
                 Action::Resize { stream, connection } => {
                     conn.set_target_window_size(connection);
-                    if conn.set_initial_window_size(stream).is_err() {
+                    if stream.is_some_and(|s| conn.set_initial_window_size(s).is_err()) {
                         ctl.retry(a);
                     }
                 }
