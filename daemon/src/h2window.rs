@@ -678,6 +678,7 @@ fn h2_max() -> u32 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     //! The controller on a real HTTP/2 connection (`h2grpc::serve` against
     //! an `h2` client) over an in-memory link that delays every chunk by half
