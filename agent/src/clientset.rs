@@ -111,7 +111,12 @@ impl ClientSet {
         self.sessions.lock().values().cloned().collect()
     }
 
-    fn publish(&self, n: usize) {
+    /// Publishes how many sessions are open, counted under the table's lock
+    /// so a session that starts and one that ends at the same time cannot
+    /// publish their counts out of order.
+    fn publish(&self) {
+        let sessions = self.sessions.lock();
+        let n = sessions.len();
         self.metrics.open_server_connections.set(n as f64);
         self.connected_tx.send_replace(n);
     }
@@ -238,12 +243,9 @@ impl ClientSet {
             self.debug.clone(),
         );
         self.held.lock().insert(server_id.clone(), endpoint);
-        let n = {
-            let mut s = self.sessions.lock();
-            s.insert(server_id.clone(), session.clone());
-            s.len()
-        };
-        self.publish(n);
+        self.sessions
+            .lock()
+            .insert(server_id.clone(), session.clone());
         tracing::info!(server_id = %server_id, server_count, flow_max, "connected to proxy server");
         let me = self.clone();
         let span = tracing::info_span!("server", server_id = %server_id);
@@ -254,17 +256,17 @@ impl ClientSet {
                 }
                 session.serve(inbound).await;
                 me.held.lock().remove(&session.server_id);
-                let n = {
-                    let mut s = me.sessions.lock();
-                    s.remove(&session.server_id);
-                    s.len()
-                };
-                me.publish(n);
+                me.sessions.lock().remove(&session.server_id);
+                me.publish();
                 me.lost.notify_one();
                 tracing::info!("disconnected from proxy server");
             }
             .instrument(span),
         );
+        // Only once the session's task is tracked: whoever sees the agent
+        // connected also sees that task (tests take the task count then as
+        // the steady state).
+        self.publish();
     }
 
     /// First termination signal: no new servers, and tell every server we
