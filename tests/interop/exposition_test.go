@@ -26,6 +26,16 @@ var oursOnly = map[string]string{
 	"konnectivity_network_proxy_agent_certificate_expiration_timestamp_seconds":  "expiry of the loaded TLS files (certificate reload)",
 	"konnectivity_network_proxy_server_tls_reloads_total":                        "reloads of changed TLS files",
 	"konnectivity_network_proxy_agent_tls_reloads_total":                         "reloads of changed TLS files",
+	"konnectivity_network_proxy_server_flow_control_window_bytes":                "current flow-control windows (windows that follow the link)",
+	"konnectivity_network_proxy_server_flow_control_parked_bytes":                "bytes parked against the flow-control budget",
+	"konnectivity_network_proxy_server_flow_control_reserved_bytes":              "bytes reserved against --flow-control-budget",
+	"konnectivity_network_proxy_server_flow_control_budget_bytes":                "--flow-control-budget",
+	"konnectivity_network_proxy_server_http2_window_bytes":                       "current HTTP/2 receive windows on the agent link",
+	"konnectivity_network_proxy_agent_flow_control_window_bytes":                 "current flow-control windows (windows that follow the link)",
+	"konnectivity_network_proxy_agent_flow_control_parked_bytes":                 "bytes parked against the flow-control budget",
+	"konnectivity_network_proxy_agent_flow_control_reserved_bytes":               "bytes reserved against --flow-control-budget",
+	"konnectivity_network_proxy_agent_flow_control_budget_bytes":                 "--flow-control-budget",
+	"konnectivity_network_proxy_agent_http2_window_bytes":                        "current HTTP/2 receive windows on the agent link",
 }
 
 // exempt families: Go's runtime collector has no counterpart in a Rust
