@@ -748,9 +748,10 @@ mod tests {
         }
     }
 
-    /// Reads each request body to its end, counting the bytes.
+    /// Reads each request body to its end, counting the bytes where a test
+    /// can wait for a total.
     #[derive(Clone)]
-    struct Sink(Arc<AtomicU64>);
+    struct Sink(Arc<tokio::sync::watch::Sender<u64>>);
 
     impl tower_service::Service<http::Request<RecvBody>> for Sink {
         type Response = http::Response<http_body_util::Empty<Bytes>>;
@@ -767,7 +768,7 @@ mod tests {
                 let mut body = req.into_body();
                 while let Some(f) = body.frame().await {
                     if let Ok(d) = f?.into_data() {
-                        n.fetch_add(d.len() as u64, Ordering::Relaxed);
+                        n.send_modify(|v| *v += d.len() as u64);
                     }
                 }
                 Ok(http::Response::new(http_body_util::Empty::new()))
@@ -792,9 +793,9 @@ mod tests {
         h2::client::SendRequest<Bytes>,
     ) {
         let (client_io, server_io, frozen) = delayed_link(rtt);
-        let read = Arc::new(AtomicU64::new(0));
+        let (read_tx, mut read) = tokio::sync::watch::channel(0u64);
         let drain = crate::drain::Drain::new();
-        let (svc, c) = (Sink(read.clone()), cfg.clone());
+        let (svc, c) = (Sink(Arc::new(read_tx)), cfg.clone());
         let server = tokio::spawn(async move { serve(server_io, svc, &c, &drain).await });
         let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
         tokio::spawn(conn);
@@ -832,12 +833,10 @@ mod tests {
         if !frozen.load(Ordering::Relaxed) {
             send.send_data(Bytes::new(), true).unwrap();
             // Everything arrived and was read.
-            while read.load(Ordering::Relaxed) < total as u64 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            read.wait_for(|n| *n >= total as u64).await.unwrap();
         }
         watch.abort();
-        let read = read.load(Ordering::Relaxed);
+        let read = *read.borrow();
         (peak.load(Ordering::Relaxed), read, server, client)
     }
 
