@@ -688,7 +688,6 @@ mod tests {
     use crate::h2grpc::{H2Config, RecvBody, serve};
     use bytes::Bytes;
     use http_body_util::BodyExt;
-    use std::sync::atomic::AtomicU64;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
     const MIB: u32 = 1 << 20;
