@@ -137,6 +137,15 @@ func tcpTo(addr string) dialFunc {
 	}
 }
 
+// unixTo connects to a fixed Unix socket (a relay's frontend) whatever
+// dest is.
+func unixTo(path string) dialFunc {
+	return func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+}
+
 // withTLS runs a full TLS handshake (no resumption) over what inner returns.
 func withTLS(inner dialFunc, cfg *tls.Config) dialFunc {
 	return func(ctx context.Context, dest string) (net.Conn, error) {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -282,7 +283,20 @@ func destOnly() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	fmt.Printf("destination plain=%s\n", d.plainAddr())
+	// More plain listeners (same protocol): one agent reaches one
+	// listener from at most ~28,000 ephemeral ports, and the
+	// 50,000-tunnel workload needs more.
+	plains := []string{d.plainAddr()}
+	for range *flagDestPlain - 1 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		go d.serve(l)
+		plains = append(plains, l.Addr().String())
+	}
+	fmt.Printf("destination plain=%s plains=%s\n", d.plainAddr(), strings.Join(plains, ","))
 	select {}
 }
 

@@ -178,12 +178,24 @@ func startServer(impl, mode string) (*proc, string, map[string]string, error) {
 // holds a stream to the server) and the server's /readyz is 200 (it has a
 // backend). It returns the agent's health and admin addresses.
 func startAgent(impl string, serverAddrs map[string]string) (*proc, string, string, error) {
+	return startAgentID(impl, serverAddrs, "bench-agent")
+}
+
+// startAgentID is startAgent with an agent ID of its own (many agents on
+// one server).
+func startAgentID(impl string, serverAddrs map[string]string, id string) (*proc, string, string, error) {
 	health, admin := 0, 0
 	if impl == upstream {
 		health, admin = pickPort(), pickPort()
 	}
 	agentPort, _ := strconv.Atoi(serverAddrs["agent"][strings.LastIndexByte(serverAddrs["agent"], ':')+1:])
-	p, err := startProc(impl+" proxy-agent", bin(impl, "proxy-agent"), agentArgs(impl, agentPort, health, admin))
+	args := agentArgs(impl, agentPort, health, admin)
+	for i, a := range args {
+		if strings.HasPrefix(a, "--agent-id=") {
+			args[i] = "--agent-id=" + id
+		}
+	}
+	p, err := startProc(impl+" proxy-agent "+id, bin(impl, "proxy-agent"), args)
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -247,8 +259,13 @@ func startKonn(impl, mode string) (*subject, error) {
 type haproxyFrontend struct {
 	name    string
 	port    int
+	unix    string // bind this Unix socket instead of port
 	backend string // host:port
 	sni     bool   // route on req.ssl_sni == sniName
+	// TLS between two HAProxy hops (the floor chains): bindTLS terminates
+	// mutual TLS with the proxy-server certificate; backendTLS connects
+	// with the agent's client certificate, verifying the peer by the CA.
+	bindTLS, backendTLS bool
 }
 
 func haproxyBin() string { return sbin("haproxy") }
@@ -270,14 +287,33 @@ func startHAProxy(fronts []haproxyFrontend) (*subject, error) {
 	b.WriteString("global\n  # nbthread: one per core (default); no log target\n\n")
 	b.WriteString("defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n\n")
 	for _, f := range fronts {
-		fmt.Fprintf(&b, "frontend %s\n  bind 127.0.0.1:%d\n", f.name, f.port)
+		bind := fmt.Sprintf("127.0.0.1:%d", f.port)
+		if f.unix != "" {
+			bind = "unix@" + f.unix
+		}
+		if f.bindTLS {
+			pem, err := combinedPEM(pki.ServerCert, pki.ServerKey)
+			if err != nil {
+				return nil, err
+			}
+			bind += fmt.Sprintf(" ssl crt %s ca-file %s verify required", pem, pki.CA)
+		}
+		fmt.Fprintf(&b, "frontend %s\n  bind %s\n", f.name, bind)
 		if f.sni {
 			fmt.Fprintf(&b, "  tcp-request inspect-delay 10s\n  tcp-request content accept if { req.ssl_hello_type 1 }\n")
 			fmt.Fprintf(&b, "  use_backend be_%s if { req.ssl_sni -i %s }\n\n", f.name, sniName)
 		} else {
 			fmt.Fprintf(&b, "  default_backend be_%s\n\n", f.name)
 		}
-		fmt.Fprintf(&b, "backend be_%s\n  server s1 %s\n\n", f.name, f.backend)
+		server := f.backend
+		if f.backendTLS {
+			pem, err := combinedPEM(pki.AgentCert, pki.AgentKey)
+			if err != nil {
+				return nil, err
+			}
+			server += fmt.Sprintf(" ssl crt %s ca-file %s verify required", pem, pki.CA)
+		}
+		fmt.Fprintf(&b, "backend be_%s\n  server s1 %s\n\n", f.name, server)
 	}
 	cfg := filepath.Join(workDir, fmt.Sprintf("haproxy-%d.cfg", time.Now().UnixNano()))
 	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
@@ -288,15 +324,86 @@ func startHAProxy(fronts []haproxyFrontend) (*subject, error) {
 		return nil, err
 	}
 	s := &subject{name: "HAProxy", procs: []*proc{p}}
-	return s, waitPorts(s, fronts2ports(fronts)...)
+	if err := waitPorts(s, fronts2ports(fronts)...); err != nil {
+		return nil, err
+	}
+	for _, f := range fronts {
+		if f.unix == "" {
+			continue
+		}
+		if err := goharness.Eventually(context.Background(), startPatience, time.Millisecond, func() error { return goharness.Probe("unix", f.unix) }); err != nil {
+			s.stop()
+			return nil, fmt.Errorf("HAProxy not ready on %s: %w", f.unix, err)
+		}
+	}
+	return s, nil
 }
 
 func fronts2ports(fs []haproxyFrontend) []int {
 	var out []int
 	for _, f := range fs {
-		out = append(out, f.port)
+		if f.unix == "" {
+			out = append(out, f.port)
+		}
 	}
 	return out
+}
+
+// combinedPEM writes certificate and key into one file (HAProxy's crt).
+func combinedPEM(cert, key string) (string, error) {
+	c, err := os.ReadFile(cert)
+	if err != nil {
+		return "", err
+	}
+	k, err := os.ReadFile(key)
+	if err != nil {
+		return "", err
+	}
+	out := strings.TrimSuffix(cert, ".crt") + ".pem"
+	return out, os.WriteFile(out, append(c, k...), 0o600)
+}
+
+// The floors (issue 18.1): what the same relaying costs when it is done by
+// HAProxy in the same shape as our processes, measured in the same run.
+const (
+	floorTLS   = "HAProxy two hops + TLS"
+	floorPlain = "HAProxy two hops"
+)
+
+// startFloorChain starts two HAProxy processes in series, hop 1 → hop 2 →
+// dest. With withTLS (the Konnectivity shape: proxy-server, a TLS link,
+// proxy-agent) the client reaches hop 1 over a Unix socket and the hops
+// speak mutual TLS with the proxy-server and agent certificates; without
+// it (the tunnel-agent → nodeport-proxy shape) every leg is plain TCP.
+// Each client connection gets its own hop-to-hop connection (and, with
+// TLS, its own handshake), which bulk transfers amortize.
+func startFloorChain(withTLS bool, dest string) (*subject, error) {
+	mid := pickPort()
+	hop2, err := startHAProxy([]haproxyFrontend{{name: "hop2", port: mid, backend: dest, bindTLS: withTLS}})
+	if err != nil {
+		return nil, err
+	}
+	first := haproxyFrontend{name: "hop1", backend: goharness.Loopback(mid), backendTLS: withTLS}
+	name := floorPlain
+	if withTLS {
+		udsSeq++
+		first.unix = filepath.Join(workDir, fmt.Sprintf("h%d.sock", udsSeq))
+		name = floorTLS
+	} else {
+		first.port = pickPort()
+	}
+	hop1, err := startHAProxy([]haproxyFrontend{first})
+	if err != nil {
+		hop2.stop()
+		return nil, err
+	}
+	s := &subject{name: name, procs: []*proc{hop1.procs[0], hop2.procs[0]}}
+	if withTLS {
+		s.dial = unixTo(first.unix)
+	} else {
+		s.dial = tcpTo(goharness.Loopback(first.port))
+	}
+	return s, nil
 }
 
 // waitPorts waits until every port accepts connections.

@@ -24,6 +24,13 @@ type row struct {
 	ratioMin, ratioMax, oursMin, oursMax float64
 	// aimFor: the aim applies to the row against this anchor only.
 	aimFor string
+	// CPU aims (issue 18.2), checked besides the aim above: ours / anchor
+	// CPU per GiB at most cpuRatioMax, ours CPU per GiB at most cpuMax,
+	// ours CPU per operation (rate rows) at most opMaxMicros.
+	cpuAim                           string
+	cpuRatioMax, cpuMax, opMaxMicros float64
+	// CPU per operation in µs (rate rows; 0: not measured).
+	opOurs, opAnchor float64
 	// perOp: bytes one operation of a rate workload moves; the note then
 	// gives CPU time per operation.
 	perOp int64
@@ -59,8 +66,59 @@ func (r *row) ratio() float64 {
 	return median(r.ours) / a
 }
 
-// met is "yes", "no" or "" (no aim).
+func (r *row) cpuRatio() float64 {
+	if r.cpuOurs < 0 || r.cpuAnchor <= 0 {
+		return math.NaN()
+	}
+	return r.cpuOurs / r.cpuAnchor
+}
+
+// aims is the Aim column: the throughput/latency aim and the CPU aim.
+func (r *row) aims() string {
+	var a []string
+	for _, x := range []string{r.aim, r.cpuAim} {
+		if x != "" {
+			a = append(a, x)
+		}
+	}
+	return strings.Join(a, "; ")
+}
+
+// met is the Met column: "yes", "no" or "" (no aim) per aim, in the order
+// of aims().
 func (r *row) met() string {
+	var m []string
+	if r.aim != "" {
+		m = append(m, r.metAim())
+	}
+	if r.cpuAim != "" {
+		m = append(m, r.metCPU())
+	}
+	return strings.Join(m, "; ")
+}
+
+func (r *row) metCPU() string {
+	if r.err != "" {
+		return "no"
+	}
+	ok := true
+	if r.cpuRatioMax > 0 {
+		q := r.cpuRatio()
+		ok = ok && !math.IsNaN(q) && q <= r.cpuRatioMax
+	}
+	if r.cpuMax > 0 {
+		ok = ok && r.cpuOurs >= 0 && r.cpuOurs <= r.cpuMax
+	}
+	if r.opMaxMicros > 0 {
+		ok = ok && r.opOurs > 0 && r.opOurs <= r.opMaxMicros
+	}
+	if ok {
+		return "yes"
+	}
+	return "no"
+}
+
+func (r *row) metAim() string {
 	if r.err != "" {
 		return "no"
 	}
@@ -130,7 +188,7 @@ func cpuStr(x float64) string {
 
 func renderTable(rows []*row) string {
 	var b strings.Builder
-	b.WriteString("| ID | Workload | Ours | Anchor | Ratio | Aim | Met | Ours min / med / max | Anchor min / med / max | CPU s/GiB ours / anchor | Peak RSS MiB ours / anchor |\n")
+	b.WriteString("| ID | Workload | Ours | Anchor | Ratio | Aim | Met | Ours min / med / max | Anchor min / med / max | CPU s/GiB ours / anchor = ratio | Peak RSS MiB ours / anchor |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		ours := num(median(r.ours)) + " " + r.unit
@@ -152,9 +210,13 @@ func renderTable(rows []*row) string {
 		if r.err != "" {
 			wl += " — error: " + strings.ReplaceAll(r.err, "\n", " ")
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s |\n",
-			r.id, strings.ReplaceAll(wl, "|", "/"), ours, anchor, ratio, r.aim, r.met(), spread(r.ours), spread(r.anchor),
-			cpuStr(r.cpuOurs), cpuStr(r.cpuAnchor), mibStr(r.rssOurs), mibStr(r.rssAnchor))
+		cpu := cpuStr(r.cpuOurs) + " / " + cpuStr(r.cpuAnchor)
+		if q := r.cpuRatio(); !math.IsNaN(q) {
+			cpu += " = " + num(q) + "×"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s |\n",
+			r.id, strings.ReplaceAll(wl, "|", "/"), ours, anchor, ratio, r.aims(), r.met(), spread(r.ours), spread(r.anchor),
+			cpu, mibStr(r.rssOurs), mibStr(r.rssAnchor))
 	}
 	return b.String()
 }
