@@ -62,6 +62,8 @@ pub struct Connector {
     pub token_path: Option<PathBuf>,
     pub keepalive: Duration,
     pub keepalive_timeout: Duration,
+    /// The least time between two keepalive PINGs (`--keepalive-min-interval`).
+    pub keepalive_min_interval: Duration,
     /// Flow-control settings (offered to the server unless off: then the
     /// agent behaves exactly as upstream's), the budget and window totals.
     pub flow: Arc<konnectivity_proto::flow::FlowPool>,
@@ -246,6 +248,7 @@ impl Connector {
             keepalive: Some(daemon::h2window::Keepalive {
                 interval: self.keepalive,
                 timeout: self.keepalive_timeout,
+                min_gap: self.keepalive_min_interval,
             }),
             max_frame_size: 16 << 10,
             max_header_list_size: 64 << 10,
@@ -256,6 +259,15 @@ impl Connector {
         }
     }
 }
+
+/// The least time between two PINGs to a server by default
+/// (`--keepalive-min-interval`). Upstream's server answers
+/// PINGs that arrive less than 30 s apart with GOAWAY `too_many_pings`
+/// (grpc-go's enforcement policy, MinTime 30 s, timed on arrival, three
+/// strikes); one second more absorbs the network's jitter. Servers of this
+/// project PING an idle agent every 15 s themselves, which keeps the agent's
+/// own PINGs from being needed at all.
+pub const MIN_PING_GAP: Duration = Duration::from_secs(31);
 
 /// How long the server link's data may stop before its window shrinks.
 /// grpc-go's windows never shrink; growing again costs a round trip per

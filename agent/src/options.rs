@@ -12,10 +12,13 @@ use crate::clientset::SyncConfig;
 use crate::connect::Connector;
 use crate::session::SessionConfig;
 
-/// A frozen server is noticed within `KEEPALIVE_TIME + KEEPALIVE_TIMEOUT`
-/// (upstream: 1 h + 20 s). Not sooner: upstream's server answers PINGs that
-/// come more often than every 30 s with GOAWAY `too_many_pings`.
-pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
+/// A frozen server is noticed within `KEEPALIVE_TIME + KEEPALIVE_TIMEOUT` of
+/// last hearing from it (upstream: 1 h + 20 s): a PING goes once it has been
+/// quiet that long. Our servers PING an idle agent every 15 s, so a frozen
+/// one is left within 30 s. Upstream's server stays quiet for its 1 h
+/// keepalive and tolerates no PINGs closer than 30 s
+/// ([`crate::connect::MIN_PING_GAP`]): against it, within 36 s.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(25);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Upstream's agent waits for a second signal (or SIGKILL) however idle it
 /// is; ours leaves once its connections are gone, and by this long after the
@@ -46,6 +49,7 @@ pub fn flags() -> FlagSet {
         .duration("sync-interval-cap", Duration::from_secs(10), "The maximum interval for the SyncInterval to back off to when unable to connect to the proxy server")
         .duration("keepalive-time", KEEPALIVE_TIME, "Time for gRPC agent server keepalive.")
         .duration("keepalive-timeout", KEEPALIVE_TIMEOUT, "How long a keepalive PING to a server may stay unanswered before its stream is closed (ours).")
+        .duration("keepalive-min-interval", crate::connect::MIN_PING_GAP, "Ours: the least time between two keepalive PINGs to a server (a PING goes once the server has been quiet for --keepalive-time). Upstream's server closes connections that PING more often than every 30 s; lower it only with servers of this project.")
         .string("service-account-token-path", "", "If non-empty proxy agent uses this token to prove its identity to the proxy server.")
         .string("agent-identifiers", "", "Identifiers of the agent that will be used by the server when choosing agent. N.B. the list of identifiers must be in URL encoded format. e.g.,host=localhost&host=node1.mydomain.com&cidr=127.0.0.1/16&ipv4=1.2.3.4&ipv4=5.6.7.8&ipv6=:::::&default-route=true")
         .bool("warn-on-channel-limit", false, "Accepted for compatibility.")
@@ -220,6 +224,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             // grpc-go's client raises anything below 10 s to 10 s.
             keepalive: v.duration("keepalive-time").max(Duration::from_secs(10)),
             keepalive_timeout: v.duration("keepalive-timeout"),
+            keepalive_min_interval: v.duration("keepalive-min-interval"),
             flow: flow.clone(),
         },
         sync: SyncConfig {

@@ -192,6 +192,8 @@ where
         .max_header_list_size(cfg.max_header_list_size)
         .max_concurrent_streams(cfg.max_concurrent_streams)
         .max_send_buffer_size(cfg.max_send_buffer);
+    let meter = Meter::new();
+    let io = meter.counted(io);
     let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, builder.handshake(io)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
@@ -206,7 +208,6 @@ where
     let Some(pings) = conn.ping_pong() else {
         return;
     };
-    let meter = Meter::new();
     let mut ctl = Controller::new(
         pings,
         cfg.window,
@@ -287,15 +288,15 @@ pub async fn connect<IO>(io: IO, cfg: &H2Config) -> Result<Channel, h2::Error>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let meter = Meter::new();
     let (send, mut conn) = h2::client::Builder::new()
         .initial_window_size(cfg.window.initial)
         .initial_connection_window_size(cfg.window.initial_connection())
         .max_frame_size(cfg.max_frame_size)
         .max_header_list_size(cfg.max_header_list_size)
         .max_send_buffer_size(cfg.max_send_buffer)
-        .handshake(io)
+        .handshake(meter.counted(io))
         .await?;
-    let meter = Meter::new();
     let pings = conn
         .ping_pong()
         .ok_or_else(|| h2::Error::from(h2::Reason::INTERNAL_ERROR))?;

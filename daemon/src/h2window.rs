@@ -36,6 +36,7 @@ use std::time::Duration;
 use futures::task::AtomicWaker;
 use h2::{FlowControl, Ping, PingPong};
 use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use crate::budget::Budget;
@@ -71,12 +72,19 @@ impl WindowSettings {
     }
 }
 
-/// Keepalive: a PING every `interval` (Envoy's `connection_keepalive`; a BDP
-/// PING counts), answered within `timeout`.
+/// Keepalive as grpc-go's: a PING once nothing has arrived from the peer for
+/// `interval` (its frames, its own PINGs included, show it is alive; a BDP
+/// PING counts as ours), answered within `timeout`; so a peer that froze is
+/// found out at most `interval + timeout` after it was last heard. Never two
+/// PINGs closer than `min_gap` (a grpc-go server ends a connection that
+/// pings more often than its enforcement policy allows). Without a counted
+/// socket the peer is never heard, and with `min_gap == interval` that is
+/// Envoy's `connection_keepalive`: a PING every `interval`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keepalive {
     pub interval: Duration,
     pub timeout: Duration,
+    pub min_gap: Duration,
 }
 
 /// Totals over every connection of a process, for its metrics.
@@ -208,10 +216,13 @@ impl PoolGauges {
 }
 
 /// What a connection's readers report: the bytes they took, and (with many
-/// streams) each stream's flow control, to see what stopped streams hold.
-#[derive(Default)]
+/// streams) each stream's flow control, to see what stopped streams hold;
+/// and when bytes last arrived on its socket ([`Meter::counted`]).
 pub struct Meter {
     taken: AtomicU64,
+    /// Nanoseconds after `born` plus one that bytes last arrived; 0: never.
+    heard: AtomicU64,
+    born: Instant,
     want_wake: AtomicBool,
     waker: AtomicWaker,
     streams: Mutex<Streams>,
@@ -233,7 +244,14 @@ impl std::fmt::Debug for Meter {
 
 impl Meter {
     pub fn new() -> Arc<Meter> {
-        Arc::new(Meter::default())
+        Arc::new(Meter {
+            taken: AtomicU64::new(0),
+            heard: AtomicU64::new(0),
+            born: Instant::now(),
+            want_wake: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+            streams: Mutex::default(),
+        })
     }
 
     /// A reader took `len` bytes off the connection.
@@ -267,6 +285,78 @@ impl Meter {
 
     fn taken(&self) -> u64 {
         self.taken.load(Ordering::Relaxed)
+    }
+
+    /// When bytes last arrived on the counted socket.
+    fn heard(&self) -> Option<Instant> {
+        match self.heard.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(self.born + Duration::from_nanos(n - 1)),
+        }
+    }
+
+    /// The connection's socket, noting when bytes arrive on it: `h2`
+    /// answers the peer's PINGs without telling anyone, and they show it is
+    /// alive.
+    pub fn counted<IO>(self: &Arc<Self>, io: IO) -> Counted<IO> {
+        Counted {
+            io,
+            meter: self.clone(),
+        }
+    }
+}
+
+/// A socket whose arriving bytes are noted in a [`Meter`].
+pub struct Counted<IO> {
+    io: IO,
+    meter: Arc<Meter>,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let m = &self.meter;
+            let at = Instant::now().saturating_duration_since(m.born);
+            let nanos = u64::try_from(at.as_nanos()).unwrap_or(u64::MAX - 1);
+            m.heard.store(nanos + 1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -345,6 +435,8 @@ pub struct Controller {
     last_taken: u64,
     last_data: Instant,
     last_ping: Instant,
+    /// When the peer was last heard (bytes arrived on the socket).
+    last_heard: Instant,
     last_held_check: Instant,
     min_rtt: Option<Duration>,
     /// PINGs answered so far.
@@ -395,7 +487,12 @@ impl Controller {
             bdp_pause: Duration::ZERO,
             last_taken: 0,
             last_data: now,
-            last_ping: now,
+            // The first keepalive PING waits for the interval only (a
+            // grpc-go server counts no gap before it).
+            last_ping: keepalive
+                .and_then(|k| now.checked_sub(k.min_gap))
+                .unwrap_or(now),
+            last_heard: now,
             last_held_check: now,
             min_rtt: None,
             pongs: 0,
@@ -442,6 +539,9 @@ impl Controller {
             self.last_taken = taken;
             self.last_data = now;
         }
+        if let Some(at) = self.meter.heard() {
+            self.last_heard = self.last_heard.max(at);
+        }
         if let Some(p) = self.in_flight {
             match self.pings.poll_pong(cx) {
                 Poll::Ready(Ok(_)) => {
@@ -473,7 +573,7 @@ impl Controller {
             if taken > self.taken_at_pong && now >= self.next_bdp && self.wants_bdp() {
                 self.send(PingKind::Bdp, taken, now);
             } else if let Some(k) = self.keepalive
-                && now.saturating_duration_since(self.last_ping) >= k.interval
+                && now >= self.keepalive_due(k)
             {
                 self.send(PingKind::Keepalive, taken, now);
             }
@@ -491,6 +591,11 @@ impl Controller {
         }
         self.arm(cx, now, taken);
         Poll::Pending
+    }
+
+    /// When a keepalive PING is due (none in flight).
+    fn keepalive_due(&self, k: Keepalive) -> Instant {
+        (self.last_heard + k.interval).max(self.last_ping + k.min_gap)
     }
 
     /// Whether a BDP PING could still change anything.
@@ -631,7 +736,7 @@ impl Controller {
             }
         } else {
             if let Some(k) = self.keepalive {
-                wake = wake.min(self.last_ping + k.interval);
+                wake = wake.min(self.keepalive_due(k));
             }
             if self.wants_bdp() {
                 if taken > self.taken_at_pong {
@@ -886,6 +991,7 @@ mod tests {
         let keepalive = Keepalive {
             interval: Duration::from_secs(5),
             timeout: Duration::from_secs(2),
+            min_gap: Duration::ZERO,
         };
         let cfg = config(16 * MIB, 1 << 30, Some(keepalive));
         let (_, _, server, _client) =
@@ -896,5 +1002,167 @@ mod tests {
             .expect("the connection to the frozen peer is still served")
             .unwrap();
         assert!(t0.elapsed() <= keepalive.timeout + Duration::from_millis(100));
+    }
+
+    /// A peer that freezes while the connection is idle is found out within
+    /// `interval + timeout` of when it was last heard.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_frozen_while_idle_is_dropped_within_interval_and_timeout() {
+        let keepalive = Keepalive {
+            interval: Duration::from_secs(25),
+            timeout: Duration::from_secs(5),
+            min_gap: Duration::ZERO,
+        };
+        // No BDP PINGs (the window cannot grow): only the keepalive's.
+        let cfg = config(MIB, 1 << 30, Some(keepalive));
+        let (client_io, server_io, frozen) = delayed_link(Duration::from_millis(20));
+        let (read_tx, mut read) = tokio::sync::watch::channel(0u64);
+        let drain = crate::drain::Drain::new();
+        let svc = Sink(Arc::new(read_tx));
+        let server = tokio::spawn(async move { serve(server_io, svc, &cfg, &drain).await });
+        let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::post("http://test/").body(()).unwrap();
+        let (_resp, mut send) = client.send_request(req, false).unwrap();
+        send.send_data(Bytes::from_static(b"hello"), false).unwrap();
+        read.wait_for(|n| *n == 5).await.unwrap();
+        // The server last heard the client now (give or take the window
+        // update it answers with); it goes quiet for good.
+        let heard = Instant::now();
+        frozen.store(true, Ordering::Relaxed);
+        tokio::time::timeout(Duration::from_secs(120), server)
+            .await
+            .expect("the connection to the frozen peer is still served")
+            .unwrap();
+        let took = heard.elapsed();
+        assert!(took >= keepalive.interval, "{took:?}");
+        assert!(
+            took <= keepalive.interval + keepalive.timeout + Duration::from_millis(100),
+            "{took:?}"
+        );
+    }
+
+    /// A client connection's controller with `keepalive`, over a link of
+    /// 20 ms to a plain `h2` server that PINGs it every `server_pings` (if
+    /// given); and the switch that freezes the link.
+    async fn client_controller(
+        keepalive: Keepalive,
+        server_pings: Option<Duration>,
+    ) -> (Controller, Arc<AtomicBool>) {
+        let (client_io, server_io, frozen) = delayed_link(Duration::from_millis(20));
+        tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io).await.unwrap();
+            let mut pings = conn.ping_pong().unwrap();
+            let pinger = async move {
+                let Some(every) = server_pings else {
+                    return std::future::pending().await;
+                };
+                loop {
+                    tokio::time::sleep(every).await;
+                    if pings.ping(Ping::opaque()).await.is_err() {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = std::future::poll_fn(|cx| conn.poll_closed(cx)) => {}
+                () = pinger => {}
+            }
+        });
+        let meter = Meter::new();
+        let (send, mut conn) = h2::client::handshake(meter.counted(client_io))
+            .await
+            .unwrap();
+        let pings = conn.ping_pong().unwrap();
+        tokio::spawn(async move {
+            let _send = send;
+            let _ = conn.await;
+        });
+        // The agent link's settings: its controller wakes rarely by itself.
+        let mut window = config(MIB, 1 << 30, None).window;
+        window.idle = Duration::from_secs(30);
+        let ctl = Controller::new(
+            pings,
+            window,
+            Some(keepalive),
+            meter,
+            &Budget::new(1 << 30, None),
+            Arc::default(),
+        );
+        (ctl, frozen)
+    }
+
+    /// Drives `ctl` for `run`: the PINGs answered meanwhile, or when the
+    /// keepalive gave up.
+    async fn drive(ctl: &mut Controller, run: Duration) -> Result<u64, Instant> {
+        let deadline = tokio::time::sleep(run);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                () = &mut deadline => return Ok(ctl.pongs()),
+                a = ctl.next() => if a == Action::KeepaliveTimedOut {
+                    return Err(Instant::now());
+                },
+            }
+        }
+    }
+
+    async fn client_pings(
+        keepalive: Keepalive,
+        server_pings: Option<Duration>,
+        run: Duration,
+    ) -> u64 {
+        let (mut ctl, _frozen) = client_controller(keepalive, server_pings).await;
+        drive(&mut ctl, run)
+            .await
+            .expect("the live peer was dropped")
+    }
+
+    /// A peer heard from all along that then freezes is found out within
+    /// `interval + timeout` of when it was last heard, whenever that was.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_heard_until_it_froze_is_dropped_within_interval_and_timeout() {
+        let keepalive = Keepalive {
+            interval: Duration::from_secs(25),
+            timeout: Duration::from_secs(5),
+            min_gap: Duration::from_secs(31),
+        };
+        for quiet_after in [37, 40, 49, 63] {
+            let (mut ctl, frozen) =
+                client_controller(keepalive, Some(Duration::from_secs(1))).await;
+            // The freeze comes while the controller waits, as it would.
+            let froze = Instant::now() + Duration::from_secs(quiet_after);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(froze).await;
+                frozen.store(true, Ordering::Relaxed);
+            });
+            let gone = drive(&mut ctl, Duration::from_secs(quiet_after + 120))
+                .await
+                .expect_err("the frozen peer was kept");
+            assert_eq!(ctl.pongs(), 0, "a peer heard every second was PINGed");
+            let took = gone - froze;
+            assert!(
+                took <= keepalive.interval + keepalive.timeout,
+                "frozen after {quiet_after} s, dropped {took:?} later"
+            );
+        }
+    }
+
+    /// A peer that is heard from (here: its own PINGs every 15 s, as our
+    /// server sends them) is not PINGed at all; a quiet one is, but never
+    /// more often than `min_gap` allows.
+    #[tokio::test(start_paused = true)]
+    async fn keepalive_pings_only_a_quiet_peer_and_no_closer_than_the_gap() {
+        let keepalive = Keepalive {
+            interval: Duration::from_secs(25),
+            timeout: Duration::from_secs(5),
+            min_gap: Duration::from_secs(31),
+        };
+        let run = Duration::from_secs(300);
+        let heard = client_pings(keepalive, Some(Duration::from_secs(15)), run).await;
+        assert_eq!(heard, 0, "PINGed a peer that was heard every 15 s");
+        let quiet = client_pings(keepalive, None, run).await;
+        // One PING per 31 s, not one per 25 s.
+        assert_eq!(quiet, 300 / 31, "PINGs answered in {run:?}");
     }
 }

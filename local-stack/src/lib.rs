@@ -209,6 +209,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             token_path: None,
             keepalive: proxy_agent::options::KEEPALIVE_TIME,
             keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
+            keepalive_min_interval: proxy_agent::connect::MIN_PING_GAP,
             flow: flow.clone(),
         },
         sync: proxy_agent::SyncConfig {

@@ -75,6 +75,8 @@ pub fn agent_h2(
         keepalive: Some(daemon::h2window::Keepalive {
             interval: keepalive,
             timeout: keepalive_timeout,
+            // grpc-go's client (upstream's agent) enforces no ping policy.
+            min_gap: Duration::ZERO,
         }),
         max_frame_size: limits::MAX_FRAME_SIZE,
         max_header_list_size: limits::MAX_HEADER_LIST_SIZE as u32,

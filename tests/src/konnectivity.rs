@@ -376,6 +376,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             token_path: None,
             keepalive: proxy_agent::options::KEEPALIVE_TIME,
             keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
+            keepalive_min_interval: proxy_agent::connect::MIN_PING_GAP,
             flow: flow.clone(),
         },
         sync: SyncConfig {
@@ -475,6 +476,7 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
         token_path: None,
         keepalive: proxy_agent::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
+        keepalive_min_interval: proxy_agent::connect::MIN_PING_GAP,
         flow: konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings {
             enabled: false,
             ..Default::default()

@@ -97,7 +97,12 @@ impl Proc {
     /// Waits for a line containing `needle`; panics with the log if the
     /// process exits or says nothing of the sort in time.
     pub async fn wait_line(&mut self, needle: &str) -> String {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
+        self.wait_line_within(needle, PATIENCE).await
+    }
+
+    /// [`Proc::wait_line`] with another patience.
+    pub async fn wait_line_within(&mut self, needle: &str, patience: Duration) -> String {
+        let deadline = tokio::time::Instant::now() + patience;
         loop {
             match tokio::time::timeout_at(deadline, self.lines.recv()).await {
                 Ok(Some(l)) => {
@@ -111,7 +116,7 @@ impl Proc {
                     self.log.join("\n")
                 ),
                 Err(_) => panic!(
-                    "no {needle:?} within {PATIENCE:?}:\n{}",
+                    "no {needle:?} within {patience:?}:\n{}",
                     self.log.join("\n")
                 ),
             }

@@ -234,7 +234,11 @@ async fn a_frozen_server_is_dropped_by_the_agent() {
     let (mut agent, health) = agent(
         &pki,
         addrs["agent"],
-        &["--keepalive-time=1s", "--keepalive-timeout=1s"],
+        &[
+            "--keepalive-time=1s",
+            "--keepalive-timeout=1s",
+            "--keepalive-min-interval=0s",
+        ],
     )
     .await;
     assert_eq!(integration_tests::http_get(health, "/readyz").await.0, 200);
@@ -243,8 +247,10 @@ async fn a_frozen_server_is_dropped_by_the_agent() {
     assert_ne!(integration_tests::http_get(health, "/readyz").await.0, 200);
 }
 
-/// By default a frozen agent is found out within 30 s, and our agent pings
-/// no more often than upstream's server allows (grpc-go's keepalive
+/// By default a frozen peer is found out within 30 s on both sides (each
+/// PINGs once the other has been quiet for its keepalive time; our server
+/// PINGs an idle agent every 15 s, so our agent hears from it), and our agent
+/// pings no more often than upstream's server allows (grpc-go's keepalive
 /// enforcement there: MinTime 30 s, else GOAWAY `too_many_pings`).
 #[test]
 fn keepalive_defaults() {
@@ -262,8 +268,9 @@ fn keepalive_defaults() {
     let args = [format!("--ca-cert={}", pki.ca().display())];
     let values = proxy_agent::options::flags().parse(&args).unwrap();
     let (agent, _) = proxy_agent::options::parse(&values).unwrap();
-    assert!(agent.connector.keepalive >= Duration::from_secs(30));
     assert!(
-        agent.connector.keepalive + agent.connector.keepalive_timeout <= Duration::from_secs(35)
+        agent.connector.keepalive + agent.connector.keepalive_timeout <= Duration::from_secs(30)
     );
+    assert!(server.keepalive_time < agent.connector.keepalive);
+    assert!(proxy_agent::connect::MIN_PING_GAP > Duration::from_secs(30));
 }

@@ -238,9 +238,12 @@ async fn drive(
             retired: None,
         };
     };
+    // Envoy's connection_keepalive: a PING every interval whatever arrives
+    // (this socket is not counted, so the peer is never "heard").
     let keepalive = Keepalive {
         interval: cfg.keepalive_interval,
         timeout: cfg.keepalive_timeout,
+        min_gap: cfg.keepalive_interval,
     };
     let mut ctl = pool.controller(pings, cfg.windows, Some(keepalive), meter);
     let replaced = async {

@@ -606,6 +606,17 @@ async fn peers(report: &mut Report, scale: Scale) {
     } else {
         Vec::new()
     };
+    // The agent's side, likewise (it PINGs a server quiet for 10 s at the
+    // least, as grpc-go's client does).
+    let agent_keepalive: Vec<String> = if scale.quick {
+        vec![
+            "--keepalive-time=1s".into(),
+            "--keepalive-timeout=1s".into(),
+            "--keepalive-min-interval=0s".into(),
+        ]
+    } else {
+        Vec::new()
+    };
     let mut flags = vec!["--mode=grpc".to_string()];
     flags.extend(keepalive.iter().cloned());
     let (srv, addrs) = server(&pki, dir.path(), &flags).await;
@@ -720,7 +731,7 @@ async fn peers(report: &mut Report, scale: Scale) {
         format!("--agent-port={agent_port}"),
     ];
     flags.extend(keepalive);
-    let (_srv, _) = server(&pki, dir.path(), &flags).await;
+    let (srv, addrs) = server(&pki, dir.path(), &flags).await;
     agt.wait_line("connected to proxy server").await;
     let back = t0.elapsed();
     let serves = Tunnel::open(&fe, true, echo, 64).await.is_some();
@@ -736,6 +747,36 @@ async fn peers(report: &mut Report, scale: Scale) {
         "server restart: time until the agent is back".into(),
         format!("{:.1} s", back.as_secs_f64()),
         "≤ --sync-interval-cap (10 s)".into(),
+    );
+
+    // A frozen server (SIGSTOP), from the agent's side: its keepalive finds
+    // it out and the agent leaves the stream. An agent of its own, idle: a
+    // BDP PING still out after a tunnel's data would find the freeze within
+    // --keepalive-timeout, not the idle case measured here.
+    drop(agt);
+    let mut agt = agent(&pki, &addrs["agent"], &agent_keepalive).await;
+    srv.signal(19);
+    let t0 = Instant::now();
+    // (Not within two minutes: the run fails here, with the agent's log.)
+    agt.wait_line_within("disconnected from proxy server", Duration::from_secs(120))
+        .await;
+    let took = t0.elapsed();
+    report.figure(
+        section,
+        format!(
+            "frozen server: time from SIGSTOP to the agent leaving it ({})",
+            if scale.quick {
+                "1s + 1s keepalive, raised to 10s + 1s"
+            } else {
+                "default flags"
+            }
+        ),
+        format!("{:.1} s", took.as_secs_f64()),
+        if scale.quick {
+            "≤ 11 s".into()
+        } else {
+            "≤ 30 s (upstream: 1 h 20 s)".into()
+        },
     );
 }
 
