@@ -190,6 +190,11 @@ pub struct AcceptOptions {
     /// the oldest connection that has not settled (see [`settle`]). Only when
     /// every connection has settled do newcomers wait.
     pub shed_oldest: Option<Arc<Slots>>,
+    /// Connections name their client themselves (a PROXY protocol header,
+    /// with a load balancer as the peer): the per-source limit of
+    /// `shed_oldest` counts a connection only once [`attribute`] names its
+    /// source, not the peer address.
+    pub source_named_later: bool,
 }
 
 /// The connections of one listener, oldest first, for [`AcceptOptions::shed_oldest`].
@@ -279,6 +284,20 @@ impl Slots {
         }
     }
 
+    /// Sheds `src`'s oldest unsettled connection if it holds its limit.
+    fn make_room_for(&self, s: &mut SlotsState, src: IpAddr) {
+        if let Some(max) = self.per_source
+            && let Some(ids) = s.by_source.get(&src)
+            && ids.len() >= max
+            && let Some(&oldest) = ids.front()
+        {
+            s.forget(oldest, Some(src));
+            if let Some((token, _)) = s.unsettled.remove(&oldest) {
+                self.shed_one(token);
+            }
+        }
+    }
+
     /// Admits a connection from `source`, shedding the oldest unsettled one
     /// (of that source, if it is over its own limit) if full; waits while
     /// every held connection has settled.
@@ -288,15 +307,8 @@ impl Slots {
             let freed = self.freed.notified();
             {
                 let mut s = self.state.lock();
-                if let (Some(src), Some(max)) = (source, self.per_source)
-                    && let Some(ids) = s.by_source.get(&src)
-                    && ids.len() >= max
-                    && let Some(&oldest) = ids.front()
-                {
-                    s.forget(oldest, Some(src));
-                    if let Some((token, _)) = s.unsettled.remove(&oldest) {
-                        self.shed_one(token);
-                    }
+                if let Some(src) = source {
+                    self.make_room_for(&mut s, src);
                 }
                 if s.unsettled.len() + s.settled >= self.limit
                     && let Some((id, (oldest, src))) = s.unsettled.pop_first()
@@ -315,7 +327,7 @@ impl Slots {
                     return Slot {
                         slots: self.clone(),
                         id,
-                        source,
+                        source: parking_lot::Mutex::new(source),
                         token,
                         settled: std::sync::atomic::AtomicBool::new(false),
                     };
@@ -330,17 +342,39 @@ impl Slots {
 struct Slot {
     slots: Arc<Slots>,
     id: u64,
-    source: Option<IpAddr>,
+    /// What the per-source limit counts it against.
+    source: parking_lot::Mutex<Option<IpAddr>>,
     token: CancellationToken,
     settled: std::sync::atomic::AtomicBool,
 }
 
 impl Slot {
+    /// Counts the connection against `source` from now on (shedding that
+    /// source's oldest unsettled connection if it is at its limit).
+    fn attribute(&self, source: IpAddr) {
+        if self.slots.per_source.is_none() {
+            return;
+        }
+        let mut s = self.slots.state.lock();
+        let mut mine = self.source.lock();
+        // Not there: settled, or shed and on its way out.
+        if !s.unsettled.contains_key(&self.id) || *mine == Some(source) {
+            return;
+        }
+        s.forget(self.id, *mine);
+        self.slots.make_room_for(&mut s, source);
+        s.by_source.entry(source).or_default().push_back(self.id);
+        if let Some(entry) = s.unsettled.get_mut(&self.id) {
+            entry.1 = Some(source);
+        }
+        *mine = Some(source);
+    }
+
     fn settle(&self) {
         let mut s = self.slots.state.lock();
         // Not there: settled before, or shed and on its way out.
         if s.unsettled.remove(&self.id).is_some() {
-            s.forget(self.id, self.source);
+            s.forget(self.id, *self.source.lock());
             s.settled += 1;
             self.settled.store(true, Ordering::Relaxed);
         }
@@ -352,7 +386,7 @@ impl Drop for Slot {
         {
             let mut s = self.slots.state.lock();
             if s.unsettled.remove(&self.id).is_some() {
-                s.forget(self.id, self.source);
+                s.forget(self.id, *self.source.lock());
             } else if *self.settled.get_mut() {
                 s.settled -= 1;
             }
@@ -372,6 +406,13 @@ tokio::task_local! {
 /// on a listener without [`AcceptOptions::shed_oldest`]) it does nothing.
 pub fn settle() {
     let _ = SLOT.try_with(|s| s.settle());
+}
+
+/// Names the calling connection's client (from its PROXY protocol header)
+/// for its listener's per-source limit ([`AcceptOptions::source_named_later`]);
+/// without such a limit, or outside a connection's task, it does nothing.
+pub fn attribute(source: IpAddr) {
+    let _ = SLOT.try_with(|s| s.attribute(source));
 }
 
 /// Accepts until the drain starts; each connection runs `handle` in its own
@@ -404,7 +445,11 @@ pub async fn accept_loop<L, F, Fut>(
             Ok((io, peer)) => {
                 backoff = Duration::from_millis(5);
                 let span = tracing::debug_span!("conn", listener = name, peer = %peer);
-                let source = peer.parse::<SocketAddr>().ok().map(|a| a.ip());
+                let source = peer
+                    .parse::<SocketAddr>()
+                    .ok()
+                    .map(|a| a.ip())
+                    .filter(|_| !options.source_named_later);
                 let conn = handle(io, peer, permit);
                 match &options.shed_oldest {
                     None => {

@@ -70,7 +70,7 @@ pub fn flag_set() -> FlagSet {
     .duration("drain-timeout", p.drain_timeout, "after SIGTERM, how long connections may continue")
     .duration("shutdown-delay", p.shutdown_delay, "after SIGTERM, how long /healthz fails while traffic is still served")
     .int("max-connections-per-listener", p.max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener; when full, the oldest connection without a ClientHello or request head yet is closed for a newcomer")
-    .int("max-pending-connections-per-ip", p.max_pending_connections_per_ip as i64, "connections one client IP may hold on the SNI and tunneling listeners before sending a ClientHello or request head; past it, its oldest is closed (0: no limit)")
+    .int("max-pending-connections-per-ip", p.max_pending_connections_per_ip as i64, "connections one client IP may hold on the SNI and tunneling listeners before sending a ClientHello or request head; past it, its oldest is closed (0: no limit). Behind -accept-proxy-protocol, the client IP the PROXY header names")
     .int("buffer-size", p.buffer_size as i64, "bytes per direction buffered for each proxied connection")
     .int("tunneling-max-concurrent-streams", i64::from(p.max_streams_per_connection), "CONNECT streams per HTTP/2 connection")
     .string("access-log", "", "write one access-log line per connection (per CONNECT stream) to this file; /dev/stdout or - for standard output; empty: off")

@@ -68,6 +68,8 @@ impl Downstream {
         if let Some((source, local)) = got.header.addresses {
             d = Downstream { source, local };
         }
+        // The per-IP limit counts the client, not the load balancer.
+        daemon::listen::attribute(d.source.ip());
         Ok((d, got.rest))
     }
 

@@ -175,7 +175,9 @@ impl NodePortProxy {
         // When full, a newcomer closes the oldest connection that has not
         // sent its ClientHello or request head yet (a flood of half-open
         // connections cannot keep clients out), not itself.
-        let limit = |stats: &ListenerStats| {
+        // Behind a load balancer sending PROXY headers the per-IP limit
+        // counts the header's client (`forward::Downstream::of`).
+        let limit = |stats: &ListenerStats, proxy_header: bool| {
             let stats = stats.clone();
             AcceptOptions {
                 shed_oldest: Some(Slots::with(
@@ -183,6 +185,7 @@ impl NodePortProxy {
                     Some(shared.config.max_pending_connections_per_ip),
                     Some(Box::new(move || stats.reject("shed_unrouted"))),
                 )),
+                source_named_later: proxy_header,
                 ..AcceptOptions::default()
             }
         };
@@ -194,7 +197,7 @@ impl NodePortProxy {
                 l,
                 "sni",
                 drain.clone(),
-                limit(&stats),
+                limit(&stats, shared.config.accept_proxy_protocol.sni),
                 move |io: TcpStream, _, permit| {
                     let (s, stats) = (s.clone(), stats.clone());
                     async move {
@@ -207,7 +210,7 @@ impl NodePortProxy {
         if let Some(l) = listeners.tunneling {
             tracing::info!(addr = ?addrs.tunneling, "serving tunneling listener");
             let stats = metrics.listener(&listener_address(&l));
-            let options = limit(&stats);
+            let options = limit(&stats, shared.config.accept_proxy_protocol.tunneling);
             let tl = Arc::new(TunnelListener {
                 shared: shared.clone(),
                 stats,

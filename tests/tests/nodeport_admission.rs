@@ -18,6 +18,10 @@ const AUTHORITY: &str = "echo-t.cluster-a.svc.cluster.local:7000";
 const LIMIT: usize = 40;
 
 async fn setup(per_ip: usize) -> Proxy {
+    setup_with(per_ip, false).await
+}
+
+async fn setup_with(per_ip: usize, proxy_header: bool) -> Proxy {
     let echo = dest::echo().await;
     let inv = inventory(
         vec![
@@ -41,6 +45,7 @@ async fn setup(per_ip: usize) -> Proxy {
     let mut cfg = test_config();
     cfg.max_connections_per_listener = LIMIT;
     cfg.max_pending_connections_per_ip = per_ip;
+    cfg.accept_proxy_protocol.sni = proxy_header;
     // Long enough that nothing here ends by the head timeout.
     cfg.client_hello_timeout = Duration::from_secs(120);
     cfg.request_header_timeout = Duration::from_secs(120);
@@ -166,4 +171,58 @@ async fn a_flooding_address_displaces_only_its_own_connections() {
             "the other address's connection {i} was shed"
         );
     }
+}
+
+/// Behind a load balancer that sends PROXY headers, the per-IP limit counts
+/// the client each header names, not the load balancer's address: six
+/// half-open connections from one balancer for four clients, one of which
+/// opens three, cost exactly that client's oldest.
+#[tokio::test]
+async fn behind_a_proxy_protocol_balancer_the_per_ip_limit_counts_each_client() {
+    let p = setup_with(2, true).await;
+    let balancer = [127, 0, 0, 2];
+    async fn via_balancer(from: [u8; 4], client: [u8; 4], p: &Proxy) -> TcpStream {
+        let mut s = connect_from(from, p.sni).await;
+        let header =
+            nodeport_proxy::proxy_protocol::v2_header(SocketAddr::from((client, 40000)), p.sni);
+        s.write_all(&header).await.unwrap();
+        s
+    }
+    let mut single = Vec::new();
+    for c in [[10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 3]] {
+        single.push(via_balancer(balancer, c, &p).await);
+    }
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        busy.push(via_balancer(balancer, [10, 0, 0, 9], &p).await);
+    }
+    // The busy client's third connection sheds one of its own (which one
+    // depends on the order their headers were read).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while shed(&p, p.sni).await < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "nothing was shed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let hello = client_hello(HOST);
+    let mut served = 0;
+    for s in &mut busy {
+        let _ = s.write_all(&hello).await;
+        let mut back = vec![0u8; hello.len()];
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back)).await
+        {
+            served += 1;
+        }
+    }
+    assert_eq!(served, 2, "the busy client kept {served} of 3 connections");
+    for (i, s) in single.iter_mut().enumerate() {
+        s.write_all(&hello).await.unwrap();
+        let mut back = vec![0u8; hello.len()];
+        let r = tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back)).await;
+        assert!(
+            matches!(r, Ok(Ok(_))),
+            "client {i}'s only connection was shed (the balancer's address was counted)"
+        );
+    }
+    assert_eq!(shed(&p, p.sni).await, 1.0);
 }
