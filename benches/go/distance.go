@@ -183,7 +183,10 @@ func distanceGroup() []*row {
 					conns, plural(conns), dirName(dir), rtt, goharness.FormatRTT(measured[rtt]))
 				tmpl := row{id: "P10", workload: what, unit: "MiB/s", aim: "≥ 1.0×", ratioMin: 1}
 				logf("P10 %s", what)
-				once := func(s *subject) (float64, int64, error) { return bulk(s, d, conns, size, dir, dc.limit) }
+				once := func(s *subject) (float64, int64, error) {
+					defer traceWindows(s)()
+					return bulk(s, d, conns, size, dir, dc.limit)
+				}
 				warm := func(s *subject) (float64, int64, error) {
 					return bulk(s, d, conns, max(size/8, int64(conns)*(1<<20)), dir, dc.limit)
 				}
@@ -495,4 +498,61 @@ func releaseSinks() {
 	close(sinkRelease)
 	sinkRelease = make(chan struct{})
 	sinkMu.Unlock()
+}
+
+// traceWindows (debugging aid, BENCH_P10_TRACE=1) samples our window
+// gauges every 100 ms while a transfer runs and logs their largest values
+// when the returned stop is called.
+func traceWindows(s *subject) func() {
+	if os.Getenv("BENCH_P10_TRACE") == "" || s.serverAdmin == "" {
+		return func() {}
+	}
+	names := []struct{ addr, name string }{
+		{s.serverAdmin, "konnectivity_network_proxy_server_flow_control_window_bytes"},
+		{s.serverAdmin, "konnectivity_network_proxy_server_http2_window_bytes"},
+		{s.serverAdmin, "konnectivity_network_proxy_server_flow_control_parked_bytes"},
+		{s.serverAdmin, "konnectivity_network_proxy_server_flow_control_reserved_bytes"},
+		{s.agentAdmin, "konnectivity_network_proxy_agent_flow_control_window_bytes"},
+		{s.agentAdmin, "konnectivity_network_proxy_agent_http2_window_bytes"},
+		{s.agentAdmin, "konnectivity_network_proxy_agent_flow_control_parked_bytes"},
+		{s.agentAdmin, "konnectivity_network_proxy_agent_flow_control_reserved_bytes"},
+	}
+	peak := make([]float64, len(names))
+	var series [][]float64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			row := make([]float64, len(names))
+			for i, n := range names {
+				if v, err := gaugeValue(n.addr, n.name); err == nil {
+					row[i] = v / mib
+					peak[i] = max(peak[i], v/mib)
+				}
+			}
+			series = append(series, row)
+		}
+	}()
+	return func() {
+		close(stop)
+		<-done
+		var parts []string
+		for i, n := range names {
+			parts = append(parts, fmt.Sprintf("%s %.1f", strings.TrimPrefix(n.name, "konnectivity_network_proxy_"), peak[i]))
+		}
+		logf("   trace %s peaks (MiB): %s", s.name, strings.Join(parts, ", "))
+		for i, r := range series {
+			if i%5 == 0 {
+				logf("   trace %s t=%.1fs %v", s.name, float64(i)/10, r)
+			}
+		}
+	}
 }
