@@ -15,10 +15,11 @@ use crate::session::SessionConfig;
 /// A frozen server is noticed within `KEEPALIVE_TIME + KEEPALIVE_TIMEOUT` of
 /// last hearing from it (upstream: 1 h + 20 s): a PING goes once it has been
 /// quiet that long. Our servers PING an idle agent every 15 s, so a frozen
-/// one is left within 30 s. Upstream's server stays quiet for its 1 h
+/// one is left within 29 s (a second inside the 30 s aim for the timers'
+/// slack). Upstream's server stays quiet for its 1 h
 /// keepalive and tolerates no PINGs closer than 30 s
 /// ([`crate::connect::MIN_PING_GAP`]): against it, within 36 s.
-pub const KEEPALIVE_TIME: Duration = Duration::from_secs(25);
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(24);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Upstream's agent waits for a second signal (or SIGKILL) however idle it
 /// is; ours leaves once its connections are gone, and by this long after the
