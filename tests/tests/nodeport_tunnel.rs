@@ -23,6 +23,10 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(|_| {}).await
+}
+
+async fn setup_with(tune: impl FnOnce(&mut nodeport_proxy::config::ProxyConfig)) -> Setup {
     let pki = Pki::new();
     let web = tls_named(&pki, "web", &[SVC_HOST]).await;
     let echo = dest::echo().await;
@@ -59,6 +63,7 @@ async fn setup() -> Setup {
     );
     let mut cfg = test_config();
     cfg.request_header_timeout = Duration::from_millis(500);
+    tune(&mut cfg);
     Setup {
         p: start_proxy(&inv, vec![], cfg).await,
         pki,
@@ -136,6 +141,60 @@ async fn http2_connect_many_streams_on_one_connection() {
     assert_eq!(connect_h2(&client, DEAD).await.0, 503);
     // The connection still carries new tunnels.
     assert_eq!(connect_h2(&client, ECHO).await.0, 200);
+}
+
+/// The tunnels-per-replica cap (`-max-connections-per-listener` on the
+/// tunneling listener, issue 15.5): a CONNECT beyond it gets 503 and counts
+/// as `reason="overloaded"`; a tunnel that closes makes room again.
+#[tokio::test]
+async fn tunnels_beyond_the_cap_get_503_and_are_counted() {
+    const CAP: usize = 4;
+    let s = setup_with(|c| c.max_connections_per_listener = CAP).await;
+    let client = h2_client(s.p.tunnel).await;
+    let mut open = Vec::new();
+    for _ in 0..CAP {
+        let (code, io) = connect_h2(&client, ECHO).await;
+        assert_eq!(code, 200);
+        open.push(io.unwrap());
+    }
+    assert_eq!(connect_h2(&client, ECHO).await.0, 503);
+    let overloaded = format!(
+        "nodeport_proxy_rejected_connections_total{{envoy_listener_address=\"127.0.0.1_{}\",reason=\"overloaded\"}}",
+        s.p.tunnel.port()
+    );
+    let (_, m) = s.p.stats_get("/stats/prometheus").await;
+    assert_eq!(
+        integration_tests::konnectivity::metric(&m, &overloaded),
+        1.0,
+        "{m}"
+    );
+    // The open tunnels still carry data.
+    for io in &mut open {
+        io.write_all(b"ping").await.unwrap();
+        let mut back = [0u8; 4];
+        io.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"ping");
+    }
+    // One closes: its permit comes back once the proxy has seen the end.
+    let mut gone = open.pop().unwrap();
+    gone.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), gone.read_to_end(&mut rest)).await;
+    drop(gone);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, io) = connect_h2(&client, ECHO).await;
+        if code == 200 {
+            open.push(io.unwrap());
+            break;
+        }
+        assert_eq!(code, 503);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the closed tunnel's permit never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
