@@ -209,15 +209,22 @@ impl Verbosity {
 /// costs what a disabled `tracing` event always costs.
 struct VerbosityFilter(Verbosity);
 
+/// Our spans carry the fields of the events inside them (a connection's
+/// peer, an agent's ID): they are kept whatever the verbosity. Other
+/// crates' spans follow the verbosity as their events do: h2 opens several
+/// per frame (some formatting the frame), and keeping them all cost 10–15 %
+/// of the server's and agent's CPU per dial (BENCHMARKS.md, P4).
+fn keeps(verbosity: &Verbosity, meta: &Metadata<'_>) -> bool {
+    (meta.is_span() && ours(meta)) || verbosity.enabled(meta)
+}
+
 impl<S> Filter<S> for VerbosityFilter {
     fn enabled(&self, meta: &Metadata<'_>, _: &Context<'_, S>) -> bool {
-        // Spans carry the fields of the events inside them (a connection's
-        // peer, an agent's ID); they are kept whatever the verbosity.
-        meta.is_span() || self.0.enabled(meta)
+        keeps(&self.0, meta)
     }
 
     fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> tracing::subscriber::Interest {
-        if meta.is_span() || self.0.enabled(meta) {
+        if keeps(&self.0, meta) {
             tracing::subscriber::Interest::always()
         } else {
             tracing::subscriber::Interest::never()
@@ -1032,6 +1039,44 @@ mod tests {
             tracing::field::FieldSet::new(&[], Identifier(&SITE)),
             Kind::EVENT,
         )
+    }
+
+    fn span_meta(level: Level, target: &'static str) -> Metadata<'static> {
+        Metadata::new(
+            "span",
+            target,
+            level,
+            Some("src/x.rs"),
+            Some(1),
+            None,
+            tracing::field::FieldSet::new(&[], Identifier(&SITE)),
+            Kind::SPAN,
+        )
+    }
+
+    #[test]
+    fn our_spans_are_kept_at_any_verbosity_others_follow_it() {
+        let quiet = Verbosity::Klog {
+            v: 0,
+            vmodule: VModule::default(),
+        };
+        let loud = Verbosity::Klog {
+            v: 9,
+            vmodule: VModule::default(),
+        };
+        let ours = span_meta(Level::DEBUG, "proxy_server::frontend::grpc");
+        let h2 = span_meta(Level::TRACE, "h2::codec::framed_write");
+        let hyper_info = span_meta(Level::INFO, "hyper::proto");
+        assert!(keeps(&quiet, &ours));
+        assert!(!keeps(&quiet, &h2));
+        assert!(keeps(&loud, &h2));
+        assert!(keeps(&quiet, &hyper_info));
+        let zap = Verbosity::Zap { debug: false };
+        assert!(keeps(
+            &zap,
+            &span_meta(Level::TRACE, "nodeport_proxy::tunnel")
+        ));
+        assert!(!keeps(&zap, &span_meta(Level::DEBUG, "h2::proto")));
     }
 
     fn line<'a>(m: &'a Metadata<'a>, fields: &'a [(&'static str, Val)]) -> Line<'a> {
