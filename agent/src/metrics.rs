@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use daemon::gometrics::{CounterGrid, Registry};
 use konnectivity_proto::flow::FlowPool;
+use konnectivity_proto::flow_metrics::{FlowGaugeNames, FlowGauges};
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
@@ -48,56 +49,26 @@ pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames
     expiry: "konnectivity_network_proxy_agent_certificate_expiration_timestamp_seconds",
     reloads: "konnectivity_network_proxy_agent_tls_reloads_total",
 };
-/// Ours: the flow-control gauges, read from the process's [`FlowPool`] when
-/// the metrics are rendered.
-struct FlowGauges {
-    pool: std::sync::OnceLock<Arc<FlowPool>>,
-    windows: Gauge,
-    parked: Gauge,
-    reserved: Gauge,
-    budget: Gauge,
-    http2: Gauge,
-}
-
-impl FlowGauges {
-    fn new(r: &Registry) -> Self {
-        r.describe_gauge(
-            FLOW_WINDOWS,
-            "Ours: sum of the current flow-control windows of connections through servers of this project, bytes the servers may send before hearing from us (each grows with its link, see --flow-control-max-window).",
-        );
-        r.describe_gauge(
-            FLOW_PARKED,
-            "Ours: bytes received from servers and not yet passed on to destinations, every connection.",
-        );
-        r.describe_gauge(
-            FLOW_RESERVED,
-            "Ours: bytes reserved against --flow-control-budget by flow-control and HTTP/2 windows.",
-        );
-        r.describe_gauge(FLOW_BUDGET, "Ours: --flow-control-budget in bytes.");
-        r.describe_gauge(
-            HTTP2_WINDOWS,
-            "Ours: sum of the current HTTP/2 receive windows of the connections to servers (each grows with its link, see --http2-max-window).",
-        );
-        FlowGauges {
-            pool: std::sync::OnceLock::new(),
-            windows: r.gauge(FLOW_WINDOWS, &[]),
-            parked: r.gauge(FLOW_PARKED, &[]),
-            reserved: r.gauge(FLOW_RESERVED, &[]),
-            budget: r.gauge(FLOW_BUDGET, &[]),
-            http2: r.gauge(HTTP2_WINDOWS, &[]),
-        }
-    }
-
-    fn update(&self) {
-        let Some(pool) = self.pool.get() else { return };
-        let s = pool.snapshot();
-        self.windows.set(s.windows as f64);
-        self.parked.set(s.parked as f64);
-        self.reserved.set(s.reserved as f64);
-        self.budget.set(s.budget as f64);
-        self.http2.set(s.http2_windows as f64);
-    }
-}
+/// Ours: the flow-control and HTTP/2 window gauges.
+const FLOW: FlowGaugeNames = FlowGaugeNames {
+    windows: (
+        FLOW_WINDOWS,
+        "Ours: sum of the current flow-control windows of connections through servers of this project, bytes the servers may send before hearing from us (each grows with its link, see --flow-control-max-window).",
+    ),
+    parked: (
+        FLOW_PARKED,
+        "Ours: bytes received from servers and not yet passed on to destinations, every connection.",
+    ),
+    reserved: (
+        FLOW_RESERVED,
+        "Ours: bytes reserved against --flow-control-budget by flow-control and HTTP/2 windows.",
+    ),
+    budget: (FLOW_BUDGET, "Ours: --flow-control-budget in bytes."),
+    http2: (
+        HTTP2_WINDOWS,
+        "Ours: sum of the current HTTP/2 receive windows of the connections to servers (each grows with its link, see --http2-max-window).",
+    ),
+};
 
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -180,7 +151,7 @@ impl Metrics {
             "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
         );
         Metrics {
-            flow: FlowGauges::new(&r),
+            flow: FlowGauges::new(&r, &FLOW),
             dial_duration: r.histogram(DIAL_DURATION, &[]),
             dial_timeout: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "timeout")]),
             dial_unknown: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "unknown")]),
@@ -271,7 +242,7 @@ impl Metrics {
 
     /// Shows `pool`'s windows and budget from now on.
     pub fn watch_flow(&self, pool: Arc<FlowPool>) {
-        let _ = self.flow.pool.set(pool);
+        self.flow.watch(pool);
     }
 
     /// The exposition, as one scrape of `/metrics` (promhttp's counters move).

@@ -27,7 +27,10 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn};
+/// What [`Registry::gauge`] returns, for crates that keep gauges without
+/// depending on `metrics` themselves.
+pub use metrics::Gauge;
+use metrics::{Counter, CounterFn, GaugeFn, Histogram, HistogramFn};
 use parking_lot::Mutex;
 
 use crate::gofmt::go_float;

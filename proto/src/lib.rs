@@ -18,6 +18,7 @@ pub use generated::*;
 
 pub mod codec;
 pub mod flow;
+pub mod flow_metrics;
 pub mod header;
 pub mod ids;
 mod packets;
