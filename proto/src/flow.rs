@@ -344,15 +344,7 @@ pub struct LinkFlow {
     /// What connections of this stream needed lately: a new one starts
     /// there instead of ramping up from the initial window again.
     warm: Arc<Mutex<Warm>>,
-    /// Connections of this stream whose data moved lately: while the budget
-    /// is contended each may hold its limit divided by them.
-    active: Arc<AtomicI64>,
 }
-
-/// A warm start takes at most this share of the stream's budget, so a burst
-/// of new connections after one fast one cannot hand the budget to the
-/// first few and leave the rest at the floor (P10: 16 tunnels at 100 ms).
-pub const WARM_START_SHARE: i64 = 16;
 
 /// A window the link recently carried, halving every [`WARM_HOLD`] since.
 #[derive(Debug)]
@@ -390,7 +382,6 @@ impl LinkFlow {
                 window: 0,
                 noted: Instant::now(),
             })),
-            active: Arc::default(),
         }
     }
 
@@ -573,9 +564,6 @@ struct RecvState {
     last_consumed: Instant,
     /// A request to give credit back is unanswered.
     revoking: bool,
-    /// Counted in the stream's active connections (a round trip completed
-    /// since the data last stood still).
-    active: bool,
 }
 
 /// The receiving side of one flow-controlled connection.
@@ -588,19 +576,13 @@ pub struct RecvWindow {
     budget: Arc<Budget>,
     stats: Arc<FlowStats>,
     warm: Arc<Mutex<Warm>>,
-    active: Arc<AtomicI64>,
 }
 
 impl RecvWindow {
     fn new(link: &LinkFlow) -> RecvWindow {
         let now = Instant::now();
-        let warm = link
-            .warm
-            .lock()
-            .current(now)
-            .min(link.budget.limit() / WARM_START_SHARE);
+        let warm = link.warm.lock().current(now);
         let want = link.cfg.initial.max(warm).clamp(FLOOR_WINDOW, link.cfg.max);
-
         // Initial windows take at most half the budget: connections whose
         // readers never read (they never grow) cannot take it all from
         // those that do.
@@ -627,41 +609,12 @@ impl RecvWindow {
                 last_moved: now,
                 last_consumed: now,
                 revoking: false,
-                active: false,
             }),
             initial,
             cfg: link.cfg,
             budget: link.budget.clone(),
             stats: link.stats.clone(),
             warm: link.warm.clone(),
-            active: link.active.clone(),
-        }
-    }
-
-    /// While the budget is contended: the stream's budget divided among
-    /// the connections whose data moves (stalled or idle ones hold only
-    /// what they have and do not count).
-    fn fair_share(&self) -> i64 {
-        let active = self.active.load(Ordering::Relaxed).max(1);
-        (self.budget.limit() / active).max(self.initial)
-    }
-
-    fn set_active(&self, s: &mut RecvState, active: bool) {
-        if s.active != active {
-            s.active = active;
-            self.active
-                .fetch_add(if active { 1 } else { -1 }, Ordering::Relaxed);
-        }
-    }
-
-    /// Lowers the window to `keep` (never below the initial one).
-    fn shrink_to(&self, s: &mut RecvState, keep: i64) {
-        let keep = keep.max(self.initial);
-        if keep < s.target {
-            self.stats.add_windows(keep - s.target);
-            s.target = keep;
-            s.sampled_window = keep;
-            self.settle(s);
         }
     }
 
@@ -699,28 +652,8 @@ impl RecvWindow {
         self.warm
             .lock()
             .note(if limited { s.target } else { delivered }, now);
-        self.set_active(s, true);
-        // While the budget is contended (more than half reserved), no window
-        // holds more than its fair share, and one that carried less than
-        // two thirds of itself keeps twice what it carried: the budget goes
-        // to connections held back by their windows instead of staying with
-        // whoever grew first (the first of 16 tunnels started together).
-        let mut cap = self.cfg.max;
-        if self.budget.is_half_used() {
-            let fair = self.fair_share();
-            let keep = if limited {
-                fair
-            } else {
-                fair.min(delivered.saturating_mul(2))
-            };
-            if keep < s.target {
-                self.shrink_to(s, keep);
-                return;
-            }
-            cap = cap.min(fair);
-        }
-        if limited && s.target < cap {
-            let want = (s.target * 2).min(cap) - s.target;
+        if limited && s.target < self.cfg.max {
+            let want = (s.target * 2).min(self.cfg.max) - s.target;
             // What is already reserved above the window counts first.
             let covered = (s.reserved - s.target).clamp(0, want);
             let got = self.budget.try_reserve(want - covered);
@@ -780,7 +713,6 @@ impl RecvWindow {
         if still < self.cfg.idle {
             return None;
         }
-        self.set_active(&mut s, false);
         if s.target > self.initial {
             let shrunk = (s.target / 2).max(self.initial);
             self.stats.add_windows(shrunk - s.target);
@@ -812,9 +744,6 @@ impl RecvWindow {
 impl Drop for RecvWindow {
     fn drop(&mut self) {
         let s = self.inner.get_mut();
-        if s.active {
-            self.active.fetch_sub(1, Ordering::Relaxed);
-        }
         self.budget.release(s.reserved);
         self.stats.add_windows(-s.target);
         self.stats.add_parked(-(s.received - s.consumed));
@@ -995,100 +924,6 @@ mod tests {
         // Fixed at 64 KiB it would have moved 12 windows.
         assert!(delivered > 12 * (64 << 10) * 8, "{delivered}");
         assert_eq!(l.stats.windows(), window(&gate));
-    }
-
-    /// Connections sharing one link that carries at most `per_rtt` bytes per
-    /// round trip (shared in turn among those with credit), each with a
-    /// sender that always has data and a reader that keeps up.
-    fn simulate_shared(gates: &[(RecvGate, SendGate)], rtt: Duration, per_rtt: i64, rounds: u32) {
-        let start = Instant::now();
-        let chunk = 16 << 10;
-        let step = rtt / 8;
-        let per_step = per_rtt / 8;
-        let mut in_flight: Vec<(Instant, usize, usize)> = Vec::new();
-        let mut grants: Vec<(Instant, usize, i64)> = Vec::new();
-        let mut now = start;
-        let mut next = 0;
-        while now < start + rtt * rounds {
-            now += step;
-            for (_, i, g) in grants.iter().filter(|(t, _, _)| *t <= now) {
-                gates[*i].1.grant(*g);
-            }
-            grants.retain(|(t, _, _)| *t > now);
-            let mut room = per_step;
-            let mut idle = 0;
-            while room >= chunk as i64 && idle < gates.len() {
-                let i = next % gates.len();
-                next += 1;
-                let send = &gates[i].1;
-                if send.credit() < chunk as i64 {
-                    idle += 1;
-                    continue;
-                }
-                idle = 0;
-                let c = send.state.lock().credit;
-                send.state.lock().credit = c - chunk as i64;
-                in_flight.push((now + rtt / 2, i, chunk));
-                room -= chunk as i64;
-            }
-            let (arrived, rest): (Vec<_>, Vec<_>) =
-                in_flight.into_iter().partition(|(t, _, _)| *t <= now);
-            in_flight = rest;
-            for (_, i, n) in arrived {
-                let RecvGate::Window(w) = &gates[i].0 else {
-                    panic!("not a window")
-                };
-                assert_eq!(w.admit(n, now), Ok(()));
-                if let Some(g) = w.consumed(n, now) {
-                    grants.push((now + rtt / 2, i, g));
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn connections_that_share_a_contended_budget_converge_to_fair_shares() {
-        // One fast connection grows alone; then 16 start together on the
-        // same link: none may be left at the floor while the first ones
-        // sit on the budget (P10 at 100 ms, 16 tunnels).
-        let budget = 16 << 20;
-        let l = link(256 << 10, 16 << 20, budget);
-        let rtt = Duration::from_millis(100);
-        {
-            let a = l.open_recv();
-            let sa = l.open_send(a.initial().unwrap_or_default());
-            simulate(&a, &sa, rtt, 12);
-            assert!(window(&a) >= 8 << 20, "{}", window(&a));
-        }
-        let gates: Vec<_> = (0..16)
-            .map(|_| {
-                let g = l.open_recv();
-                let s = l.open_send(g.initial().unwrap_or_default());
-                (g, s)
-            })
-            .collect();
-        assert!(
-            gates
-                .iter()
-                .all(|(g, _)| window(g) <= budget / WARM_START_SHARE),
-            "warm starts {:?}",
-            gates.iter().map(|(g, _)| window(g)).collect::<Vec<_>>()
-        );
-        // The link carries 12 MiB per round trip: 768 KiB each when shared.
-        simulate_shared(&gates, rtt, 12 << 20, 40);
-        let windows: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
-        let total: i64 = windows.iter().sum();
-        assert!(total <= budget, "{windows:?}");
-        let fair = budget / 16;
-        assert!(
-            windows
-                .iter()
-                .all(|w| *w >= fair / 2 && *w <= 2 * fair.max(2 * (12 << 20) / 16)),
-            "{windows:?}"
-        );
-        drop(gates);
-        assert_eq!(l.budget.used(), 0);
-        assert_eq!(l.stats.windows(), 0);
     }
 
     #[test]
