@@ -214,28 +214,16 @@ func openIdleStreams(uds string, dests []string, n, conns int) (*idleStreams, er
 	defer cancel()
 	var mu sync.Mutex
 	var firstErr error
-	sem := make(chan struct{}, 64)
-	var wg sync.WaitGroup
-	for i := range n {
-		if ctx.Err() != nil {
-			break
+	boundedEach(ctx, n, 64, func(i int) {
+		cancelStream, err := holdStream(ctx, t.conns[i%len(t.conns)], dests[i%len(dests)])
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			return
 		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			cancelStream, err := holdStream(ctx, t.conns[i%len(t.conns)], dests[i%len(dests)])
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				firstErr = cmp.Or(firstErr, err)
-				return
-			}
-			t.cancels = append(t.cancels, cancelStream)
-		}()
-	}
-	wg.Wait()
+		t.cancels = append(t.cancels, cancelStream)
+	})
 	if firstErr == nil && len(t.cancels) < n {
 		firstErr = ctx.Err()
 	}

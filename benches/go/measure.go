@@ -266,6 +266,26 @@ func histTotals(addr, name string) (sum, count float64, err error) {
 	return sum, count, nil
 }
 
+// boundedEach calls f(i) for i in [0, n), at most inflight at once,
+// starting no more once ctx has ended, and waits for the calls started.
+func boundedEach(ctx context.Context, n, inflight int, f func(i int)) {
+	sem := make(chan struct{}, inflight)
+	var wg sync.WaitGroup
+	for i := range n {
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			f(i)
+		}()
+	}
+	wg.Wait()
+}
+
 func quantile(sorted []float64, q float64) float64 {
 	if len(sorted) == 0 {
 		return 0
@@ -346,35 +366,23 @@ func idleMemory(s *subject, dest string, n int) (float64, []float64, []net.Conn,
 	defer cancel()
 	var mu sync.Mutex
 	var firstE error
-	sem := make(chan struct{}, 32)
-	var wg sync.WaitGroup
-	for range n {
-		if ctx.Err() != nil {
-			break
+	boundedEach(ctx, n, 32, func(int) {
+		c, err := s.dial(ctx, dest)
+		if err == nil {
+			if err = clientHold(c); err != nil {
+				c.Close()
+			}
 		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			c, err := s.dial(ctx, dest)
-			if err == nil {
-				if err = clientHold(c); err != nil {
-					c.Close()
-				}
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if firstE == nil {
+				firstE = err
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if firstE == nil {
-					firstE = err
-				}
-				return
-			}
-			conns = append(conns, c)
-		}()
-	}
-	wg.Wait()
+			return
+		}
+		conns = append(conns, c)
+	})
 	if firstE != nil {
 		return 0, nil, conns, fmt.Errorf("%s: %d of %d idle connections opened: %w", s.name, len(conns), n, firstE)
 	}
