@@ -3,13 +3,15 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use http_body_util::{Either, Full};
+use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
@@ -24,14 +26,93 @@ pub struct Reply {
     pub content_type: &'static str,
     pub body: Bytes,
     pub location: Option<String>,
-    /// Makes the body instead, on a blocking thread: for bodies that take
-    /// long to render (metrics at scale), so no runtime worker stalls.
+    /// Makes the body instead, on a blocking thread, chunk by chunk as the
+    /// client takes them: for bodies that take long to render and are large
+    /// (metrics at scale), so no runtime worker stalls and the body is
+    /// never held whole.
     pub render: Option<Render>,
 }
 
+/// Where a streamed body's chunks go, in order; `false` once the client is
+/// gone (rendering should stop).
+pub type Sink<'a> = &'a mut dyn FnMut(Bytes) -> bool;
+
 /// A body rendered on a blocking thread (see [`Reply::render`]).
 #[derive(Clone)]
-pub struct Render(pub Arc<dyn Fn() -> Bytes + Send + Sync>);
+pub struct Render(pub Arc<dyn Fn(Sink<'_>) + Send + Sync>);
+
+/// Chunks of a streamed body held at once between the rendering thread and
+/// the connection: with [`CHUNK`], what a large body costs in memory.
+const CHUNKS_AHEAD: usize = 2;
+
+/// Size a [`ChunkWriter`] gathers before handing a chunk on.
+pub const CHUNK: usize = 64 * 1024;
+
+/// Text written in pieces, handed to a [`Sink`] in chunks of about
+/// [`CHUNK`] bytes. A write after the client left fails, so a renderer
+/// using `?` stops early.
+pub struct ChunkWriter<'a> {
+    buf: String,
+    sink: Sink<'a>,
+    gone: bool,
+}
+
+impl<'a> ChunkWriter<'a> {
+    pub fn new(sink: Sink<'a>) -> Self {
+        ChunkWriter {
+            buf: String::with_capacity(CHUNK + CHUNK / 4),
+            sink,
+            gone: false,
+        }
+    }
+
+    fn send(&mut self) -> std::fmt::Result {
+        let chunk = std::mem::replace(&mut self.buf, String::with_capacity(CHUNK + CHUNK / 4));
+        if self.gone || !(self.sink)(Bytes::from(chunk)) {
+            self.gone = true;
+            return Err(std::fmt::Error);
+        }
+        Ok(())
+    }
+
+    /// Hands on what is left.
+    pub fn finish(mut self) -> std::fmt::Result {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.send()
+    }
+}
+
+impl std::fmt::Write for ChunkWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.gone {
+            return Err(std::fmt::Error);
+        }
+        self.buf.push_str(s);
+        if self.buf.len() >= CHUNK {
+            self.send()?;
+        }
+        Ok(())
+    }
+}
+
+/// A body whose chunks a blocking thread renders (see [`Render`]).
+struct Streamed(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Streamed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+type Body = Either<Full<Bytes>, Streamed>;
 
 impl std::fmt::Debug for Render {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,10 +158,11 @@ impl Reply {
         }
     }
 
-    /// Metrics whose text `render` makes on a blocking thread.
-    pub fn metrics_rendered(render: impl Fn() -> String + Send + Sync + 'static) -> Self {
+    /// Metrics whose text `render` writes, chunk by chunk, on a blocking
+    /// thread (see [`ChunkWriter`]).
+    pub fn metrics_streamed(render: impl Fn(Sink<'_>) + Send + Sync + 'static) -> Self {
         Reply {
-            render: Some(Render(Arc::new(move || Bytes::from(render())))),
+            render: Some(Render(Arc::new(render))),
             ..Self::metrics(String::new())
         }
     }
@@ -139,17 +221,20 @@ pub async fn serve_with(
                     #[cfg(feature = "pprof")]
                     if profiling && req.uri().path().starts_with("/debug/pprof") {
                         let reply = crate::pprof::handle(req.uri().path(), req.uri().query()).await;
-                        return Ok::<_, Infallible>(into_response(reply).0);
+                        return Ok::<_, Infallible>(into_response(reply).0.map(Either::Left));
                     }
                     let _ = profiling;
-                    let mut resp = respond(&handler, &req, local);
-                    if let Some(Render(make)) = resp.1.take() {
-                        let body = tokio::task::spawn_blocking(move || make())
-                            .await
-                            .unwrap_or_default();
-                        *resp.0.body_mut() = Full::new(body);
-                    }
-                    Ok::<_, Infallible>(resp.0)
+                    let (resp, render) = respond(&handler, &req, local);
+                    let Some(Render(make)) = render else {
+                        return Ok::<_, Infallible>(resp.map(Either::Left));
+                    };
+                    // Rendered as the client reads: a few chunks ahead at
+                    // most; a client that leaves stops the rendering.
+                    let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
+                    tokio::task::spawn_blocking(move || {
+                        make(&mut |chunk| tx.blocking_send(chunk).is_ok())
+                    });
+                    Ok::<_, Infallible>(resp.map(|_| -> Body { Either::Right(Streamed(rx)) }))
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -233,6 +318,81 @@ mod tests {
                 "{path}: {out}"
             );
         }
+        drain.start();
+        assert!(server.await.is_ok());
+    }
+
+    /// A streamed body arrives whole and in order, while the renderer is
+    /// never more than a few chunks ahead of the client; a client that
+    /// leaves stops the rendering.
+    #[tokio::test]
+    async fn streamed_bodies_follow_the_client() {
+        const LINES: usize = 1_000_000;
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let drain = Drain::new();
+        let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel::<usize>();
+        let handler: Handler = Arc::new(move |_| {
+            let done_tx = done_tx.clone();
+            Reply::metrics_streamed(move |sink| {
+                use std::fmt::Write as _;
+                let mut out = ChunkWriter::new(sink);
+                let mut lines = 0;
+                for i in 0..LINES {
+                    if writeln!(out, "line {i:>14}").is_err() {
+                        break;
+                    }
+                    lines += 1;
+                }
+                let _ = out.finish();
+                let _ = done_tx.send(lines);
+            })
+        });
+        let server = tokio::spawn(serve(l, "stats", handler, drain.clone()));
+        // Read whole: every line, in order.
+        let mut c = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.write_all(b"GET /m HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut raw = Vec::new();
+        let _ = c.read_to_end(&mut raw).await;
+        assert_eq!(done.recv().await, Some(LINES));
+        let raw = String::from_utf8(raw).unwrap_or_else(|e| panic!("{e}"));
+        let (head, mut body) = raw
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("{raw}"));
+        assert!(head.contains("transfer-encoding: chunked"), "{head}");
+        let mut text = String::new();
+        while let Some((size, rest)) = body.split_once("\r\n") {
+            let n = usize::from_str_radix(size, 16).unwrap_or_else(|e| panic!("{size}: {e}"));
+            text.push_str(&rest[..n]);
+            body = &rest[n..];
+            body = body.strip_prefix("\r\n").unwrap_or(body);
+            if n == 0 {
+                break;
+            }
+        }
+        let want: String = (0..LINES).map(|i| format!("line {i:>14}\n")).collect();
+        assert!(text == want, "the body differs from what was rendered");
+        // A client that reads the head and leaves: the renderer, a few
+        // chunks ahead at most (never the whole body), stops.
+        let mut c = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.write_all(b"GET /m HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut first = [0u8; 64];
+        let _ = c.read(&mut first).await;
+        drop(c);
+        let lines = tokio::time::timeout(Duration::from_secs(10), done.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the renderer went on after its client left"));
+        assert!(lines.is_some_and(|n| n < LINES), "{lines:?}");
         drain.start();
         assert!(server.await.is_ok());
     }

@@ -108,8 +108,8 @@ impl FileWatch {
     /// Reads the file now (on a blocking thread) and records the outcome as
     /// reported, whatever it is: for a reload someone asked for.
     pub async fn read_now(&mut self) -> io::Result<Vec<u8>> {
-        let outcome = self.read().await;
-        self.seen(&outcome);
+        let (outcome, d) = self.read().await;
+        self.last = Some(d);
         outcome
     }
 
@@ -122,8 +122,7 @@ impl FileWatch {
             // Editors write in bursts; read once they settle.
             tokio::time::sleep(SETTLE).await;
             while self.events.try_recv().is_ok() {}
-            let outcome = self.read().await;
-            let d = digest(&outcome);
+            let (outcome, d) = self.read().await;
             if self.last != Some(d) {
                 self.last = Some(d);
                 return Some(outcome);
@@ -141,12 +140,23 @@ impl FileWatch {
         self.reads
     }
 
-    async fn read(&mut self) -> io::Result<Vec<u8>> {
+    /// Reads the file and digests the outcome, both on a blocking thread:
+    /// hashing a seed's table file (megabytes) takes milliseconds that a
+    /// runtime worker would not be serving connections in.
+    async fn read(&mut self) -> (io::Result<Vec<u8>>, u64) {
         self.reads += 1;
         let (path, max) = (self.path.clone(), self.max_len);
-        tokio::task::spawn_blocking(move || read_bounded(&path, max))
-            .await
-            .unwrap_or_else(|e| Err(io::Error::other(e)))
+        tokio::task::spawn_blocking(move || {
+            let outcome = read_bounded(&path, max);
+            let d = digest(&outcome);
+            (outcome, d)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            let outcome = Err(io::Error::other(e));
+            let d = digest(&outcome);
+            (outcome, d)
+        })
     }
 }
 

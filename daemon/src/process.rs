@@ -25,6 +25,52 @@ pub fn return_freed_memory() {
     }
 }
 
+/// Gives the pages freed so far back to the OS now, instead of after
+/// jemalloc's decay (10 s): for a burst known to have ended that freed much
+/// (a seed's table file reloaded, megabytes read and split), so memory
+/// after a burst of reloads is memory after start. Costs a few system
+/// calls and, next time, page faults: call it off the runtime's workers,
+/// after large frees only.
+pub fn purge_freed_memory() {
+    #[cfg(feature = "jemalloc")]
+    {
+        use tikv_jemalloc_ctl::{Access, AsName};
+        // `arena.<i>.purge` takes no value, which the safe controls cannot
+        // express (and this workspace forbids `unsafe`); setting an arena's
+        // dirty decay restarts its backlog, and a decay of 0 purges every
+        // dirty page at once. The arena's own setting is then put back.
+        let Ok(arenas) = tikv_jemalloc_ctl::arenas::narenas::read() else {
+            return;
+        };
+        let Ok(mut mib) = b"arena.0.dirty_decay_ms\0".name().mib::<[usize; 3]>() else {
+            return;
+        };
+        for i in 0..arenas as usize {
+            mib[1] = i;
+            // An arena not in use yet answers with an error: nothing to purge.
+            if let Ok(decay) = Access::<isize>::update(&mib, 0) {
+                let _ = Access::<isize>::write(&mib, decay);
+            }
+        }
+    }
+}
+
+/// The allocator's own figures: bytes the program has allocated and bytes
+/// of the pages the allocator holds resident (jemalloc's `stats.allocated`
+/// and `stats.resident`, refreshed first); `None` without jemalloc.
+pub fn allocator_bytes() -> Option<(u64, u64)> {
+    #[cfg(feature = "jemalloc")]
+    {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        epoch::advance().ok()?;
+        let allocated = stats::allocated::read().ok()?;
+        let resident = stats::resident::read().ok()?;
+        Some((allocated as u64, resident as u64))
+    }
+    #[cfg(not(feature = "jemalloc"))]
+    None
+}
+
 /// Raises the soft limit on open files to the hard limit, as Go's runtime
 /// does at start (since Go 1.19), and logs the figure: with the usual soft
 /// limit of 1024, a few thousand idle connections would make every accept

@@ -11,7 +11,6 @@
 //! that counts does not know where its counts go.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -260,9 +259,10 @@ impl ClusterSet {
         self.clusters.lock().remove(name);
     }
 
-    /// Appends the exposition text of every cluster's series (`used_only`:
-    /// of clusters never used, the membership gauges only) to `out`.
-    pub fn render(&self, used_only: bool, out: &mut String) {
+    /// Writes the exposition text of every cluster's series (`used_only`:
+    /// of clusters never used, the membership gauges only) to `out`;
+    /// stops at the first write that fails.
+    pub fn render(&self, used_only: bool, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         let list: Vec<(ClusterName, Arc<Cells>)> = self
             .clusters
             .lock()
@@ -270,63 +270,64 @@ impl ClusterSet {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         if list.is_empty() {
-            return;
+            return Ok(());
         }
         let shown = |c: &Cells| !used_only || c.used.load(Ordering::Relaxed);
         for (i, (name, help)) in COUNTERS.iter().enumerate() {
-            header(out, name, help, "counter");
+            header(out, name, help, "counter")?;
             for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
                 let v = c.counters[i].load(Ordering::Relaxed);
-                let _ = writeln!(
+                writeln!(
                     out,
                     "{name}{{envoy_cluster_name=\"{}\"}} {v}",
                     escape(cluster.as_str())
-                );
+                )?;
             }
         }
         for (i, (name, help)) in GAUGES.iter().enumerate() {
-            header(out, name, help, "gauge");
+            header(out, name, help, "gauge")?;
             let always = i == MEMBERSHIP_HEALTHY || i == MEMBERSHIP_TOTAL;
             for (cluster, c) in list.iter().filter(|(_, c)| always || shown(c)) {
                 let v = f64::from_bits(c.gauges[i].load(Ordering::Relaxed));
-                let _ = writeln!(
+                writeln!(
                     out,
                     "{name}{{envoy_cluster_name=\"{}\"}} {v}",
                     escape(cluster.as_str())
-                );
+                )?;
             }
         }
         for (i, (name, help)) in HISTOGRAMS.iter().enumerate() {
-            header(out, name, help, "histogram");
+            header(out, name, help, "histogram")?;
             for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
                 let label = escape(cluster.as_str());
                 let h = c.hists[i].get();
                 let mut cumulative = 0;
                 for (j, bound) in MS_BUCKETS.iter().enumerate() {
                     cumulative += h.map_or(0, |h| h.buckets[j].load(Ordering::Relaxed));
-                    let _ = writeln!(
+                    writeln!(
                         out,
                         "{name}_bucket{{envoy_cluster_name=\"{label}\",le=\"{bound}\"}} {cumulative}"
-                    );
+                    )?;
                 }
                 let count = h.map_or(0, |h| h.count.load(Ordering::Relaxed));
                 let sum = h.map_or(0.0, |h| f64::from_bits(h.sum.load(Ordering::Relaxed)));
-                let _ = writeln!(
+                writeln!(
                     out,
                     "{name}_bucket{{envoy_cluster_name=\"{label}\",le=\"+Inf\"}} {count}"
-                );
-                let _ = writeln!(out, "{name}_sum{{envoy_cluster_name=\"{label}\"}} {sum}");
-                let _ = writeln!(
+                )?;
+                writeln!(out, "{name}_sum{{envoy_cluster_name=\"{label}\"}} {sum}")?;
+                writeln!(
                     out,
                     "{name}_count{{envoy_cluster_name=\"{label}\"}} {count}"
-                );
+                )?;
             }
         }
+        Ok(())
     }
 }
 
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+fn header(out: &mut impl std::fmt::Write, name: &str, help: &str, kind: &str) -> std::fmt::Result {
+    writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}")
 }
 
 /// A label value as the exposition format wants it.
@@ -355,7 +356,7 @@ mod tests {
         busy.upstream_cx_connect_ms().record(7.0);
         busy.upstream_cx_active().increment(1.0);
         let mut text = String::new();
-        set.render(true, &mut text);
+        let _ = set.render(true, &mut text);
         for line in [
             "envoy_cluster_upstream_cx_total{envoy_cluster_name=\"ns/busy-tcp\"} 3\n",
             "envoy_cluster_upstream_cx_active{envoy_cluster_name=\"ns/busy-tcp\"} 1\n",
@@ -373,7 +374,7 @@ mod tests {
             "{text}"
         );
         let mut all = String::new();
-        set.render(false, &mut all);
+        let _ = set.render(false, &mut all);
         assert!(
             all.contains("envoy_cluster_upstream_cx_total{envoy_cluster_name=\"ns/idle\"} 0\n"),
             "{all}"
@@ -386,7 +387,7 @@ mod tests {
         );
         set.remove(&ClusterName::for_port("ns", "idle", ""));
         let mut after = String::new();
-        set.render(false, &mut after);
+        let _ = set.render(false, &mut after);
         assert!(!after.contains("ns/idle"), "{after}");
     }
 }

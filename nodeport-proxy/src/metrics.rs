@@ -7,6 +7,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use std::fmt::Write as _;
+
 use daemon::metrics::Registry;
 use metrics::{Counter, Gauge};
 
@@ -257,17 +259,37 @@ impl Metrics {
     }
 
     pub fn render(&self, used_only: bool) -> String {
+        let mut text = String::new();
+        self.render_to(used_only, &mut |chunk| {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            true
+        });
+        text
+    }
+
+    /// [`Self::render`] handed to `sink` in chunks as it is written, so a
+    /// scrape of every series at seed scale (100 MB and more) is never held
+    /// whole; stops when `sink` refuses a chunk (the client left).
+    pub fn render_to(&self, used_only: bool, sink: daemon::endpoints::Sink<'_>) {
         self.windows.update();
         self.server_uptime
             .set(self.started.elapsed().as_secs() as f64);
-        if let Some(rss) = resident_bytes() {
-            // Without an allocator hook, resident memory stands in for both.
+        if let Some((allocated, heap)) = daemon::process::allocator_bytes() {
+            // Envoy's meaning: bytes in use, and the heap holding them.
+            self.memory_allocated.set(allocated as f64);
+            self.memory_heap.set(heap as f64);
+        } else if let Some(rss) = resident_bytes() {
+            // Without the allocator's figures, resident memory stands in.
             self.memory_allocated.set(rss as f64);
             self.memory_heap.set(rss as f64);
         }
-        let mut text = self.registry.render();
-        self.clusters.render(used_only, &mut text);
-        text
+        let mut out = daemon::endpoints::ChunkWriter::new(sink);
+        let written = out
+            .write_str(&self.registry.render())
+            .and_then(|()| self.clusters.render(used_only, &mut out));
+        if written.is_ok() {
+            let _ = out.finish();
+        }
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -291,8 +313,14 @@ fn resident_bytes() -> Option<u64> {
 fn describe(r: &Registry) {
     r.describe_gauge("envoy_server_live", "1 while the proxy is serving.");
     r.describe_gauge("envoy_server_uptime", "Seconds since the proxy started.");
-    r.describe_gauge("envoy_server_memory_allocated", "Resident memory in bytes.");
-    r.describe_gauge("envoy_server_memory_heap_size", "Resident memory in bytes.");
+    r.describe_gauge(
+        "envoy_server_memory_allocated",
+        "Bytes allocated and in use (resident memory without jemalloc).",
+    );
+    r.describe_gauge(
+        "envoy_server_memory_heap_size",
+        "Bytes of the allocator's resident pages (resident memory without jemalloc).",
+    );
     r.describe_counter(
         "envoy_tcp_downstream_cx_total",
         "TCP proxy connections (NodePort and SNI).",

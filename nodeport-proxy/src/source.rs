@@ -309,6 +309,13 @@ impl Follower {
                         .and_then(|b| load_items(path, &b, &mut cache)),
                     (TableSource::Inline(inv), _) => Ok(Loaded::Whole(inv.clone())),
                 };
+                drop(cache);
+                // The file's text, its items and the last load's hashes
+                // (tens of MB at seed scale) are free now: back to the OS
+                // at once, before the table changes, so a burst of reloads
+                // does not leave the process larger than its table
+                // (jemalloc would wait 10 s).
+                daemon::process::purge_freed_memory();
                 match loaded {
                     Ok(l) => {
                         l.apply(&store);

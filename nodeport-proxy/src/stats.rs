@@ -32,7 +32,7 @@ pub async fn run(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Healt
                 .query
                 .is_some_and(|q| q.split('&').any(|p| p == "usedonly=false"));
             let metrics = metrics.clone();
-            Reply::metrics_rendered(move || metrics.render(used_only))
+            Reply::metrics_streamed(move |sink| metrics.render_to(used_only, sink))
         }
         _ => Reply::not_found(),
     });

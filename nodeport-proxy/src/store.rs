@@ -97,9 +97,18 @@ impl TableStore {
     pub fn apply_changes(&self, changes: Vec<Change>) -> bool {
         let mut index = self.index.lock();
         for c in &changes {
+            // The index keeps its keys for as long as the object lives: copied
+            // here, on the applying thread, rather than shared with the
+            // caller's, which a Kubernetes watch allocates among the decoded
+            // objects it frees at once (a page holding one kept key among
+            // freed ones cannot be given back).
             match c {
-                Change::Service(key, s) => index.service(key, s.as_ref()),
-                Change::Slice(key, s) => index.slice(key, s.as_ref()),
+                Change::Service(key, s) => {
+                    index.service(&ObjKey::new(&key.namespace, &key.name), s.as_ref())
+                }
+                Change::Slice(key, s) => {
+                    index.slice(&ObjKey::new(&key.namespace, &key.name), s.as_ref())
+                }
             }
         }
         self.publish(&mut index)

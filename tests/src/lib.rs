@@ -20,11 +20,36 @@ pub mod procs;
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let out = http_get_raw(addr, path).await;
     let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let chunked = head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
     (status, body)
+}
+
+/// A chunked HTTP/1.1 body's content (a streamed metrics scrape); stops at
+/// the last chunk or at anything malformed.
+pub fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
+            break;
+        };
+        let (Some(chunk), Some(after)) = (rest.get(..n), rest.get(n..)) else {
+            break;
+        };
+        if n == 0 {
+            break;
+        }
+        out.push_str(chunk);
+        body = after.strip_prefix("\r\n").unwrap_or(after);
+    }
+    out
 }
 
 /// The whole response to a GET, head included.
