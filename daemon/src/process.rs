@@ -81,3 +81,30 @@ pub fn raise_open_files_limit() {
         Err(e) => tracing::warn!(error = %e, "open files limit not raised"),
     }
 }
+
+#[cfg(all(test, feature = "jemalloc"))]
+mod tests {
+    fn resident_mib() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        pages * 4096 / (1 << 20)
+    }
+
+    /// What a burst freed leaves at once, not after the 10 s decay.
+    #[test]
+    fn purging_gives_freed_pages_back_at_once() {
+        let burst: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 1 << 20]).collect();
+        let full = resident_mib();
+        drop(burst);
+        super::purge_freed_memory();
+        let after = resident_mib();
+        assert!(
+            after + 48 <= full,
+            "resident {full} MiB with the burst, {after} MiB after it was freed and purged"
+        );
+    }
+}
