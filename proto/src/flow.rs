@@ -782,6 +782,11 @@ impl SendGate {
         let c = cost(len);
         let need = c.min(self.cap);
         loop {
+            // Registered before the look at the state, so a grant or close
+            // that comes in between still wakes this waiter.
+            let woken = self.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
             {
                 let mut s = self.state.lock();
                 if s.closed {
@@ -792,9 +797,7 @@ impl SendGate {
                     return;
                 }
             }
-            // One waiter per connection (its reader); a wake-up that comes
-            // before this point is kept as a permit.
-            self.wake.notified().await;
+            woken.await;
         }
     }
 
@@ -806,7 +809,8 @@ impl SendGate {
         let mut s = self.state.lock();
         s.credit = s.credit.saturating_add(bytes).min(MAX_WINDOW);
         drop(s);
-        self.wake.notify_one();
+        // Usually one waiter (the connection's reader); any others look too.
+        self.wake.notify_waiters();
     }
 
     /// The peer asks for up to `bytes` of unused credit back; returns what is
@@ -823,10 +827,11 @@ impl SendGate {
         self.state.lock().credit
     }
 
-    /// Wakes any waiting sender for good (the connection is closing).
+    /// Wakes every waiting sender for good (the connection is closing);
+    /// a fuzzer found a second waiter left asleep when only one was woken.
     pub fn close(&self) {
         self.state.lock().closed = true;
-        self.wake.notify_one();
+        self.wake.notify_waiters();
     }
 }
 
@@ -1144,5 +1149,28 @@ mod tests {
         let agreed = WindowConfig::default().agreed(1 << 20);
         assert_eq!(agreed.max, 1 << 20);
         assert_eq!(agreed.initial, DEFAULT_INITIAL_WINDOW);
+    }
+
+    /// Closing the gate wakes every sender waiting for credit, not one
+    /// (server/fuzz/corpus/packets/crash-66f41d0f…: a second waiter hung).
+    #[tokio::test]
+    async fn closing_wakes_every_waiting_sender() {
+        let gate = Arc::new(SendGate::new(MIN_COST));
+        gate.acquire(1).await;
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let g = gate.clone();
+                tokio::spawn(async move { g.acquire(1 << 20).await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        gate.close();
+        for w in waiters {
+            let done = tokio::time::timeout(std::time::Duration::from_secs(10), w).await;
+            assert!(
+                matches!(done, Ok(Ok(()))),
+                "a sender still waits on a closed gate"
+            );
+        }
     }
 }
