@@ -143,9 +143,35 @@ pub fn bind_unix(path: &Path, delete_existing: bool) -> io::Result<UnixListener>
     Ok(listener)
 }
 
+/// A connection that can be ended abortively: the peer reads an error
+/// (`ECONNRESET`) instead of a clean end of stream, so a tunnel cut short
+/// (its agent lost) is not mistaken for one that finished.
+pub trait Reset {
+    /// Makes the coming close a reset; call it, then drop without shutdown.
+    fn reset_on_close(&self);
+}
+
+impl Reset for TcpStream {
+    fn reset_on_close(&self) {
+        // SO_LINGER 0: close sends RST at once (and never blocks).
+        let _ = socket2::SockRef::from(self).set_linger(Some(Duration::ZERO));
+    }
+}
+
+/// Unix sockets have no reset: the peer sees the end of stream.
+impl Reset for UnixStream {
+    fn reset_on_close(&self) {}
+}
+
+impl<IO: Reset> Reset for tokio_rustls::server::TlsStream<IO> {
+    fn reset_on_close(&self) {
+        self.get_ref().0.reset_on_close();
+    }
+}
+
 /// Something that accepts connections.
 pub trait Listener: Send + Sync + 'static {
-    type Io: AsyncRead + AsyncWrite + Send + Unpin + 'static;
+    type Io: AsyncRead + AsyncWrite + Reset + Send + Unpin + 'static;
     fn accept(&self) -> impl Future<Output = io::Result<(Self::Io, String)>> + Send;
     /// The bound address, for logs.
     fn local(&self) -> String;

@@ -4,12 +4,15 @@
 use std::time::Duration;
 
 use integration_tests::certs::Pki;
-use integration_tests::client::{grpc_dial, http_connect};
+use integration_tests::client::{ConnectReply, Frontend, grpc_dial, http_connect};
 use integration_tests::dest;
 use integration_tests::konnectivity::{
-    ServerOpts, Stack, http_get, init_logging, metric, start_server,
+    RawAgent, ServerOpts, Stack, http_get, init_logging, metric, raw_agent, start_server,
 };
+use konnectivity_proto::packet::Payload;
+use konnectivity_proto::{Packet, PacketExt};
 use proxy_server::Mode;
+use tokio::io::AsyncReadExt;
 
 #[tokio::test]
 async fn refused_port_grpc_reports_go_error_text() {
@@ -221,4 +224,77 @@ async fn backend_dial_timeout_ends_pending_dials() {
         "Backend dial timeout: timed out waiting for backend dial\r\n"
     );
     assert_eq!(hc.handle.pending_dials(), 0);
+}
+
+/// Opens an HTTP CONNECT tunnel whose dial `agent` answers with `connect`,
+/// and has the agent send `hello` through it.
+async fn tunnel_via(frontend: &Frontend, agent: &mut RawAgent, connect: i64) -> ConnectReply {
+    let fe = frontend.clone();
+    let client = tokio::spawn(async move { http_connect(&fe, "127.0.0.1:9").await });
+    let req = agent.rx.message().await.unwrap().unwrap();
+    let Some(Payload::DialRequest(d)) = req.payload else {
+        panic!("expected a DIAL_REQ, got {req:?}");
+    };
+    agent
+        .tx
+        .send(Packet::dial_response(d.random, connect, String::new()))
+        .await
+        .unwrap();
+    let mut reply = client.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    agent
+        .tx
+        .send(Packet::data_copy(connect, b"hello"))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 5];
+    reply.stream.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"hello");
+    reply
+}
+
+/// What the client reads next: the end of the stream, or the error kind.
+async fn next_read(reply: &mut ConnectReply) -> Result<usize, std::io::ErrorKind> {
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(Duration::from_secs(30), reply.stream.read(&mut buf))
+        .await
+        .expect("the tunnel stayed open")
+        .map_err(|e| e.kind())
+}
+
+/// Issue 14.6: when its agent is lost, an HTTP CONNECT client (TCP with
+/// mTLS, as kube-apiserver) reads a connection reset, not a clean end it
+/// could take for a complete response; a tunnel the agent closes normally
+/// still ends cleanly, TLS close_notify included. Upstream ends both cleanly.
+#[tokio::test]
+async fn http_connect_client_is_reset_when_its_agent_is_lost() {
+    init_logging();
+    let pki = Pki::new();
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            mode: Mode::HttpConnect,
+            tcp_frontend: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut agent = raw_agent(&pki, server.agent_addr, "raw", "").await;
+    server.handle.wait_for_agents(1).await;
+
+    let mut done = tunnel_via(&server.frontend, &mut agent, 1).await;
+    agent
+        .tx
+        .send(Packet::close_response(1, String::new()))
+        .await
+        .unwrap();
+    assert_eq!(next_read(&mut done).await, Ok(0));
+
+    let mut cut = tunnel_via(&server.frontend, &mut agent, 2).await;
+    drop(agent);
+    assert_eq!(
+        next_read(&mut cut).await,
+        Err(std::io::ErrorKind::ConnectionReset)
+    );
+    server.handle.wait_until(|h| h.agent_streams() == 0).await;
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use daemon::chunks::ChunkReader;
 use daemon::drain::Drain;
+use daemon::listen::Reset;
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
@@ -23,7 +24,7 @@ use crate::backend::Backend;
 use crate::core::{Core, DialRefused};
 use crate::frontend::connect_head::{Head, HeadError, method_not_allowed, parse_head};
 use crate::limits::{MAX_CONNECT_HEAD as MAX_HEAD, MAX_EARLY_DATA};
-use crate::tunnel::{FrontendQueue, Tunnel, TunnelState};
+use crate::tunnel::{Abort, FrontendQueue, Tunnel, TunnelState};
 
 /// How long a client may take to send its request head (Go's ReadHeaderTimeout).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -78,6 +79,17 @@ fn refused_response(why: &DialRefused) -> Vec<u8> {
     }
 }
 
+/// How a client connection ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Shut down: the client reads the end of the stream.
+    Clean,
+    /// The tunnel was cut short (its agent lost, or the agent closed it with
+    /// an error): reset, so the client reads an error, not a clean end of
+    /// data it might take for complete. Upstream closes cleanly here.
+    Reset,
+}
+
 /// Serves one client connection.
 /// `source`: the client's address (TCP); `None` on the Unix socket.
 pub async fn serve_conn<IO>(
@@ -86,12 +98,18 @@ pub async fn serve_conn<IO>(
     source: Option<std::net::SocketAddr>,
     drain: Drain,
 ) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send,
+    IO: AsyncRead + AsyncWrite + Reset + Unpin + Send,
 {
     let gauge = core.metrics.http_connections.clone();
     gauge.increment(1.0);
-    serve_inner(&core, &mut io, source, &drain).await;
-    let _ = io.shutdown().await;
+    match serve_inner(&core, &mut io, source, &drain).await {
+        Ending::Clean => {
+            let _ = io.shutdown().await;
+        }
+        // No TLS close_notify either: it would read as a clean end.
+        Ending::Reset => io.reset_on_close(),
+    }
+    drop(io);
     gauge.decrement(1.0);
 }
 
@@ -148,7 +166,8 @@ async fn serve_inner<IO>(
     io: &mut IO,
     source: Option<std::net::SocketAddr>,
     drain: &Drain,
-) where
+) -> Ending
+where
     IO: AsyncRead + AsyncWrite + Unpin + Send,
 {
     // Only the bytes received so far are held while a client sends its head.
@@ -181,16 +200,16 @@ async fn serve_inner<IO>(
                     || close
                     || has_body
                 {
-                    return;
+                    return Ending::Clean;
                 }
                 let _ = buf.split_to(len);
             }
             HeadRead::Refused(e) => {
                 tracing::debug!(error = %e, "bad CONNECT request");
                 let _ = io.write_all(&e.response()).await;
-                return;
+                return Ending::Clean;
             }
-            HeadRead::Gone => return,
+            HeadRead::Gone => return Ending::Clean,
         }
     };
     let early = buf.split_off(len);
@@ -203,10 +222,11 @@ async fn serve_inner<IO>(
         tracing::debug!(host = %authority.0, error = %why, "dial refused");
         let _ = io.write_all(&refused_response(&why)).await;
         core.frontend_gone(&tunnel).await;
-        return;
+        return Ending::Clean;
     }
-    run_tunnel(core, &tunnel, queue, io, early, drain).await;
+    let ending = run_tunnel(core, &tunnel, queue, io, early, drain).await;
     core.frontend_gone(&tunnel).await;
+    ending
 }
 
 async fn run_tunnel<IO>(
@@ -216,15 +236,16 @@ async fn run_tunnel<IO>(
     io: &mut IO,
     early: BytesMut,
     drain: &Drain,
-) where
+) -> Ending
+where
     IO: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let (rd, wr) = tokio::io::split(io);
     let (est_tx, est_rx) = watch::channel(None);
     tokio::select! {
-        _ = write_loop(core, tunnel, queue, wr, est_tx) => {}
-        _ = read_loop(core, tunnel, rd, early, est_rx) => {}
-        _ = drain.stopping() => {}
+        e = write_loop(core, tunnel, queue, wr, est_tx) => e,
+        _ = read_loop(core, tunnel, rd, early, est_rx) => Ending::Clean,
+        _ = drain.stopping() => Ending::Clean,
     }
 }
 
@@ -242,7 +263,8 @@ async fn write_loop<W>(
     mut queue: FrontendQueue,
     mut wr: W,
     est_tx: watch::Sender<Option<(Arc<Backend>, ConnectId)>>,
-) where
+) -> Ending
+where
     W: AsyncWrite + Unpin,
 {
     loop {
@@ -258,14 +280,16 @@ async fn write_loop<W>(
                         DialRefused::TimedOut
                     );
                     let _ = wr.write_all(msg.as_bytes()).await;
-                    return;
+                    return Ending::Clean;
                 }
                 continue;
             }
         };
-        let Some(pkt) = pkt else { return };
+        let Some(pkt) = pkt else {
+            return Ending::Clean;
+        };
         if tunnel.aborted().is_some() {
-            return;
+            return ending_of(tunnel);
         }
         let written = match (PacketType::try_from(pkt.r#type), pkt.payload) {
             (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) if rsp.error.is_empty() => {
@@ -281,19 +305,33 @@ async fn write_loop<W>(
             (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
                 let resp = go_response(status_for_dial_error(&rsp.error), &rsp.error);
                 let _ = write_or_abort(tunnel, &mut wr, &resp).await;
-                return;
+                return Ending::Clean;
             }
             (Ok(PacketType::Data), Some(Payload::Data(d))) => {
                 let written = write_or_abort(tunnel, &mut wr, &d.data).await;
                 tunnel.consumed(d.data.len());
                 written
             }
-            (Ok(PacketType::CloseRsp | PacketType::DialCls), _) => return,
+            (Ok(PacketType::CloseRsp), Some(Payload::CloseResponse(c))) if !c.error.is_empty() => {
+                tracing::debug!(error = %c.error, "tunnel cut short; resetting the client connection");
+                return Ending::Reset;
+            }
+            (Ok(PacketType::CloseRsp | PacketType::DialCls), _) => return Ending::Clean,
             _ => true,
         };
         if !written {
-            return;
+            return ending_of(tunnel);
         }
+    }
+}
+
+/// A tunnel aborted by the agent's fault or by a client that stopped
+/// reading is cut short; one ended by our shutdown closes cleanly, as
+/// upstream's does.
+fn ending_of(tunnel: &Tunnel) -> Ending {
+    match tunnel.aborted() {
+        None | Some(Abort::Shutdown) => Ending::Clean,
+        Some(_) => Ending::Reset,
     }
 }
 
