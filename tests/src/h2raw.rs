@@ -113,6 +113,20 @@ pub fn header_bomb(stream: u32, authority: &str, refs: usize) -> Vec<u8> {
     out
 }
 
+/// `frames` with END_HEADERS cleared on the last one: a header block the
+/// server must hold while it waits for a CONTINUATION that never comes.
+pub fn unfinished(mut frames: Vec<u8>) -> Vec<u8> {
+    let (mut at, mut last) = (0, None);
+    while at + 9 <= frames.len() {
+        last = Some(at);
+        at += 9 + u32::from_be_bytes([0, frames[at], frames[at + 1], frames[at + 2]]) as usize;
+    }
+    if let Some(l) = last {
+        frames[l + 4] &= !0x4;
+    }
+    frames
+}
+
 /// The `:status` of a response HEADERS frame's block (END_HEADERS, no
 /// padding or priority), decoded with a fresh table.
 pub fn response_status(block: &[u8]) -> Option<u16> {
