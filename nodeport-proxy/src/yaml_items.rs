@@ -35,6 +35,11 @@ fn indentation(line: &str) -> usize {
 /// The top-level key a column-0 line opens, and whether it says `[]`.
 fn top_key(line: &str) -> Option<(List, bool)> {
     let (key, rest) = line.split_once(':')?;
+    // A colon opens a mapping only before a space or the line's end:
+    // `services:#x` is one plain scalar to the parser, not a key.
+    if !(rest.is_empty() || rest.starts_with(' ')) {
+        return None;
+    }
     let list = match key {
         "services" => List::Services,
         "endpointSlices" => List::Slices,
@@ -191,6 +196,9 @@ mod tests {
             "---\nservices: []\n---\nservices: []\n",
             "%YAML 1.2\n---\nservices: []\n",
             "services:\n\t- a\n",
+            // Not a key: no space after the colon (found by table_file).
+            "services:# s}]\n",
+            "services:[]\n",
             // The parser refuses a control character even in a comment, and
             // reads a CR as a line break (found by the table_file target).
             "# a\u{b}b\nservices: []\n",
