@@ -278,7 +278,16 @@ func destOnly() {
 		lim.Cur = lim.Max
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 	}
-	d, err := startDestination(&tls.Config{})
+	tlsCfg := &tls.Config{}
+	if *flagDestCert != "" {
+		cert, err := tls.LoadX509KeyPair(*flagDestCert, *flagDestKey)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	d, err := startDestination(tlsCfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -296,7 +305,7 @@ func destOnly() {
 		go d.serve(l)
 		plains = append(plains, l.Addr().String())
 	}
-	fmt.Printf("destination plain=%s plains=%s\n", d.plainAddr(), strings.Join(plains, ","))
+	fmt.Printf("destination plain=%s plains=%s tls=%s\n", d.plainAddr(), strings.Join(plains, ","), d.tlsAddr())
 	select {}
 }
 

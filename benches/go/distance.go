@@ -478,7 +478,12 @@ func parkedBytes(s *subject) string {
 
 // gaugeValue reads one unlabelled gauge from a /metrics endpoint.
 func gaugeValue(addr, name string) (float64, error) {
-	body, err := get200(addr, "/metrics")
+	return gaugeAt(addr, "/metrics", name)
+}
+
+// gaugeAt reads one unlabelled gauge from the Prometheus text at path.
+func gaugeAt(addr, path, name string) (float64, error) {
+	body, err := get200(addr, path)
 	if err != nil {
 		return 0, err
 	}

@@ -18,7 +18,6 @@ require (
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.68.0 // indirect
 	github.com/prometheus/procfs v0.19.2 // indirect
-	golang.org/x/net v0.55.0 // indirect
 	golang.org/x/sys v0.45.0 // indirect
 	golang.org/x/text v0.37.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260226221140-a57be14db171 // indirect
@@ -26,6 +25,7 @@ require (
 )
 
 require (
+	golang.org/x/net v0.55.0
 	k8s.io/klog/v2 v2.140.0
 	konnectivity-goharness v0.0.0
 )

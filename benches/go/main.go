@@ -24,7 +24,7 @@ import (
 
 var (
 	flagQuick     = flag.Bool("quick", false, "tiny sizes (a smoke run of every workload, well under 2 minutes)")
-	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P10, nodeport, P9, konn-scale (default: all)")
+	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P10, nodeport, P9, konn-scale, np-mem (default: all)")
 	flagRepeats   = flag.Int("repeats", 0, "timed repeats per workload (default 5, quick 3)")
 	flagOurs      = flag.String("ours-bin", "target/release", "directory with proxy-server, proxy-agent, nodeport-proxy, tunnel-agent")
 	flagUpstream  = flag.String("upstream-bin", "target/bench/bin", "directory with upstream-proxy-server and upstream-proxy-agent")
@@ -34,6 +34,9 @@ var (
 	flagIdleConns = flag.Int("idle-conns", 0, "P5 connections (default 10000, quick 200)")
 	flagDestOnly  = flag.Bool("dest-only", false, "internal: serve the destinations only (P5 runs them in a child process)")
 	flagDestPlain = flag.Int("dest-plain", 1, "internal: with --dest-only, this many plain listeners")
+	flagDestCert  = flag.String("dest-cert", "", "internal: with --dest-only, the TLS listener's certificate (PEM file)")
+	flagDestKey   = flag.String("dest-key", "", "internal: with --dest-only, the TLS listener's key (PEM file)")
+	flagNPMem     = flag.String("np-mem-sizes", "", "np-mem: comma list of concurrent connection counts (default 1000,5000,10000; quick 200,500)")
 	flagScale     = flag.Int("scale-tunnels", 0, "konn-scale idle tunnels (default 50000, quick 500)")
 	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")
 )
@@ -167,13 +170,9 @@ func main() {
 		{"nodeport", nodeportGroup},
 		{"P9", startGroup},
 		{"konn-scale", scaleGroup},
+		{"np-mem", npMemGroup},
 	}
-	only := map[string]bool{}
-	for _, g := range strings.Split(*flagOnly, ",") {
-		if g = strings.TrimSpace(g); g != "" {
-			only[g] = true
-		}
-	}
+	only := onlyGroups()
 	for _, g := range groups {
 		if len(only) > 0 && !only[g.name] {
 			continue
@@ -190,7 +189,11 @@ func main() {
 			failures++
 		}
 	}
-	report := reportHeader(started, startLoad) + "\n" + renderTable(rows) + distanceSummary.String()
+	report := reportHeader(started, startLoad) + "\n"
+	if len(rows) > 0 {
+		report += renderTable(rows)
+	}
+	report += distanceSummary.String() + npMemSummary.String()
 	fmt.Println(report)
 	if *flagOut != "" {
 		if err := os.WriteFile(*flagOut, []byte(report), 0o644); err != nil {
@@ -210,9 +213,27 @@ func main() {
 	}
 }
 
+// onlyGroups is --only as a set (empty: every group).
+func onlyGroups() map[string]bool {
+	only := map[string]bool{}
+	for _, g := range strings.Split(*flagOnly, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			only[g] = true
+		}
+	}
+	return only
+}
+
 // preflight fails with a clear message when something to run is missing.
 func preflight() {
 	var missing []string
+	if only := onlyGroups(); len(only) == 1 && only["np-mem"] {
+		// nodeport-proxy alone, against no anchor.
+		if _, err := os.Stat(filepath.Join(oursBinDir, "nodeport-proxy")); err != nil {
+			fatalf("missing %s (cargo build --release -p nodeport-proxy)", filepath.Join(oursBinDir, "nodeport-proxy"))
+		}
+		return
+	}
 	for _, n := range []string{"proxy-server", "proxy-agent", "nodeport-proxy", "tunnel-agent"} {
 		if _, err := os.Stat(filepath.Join(oursBinDir, n)); err != nil {
 			missing = append(missing, filepath.Join(oursBinDir, n)+" (cargo build --release --bins)")

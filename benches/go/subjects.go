@@ -515,8 +515,9 @@ const (
 )
 
 // startNodeportProxy serves a table with a TLS Service (SNI + tunneling)
-// and a plain one (NodePort + tunneling), with default flags otherwise.
-func startNodeportProxy(tlsBackend, plainBackend string) (*subject, npPorts, error) {
+// and a plain one (NodePort + tunneling), with default flags otherwise
+// (extra flags follow the ports).
+func startNodeportProxy(tlsBackend, plainBackend string, extra ...string) (*subject, npPorts, error) {
 	pp := npPorts{sni: pickPort(), tunnel: pickPort(), stats: pickPort(), nodePort: pickPort()}
 	tlsHost, tlsPort := splitHostPort(tlsBackend)
 	plainHost, plainPort := splitHostPort(plainBackend)
@@ -564,13 +565,13 @@ endpointSlices:
 	if err := os.WriteFile(cfg, []byte(table), 0o644); err != nil {
 		return nil, pp, err
 	}
-	p, err := startProc("nodeport-proxy", bin(ours, "nodeport-proxy"), []string{
+	p, err := startProc("nodeport-proxy", bin(ours, "nodeport-proxy"), append([]string{
 		"-config", cfg,
 		"-bind-address", "127.0.0.1",
 		"-envoy-sni-port", strconv.Itoa(pp.sni),
 		"-envoy-tunneling-port", strconv.Itoa(pp.tunnel),
 		"-envoy-stats-port", strconv.Itoa(pp.stats),
-	})
+	}, extra...))
 	if err != nil {
 		return nil, pp, err
 	}
