@@ -49,10 +49,16 @@ pub const STREAM_WINDOW: u32 = 256 << 10;
 pub const CONNECTION_WINDOW: u32 = 1 << 20;
 /// Defaults of those flags: a stream window of 16 MiB carries 160 MB/s over
 /// a 100 ms round trip; one client connection (one tunnel-agent, i.e. one
-/// node) may park 64 MiB with us, all of them together 1 GiB.
+/// node) may park 64 MiB with us, all of them together 128 MiB. The process
+/// budget is sized with the deploy limit (1 GiB, deploy/nodeport-proxy): a
+/// replica with 20,000 Services (~100 MiB, BENCHMARKS.md P11), its tunneling
+/// listener at -max-connections-per-listener with data moving on every
+/// tunnel (10,000 × 67 KiB, BENCHMARKS.md NPM) and this budget full come to
+/// about 0.9 GiB; a budget past the pod's limit would leave the decision to
+/// the OOM killer.
 pub const DEFAULT_MAX_STREAM_WINDOW: u32 = 16 << 20;
 pub const DEFAULT_CONNECTION_BUDGET: i64 = 64 << 20;
-pub const DEFAULT_MEMORY_BUDGET: i64 = 1 << 30;
+pub const DEFAULT_MEMORY_BUDGET: i64 = 128 << 20;
 /// How long a connection's data may stop before its windows shrink.
 pub const WINDOW_IDLE: Duration = Duration::from_secs(5);
 

@@ -660,26 +660,8 @@ pub async fn wait_ready(client: &kube::Client) {
     }
 }
 
-/// Polls `cond` (an API read) every 100 ms until it holds or `patience`
-/// passes; panics with `what` on timeout. For state only visible through
-/// the API (no event to wait on from outside).
-pub async fn eventually<F, Fut>(what: &str, patience: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + patience;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {patience:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+/// State only visible through the API is waited on with the shared poll.
+pub use crate::eventually;
 
 // ---------------------------------------------------------------- konnectivity
 

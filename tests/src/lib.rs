@@ -15,6 +15,49 @@ pub mod netns;
 pub mod nodeport;
 pub mod procs;
 
+/// Polls `probe` until it holds or `patience` passes, then panics naming
+/// `what`. Only for state that gives no signal to wait on (a counter in a
+/// metrics scrape, an API object, a socket that starts accepting while the
+/// process's log goes elsewhere); a log line or readiness answer is waited on
+/// instead (`procs::Proc::wait_line`, `k8s::wait_ready`).
+pub async fn eventually<F, Fut>(what: &str, patience: std::time::Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_some(what, patience, || {
+        let held = probe();
+        async move { held.await.then_some(()) }
+    })
+    .await
+}
+
+/// [`eventually`] for a probe that yields something once it holds (a
+/// connection that was finally admitted, say).
+pub async fn eventually_some<T, F, Fut>(
+    what: &str,
+    patience: std::time::Duration,
+    mut probe: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut pause = std::time::Duration::from_millis(10);
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {patience:?} waiting for {what}"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(100));
+    }
+}
+
 /// GETs `path` from a plain HTTP/1.1 endpoint (`Connection: close`); returns
 /// the status and the body.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {

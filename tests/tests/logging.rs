@@ -62,15 +62,14 @@ async fn server_lines(extra: &[&str]) -> (u32, Vec<String>) {
         &server_args(&pki, dir.path(), "http-connect", extra),
     );
     let sock = dir.path().join("s.sock");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while tokio::net::UnixStream::connect(&sock).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "proxy-server {extra:?} did not serve {}",
-            sock.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Some of these flags send the log elsewhere: the socket accepting is
+    // the one readiness signal every variant gives.
+    integration_tests::eventually(
+        &format!("proxy-server {extra:?} serving {}", sock.display()),
+        Duration::from_secs(30),
+        || async { tokio::net::UnixStream::connect(&sock).await.is_ok() },
+    )
+    .await;
     provoke_debug_line(&sock).await;
     let pid = srv.child.id().unwrap();
     srv.signal(15);

@@ -23,43 +23,48 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
-    setup_with(|_| {}).await
+    setup_with(&[], |_| {}).await
 }
 
-async fn setup_with(tune: impl FnOnce(&mut nodeport_proxy::config::ProxyConfig)) -> Setup {
+/// The web, echo and dead Services, plus `extra` (name, port, backend)
+/// ones of cluster-a; `tune` adjusts the proxy's flags.
+async fn setup_with(
+    extra: &[(&str, u16, std::net::SocketAddr)],
+    tune: impl FnOnce(&mut nodeport_proxy::config::ProxyConfig),
+) -> Setup {
     let pki = Pki::new();
     let web = tls_named(&pki, "web", &[SVC_HOST]).await;
     let echo = dest::echo().await;
     let (refused_sock, refused) = dest::refused();
+    let mut backends = vec![
+        ("web", "https", 8080, web),
+        ("echo", "tcp", 7000, echo),
+        ("dead", "tcp", 9, refused),
+    ];
+    backends.extend(
+        extra
+            .iter()
+            .map(|&(name, port, addr)| (name, "tcp", port, addr)),
+    );
     let inv = inventory(
-        vec![
-            service(
-                "cluster-a",
-                "web",
-                "Tunneling",
-                "ClusterIP",
-                &[("https", 8080, 0)],
-            ),
-            service(
-                "cluster-a",
-                "echo",
-                "Tunneling",
-                "ClusterIP",
-                &[("tcp", 7000, 0)],
-            ),
-            service(
-                "cluster-a",
-                "dead",
-                "Tunneling",
-                "ClusterIP",
-                &[("tcp", 9, 0)],
-            ),
-        ],
-        vec![
-            slices("cluster-a", "web", "https", &[(web, true)]),
-            slices("cluster-a", "echo", "tcp", &[(echo, true)]),
-            slices("cluster-a", "dead", "tcp", &[(refused, true)]),
-        ],
+        backends
+            .iter()
+            .map(|&(name, port_name, port, _)| {
+                service(
+                    "cluster-a",
+                    name,
+                    "Tunneling",
+                    "ClusterIP",
+                    &[(port_name, port, 0)],
+                )
+            })
+            .collect(),
+        backends
+            .iter()
+            .map(|&(name, port_name, _, addr)| {
+                slices("cluster-a", name, port_name, &[(addr, true)])
+            })
+            .collect(),
     );
     let mut cfg = test_config();
     cfg.request_header_timeout = Duration::from_millis(500);
@@ -149,7 +154,7 @@ async fn http2_connect_many_streams_on_one_connection() {
 #[tokio::test]
 async fn tunnels_beyond_the_cap_get_503_and_are_counted() {
     const CAP: usize = 4;
-    let s = setup_with(|c| c.max_connections_per_listener = CAP).await;
+    let s = setup_with(&[], |c| c.max_connections_per_listener = CAP).await;
     let client = h2_client(s.p.tunnel).await;
     let mut open = Vec::new();
     for _ in 0..CAP {
@@ -158,6 +163,8 @@ async fn tunnels_beyond_the_cap_get_503_and_are_counted() {
         open.push(io.unwrap());
     }
     assert_eq!(connect_h2(&client, ECHO).await.0, 503);
+    // The cap counts tunnels, whichever protocol carries them.
+    assert_eq!(connect_h1(s.p.tunnel, ECHO).await.0, 503);
     let overloaded = format!(
         "nodeport_proxy_rejected_connections_total{{envoy_listener_address=\"127.0.0.1_{}\",reason=\"overloaded\"}}",
         s.p.tunnel.port()
@@ -165,7 +172,7 @@ async fn tunnels_beyond_the_cap_get_503_and_are_counted() {
     let (_, m) = s.p.stats_get("/stats/prometheus").await;
     assert_eq!(
         integration_tests::konnectivity::metric(&m, &overloaded),
-        1.0,
+        2.0,
         "{m}"
     );
     // The open tunnels still carry data.
@@ -181,20 +188,17 @@ async fn tunnels_beyond_the_cap_get_503_and_are_counted() {
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), gone.read_to_end(&mut rest)).await;
     drop(gone);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (code, io) = connect_h2(&client, ECHO).await;
-        if code == 200 {
-            open.push(io.unwrap());
-            break;
-        }
-        assert_eq!(code, 503);
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the closed tunnel's permit never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let io = integration_tests::eventually_some(
+        "the closed tunnel's permit to come back",
+        Duration::from_secs(10),
+        || async {
+            let (code, io) = connect_h2(&client, ECHO).await;
+            assert!(code == 200 || code == 503, "{code}");
+            io
+        },
+    )
+    .await;
+    open.push(io);
 }
 
 #[tokio::test]
@@ -390,30 +394,8 @@ async fn oversize_http2_headers_are_refused_and_the_connection_serves_on() {
 async fn stalled_streams_do_not_stop_the_others_on_their_connection() {
     const STALLED: &str = "stalled.cluster-a.svc.cluster.local:7001";
     let sink = dest::sink().await;
-    let echo = dest::echo().await;
-    let inv = inventory(
-        vec![
-            service(
-                "cluster-a",
-                "stalled",
-                "Tunneling",
-                "ClusterIP",
-                &[("tcp", 7001, 0)],
-            ),
-            service(
-                "cluster-a",
-                "echo",
-                "Tunneling",
-                "ClusterIP",
-                &[("tcp", 7000, 0)],
-            ),
-        ],
-        vec![
-            slices("cluster-a", "stalled", "tcp", &[(sink, true)]),
-            slices("cluster-a", "echo", "tcp", &[(echo, true)]),
-        ],
-    );
-    let p = start_proxy(&inv, vec![], test_config()).await;
+    let s = setup_with(&[("stalled", 7001, sink)], |_| {}).await;
+    let p = &s.p;
     let send = h2_client(p.tunnel).await;
     // Eight uploads into the sink: each stops once the sink's socket and
     // its stream window are full.
@@ -427,20 +409,18 @@ async fn stalled_streams_do_not_stop_the_others_on_their_connection() {
             while io.write_all(&chunk).await.is_ok() {}
         }));
     }
-    let held = || async {
-        let (_, body) = p.stats_get("/stats/prometheus").await;
-        gauge(&body, "nodeport_proxy_tunneling_http2_held_bytes")
-    };
     // They hold more than the 1 MiB connection window the connection
-    // started with.
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while held().await <= f64::from(1u32 << 20) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the stalled streams never held more than 1 MiB");
-    let (code, io) = connect_h2(&send, ECHO_STALL).await;
+    // started with (only the metrics show it).
+    integration_tests::eventually(
+        "the stalled streams to hold more than 1 MiB",
+        Duration::from_secs(60),
+        || async {
+            let (_, body) = p.stats_get("/stats/prometheus").await;
+            gauge(&body, "nodeport_proxy_tunneling_http2_held_bytes") > f64::from(1u32 << 20)
+        },
+    )
+    .await;
+    let (code, io) = connect_h2(&send, ECHO).await;
     assert_eq!(code, 200);
     let mut io = io.unwrap();
     let data: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 253) as u8).collect();
@@ -460,11 +440,7 @@ async fn stalled_streams_do_not_stop_the_others_on_their_connection() {
     }
 }
 
-const ECHO_STALL: &str = "echo.cluster-a.svc.cluster.local:7000";
-
 /// One unlabelled gauge of a Prometheus text.
 fn gauge(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0.0)
+    integration_tests::konnectivity::metric(text, &format!("{name} "))
 }
