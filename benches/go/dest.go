@@ -309,6 +309,22 @@ func destOnly() {
 	select {}
 }
 
+// startDestProc runs the destinations in a child process (destOnly) with
+// extra flags and returns it with its "destination plain=… plains=… tls=…"
+// line (goharness.Field picks the addresses); the caller kills it.
+func startDestProc(extra ...string) (*proc, string, error) {
+	dp, err := startProc("destination", selfExe(), append([]string{"--dest-only"}, extra...))
+	if err != nil {
+		return nil, "", err
+	}
+	l, _, err := dp.WaitLine(0, startPatience, "destination plain=")
+	if err != nil {
+		dp.Kill()
+		return nil, "", err
+	}
+	return dp, l, nil
+}
+
 func selfExe() string {
 	p, err := os.Executable()
 	if err != nil {

@@ -66,15 +66,11 @@ func scaleGroup() []*row {
 	// ports).
 	var dests []string
 	for range scaleDestProcs {
-		dp, err := startProc("destination", selfExe(), []string{"--dest-only", "--dest-plain=2"})
+		dp, l, err := startDestProc("--dest-plain=2")
 		if err != nil {
 			return []*row{errRow(tmplRSS, err), errRow(tmplLat, err)}
 		}
 		defer dp.Kill()
-		l, _, err := dp.WaitLine(0, startPatience, "destination plain=")
-		if err != nil {
-			return []*row{errRow(tmplRSS, err), errRow(tmplLat, err)}
-		}
 		dests = append(dests, strings.Split(goharness.Field(l, "plains"), ",")...)
 	}
 	var res [2][]scaleResult

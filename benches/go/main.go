@@ -602,15 +602,11 @@ func idleGroup() []*row {
 	var splits [2]string
 	// The destinations run in their own process: one process cannot hold
 	// both ends of N connections within a 20,000 open-files limit.
-	dp, err := startProc("destination", selfExe(), []string{"--dest-only"})
+	dp, l, err := startDestProc()
 	if err != nil {
 		return []*row{errRow(tmpl, err)}
 	}
 	defer dp.Kill()
-	l, _, err := dp.WaitLine(0, startPatience, "destination plain=")
-	if err != nil {
-		return []*row{errRow(tmpl, err)}
-	}
 	idleDest := goharness.Field(l, "plain")
 	for r := range cfg.idleRepeats {
 		for k := range 2 {

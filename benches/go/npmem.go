@@ -95,15 +95,11 @@ func npMemGroup() []*row {
 		{name: "NodePort TCP", opener: tcpOpener(func(pp npPorts) dialFunc { return tcpTo(goharness.Loopback(pp.nodePort)) }), sockets: 2},
 	}
 	tmpl := row{id: "NPM", workload: "nodeport-proxy memory per connection"}
-	dp, err := startProc("destination", selfExe(), []string{"--dest-only", "--dest-cert", pki.DestCert, "--dest-key", pki.DestKey})
+	dp, l, err := startDestProc("--dest-cert", pki.DestCert, "--dest-key", pki.DestKey)
 	if err != nil {
 		return []*row{errRow(tmpl, err)}
 	}
 	defer dp.Kill()
-	l, _, err := dp.WaitLine(0, startPatience, "destination plain=")
-	if err != nil {
-		return []*row{errRow(tmpl, err)}
-	}
 	plainDest, tlsDest := goharness.Field(l, "plain"), goharness.Field(l, "tls")
 	b := &npMemSummary
 	fmt.Fprintf(b, "\n### NPM: nodeport-proxy memory per concurrent connection (issue 15.5)\n\n")
