@@ -128,6 +128,7 @@ func bulk(s *subject, dest string, conns int, total int64, dir byte, limit time.
 	per := total / int64(conns)
 	var moved atomic.Int64
 	errs := make([]error, conns)
+	finished := make([]time.Duration, conns)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, c := range cs {
@@ -139,6 +140,7 @@ func bulk(s *subject, dest string, conns int, total int64, dir byte, limit time.
 			} else {
 				errs[i] = clientUpload(c, per, &moved)
 			}
+			finished[i] = time.Since(start)
 		}()
 	}
 	done := make(chan struct{})
@@ -152,6 +154,15 @@ func bulk(s *subject, dest string, conns int, total int64, dir byte, limit time.
 	el := time.Since(start)
 	if err := firstErr(errs); err != nil {
 		return 0, moved.Load(), fmt.Errorf("%s: %w", s.name, err)
+	}
+	// Debugging aid (BENCH_P10_TRACE=1): when each connection finished, in
+	// dial order; a long tail shows connections held back while others ran.
+	if conns > 1 && os.Getenv("BENCH_P10_TRACE") != "" {
+		var parts []string
+		for _, d := range finished {
+			parts = append(parts, fmt.Sprintf("%.2f", d.Seconds()))
+		}
+		logf("   trace %s finished (s, dial order): %s", s.name, strings.Join(parts, " "))
 	}
 	return float64(per*int64(conns)) / mib / el.Seconds(), per * int64(conns), nil
 }

@@ -38,6 +38,11 @@ func startProc(name, path string, args []string, extraEnv ...string) (*proc, err
 	if err != nil {
 		return nil, err
 	}
+	// Debugging aid: BENCH_RUST_LOG reaches our processes as RUST_LOG
+	// (e.g. konnectivity_proto::flow=trace logs every window sample).
+	if v := os.Getenv("BENCH_RUST_LOG"); v != "" {
+		extraEnv = append(extraEnv, "RUST_LOG="+v)
+	}
 	opts := goharness.Options{
 		Env:  extraEnv,
 		Drop: []string{"RUST_LOG=", "GODEBUG="},

@@ -17,9 +17,10 @@
 //! data beyond what it had granted before an update can only arrive once that
 //! update reached the sender, so the time from sending an update until such
 //! data arrives is a round trip (the smallest of recent ones is kept). When,
-//! within such a round trip, at least two thirds of the window arrived and its
-//! reader kept up (little is parked), the window doubles, up to the
-//! agreed maximum and only as far as the connection's and the process's
+//! per such round trip since the last one completed, at least two thirds of
+//! the window arrived and its reader kept up (little is parked), the window
+//! doubles (or jumps to its share of what the stream carried lately), up to
+//! the agreed maximum and only as far as the connection's and the process's
 //! [`Budget`]s allow. A window whose data stops moving (idle, or parked
 //! because its reader stalled) halves per sweep back to its initial size,
 //! and asks the sender to give back credit it has not used, so the budget
@@ -89,6 +90,16 @@ pub fn parse_offer(value: Option<&str>) -> Option<i64> {
 /// well before the sender runs dry.
 fn update_threshold(window: i64) -> i64 {
     (window / 4).max(MIN_COST)
+}
+
+/// `bytes` that arrived over `elapsed`, scaled to one round trip of `rtt`.
+fn per_round_trip(bytes: i64, rtt: Duration, elapsed: Duration) -> i64 {
+    if elapsed.is_zero() {
+        return bytes;
+    }
+    let scaled = i128::from(bytes) * i128::try_from(rtt.as_nanos()).unwrap_or(i128::MAX)
+        / i128::try_from(elapsed.as_nanos()).unwrap_or(i128::MAX);
+    i64::try_from(scaled).unwrap_or(i64::MAX)
 }
 
 /// How windows behave on one side of one agent stream.
@@ -344,6 +355,16 @@ pub struct LinkFlow {
     /// What connections of this stream needed lately: a new one starts
     /// there instead of ramping up from the initial window again.
     warm: Arc<Mutex<Warm>>,
+    /// Connections of this stream whose data moves (or that just opened):
+    /// they share what the link carried lately.
+    moving: Arc<AtomicI64>,
+    /// Numbers this stream's connections in the trace log.
+    opened: Arc<AtomicI64>,
+}
+
+/// The window `warm` remembers, shared by the `moving` connections.
+fn share(warm: &Mutex<Warm>, moving: &AtomicI64, now: Instant) -> i64 {
+    warm.lock().current(now) / moving.load(Ordering::Relaxed).max(1)
 }
 
 /// A window the link recently carried, halving every [`WARM_HOLD`] since.
@@ -382,7 +403,15 @@ impl LinkFlow {
                 window: 0,
                 noted: Instant::now(),
             })),
+            moving: Arc::default(),
+            opened: Arc::default(),
         }
+    }
+
+    /// What one connection may start at or jump to: the window the link
+    /// carried lately, shared by the connections whose data moves.
+    fn share(&self, now: Instant) -> i64 {
+        share(&self.warm, &self.moving, now)
     }
 
     /// The receiving side of a new connection. Its initial window (to be
@@ -558,12 +587,17 @@ struct RecvState {
     probe: Option<Probe>,
     /// The window before it last grew (what the next probe measures).
     sampled_window: i64,
+    /// When the last round trip completed (or data first arrived), and
+    /// `received` then: what arrived since is measured against the window.
+    last_sample: Option<(Instant, i64)>,
     min_rtt: Option<Duration>,
     /// Last time data arrived or was passed on.
     last_moved: Instant,
     last_consumed: Instant,
     /// A request to give credit back is unanswered.
     revoking: bool,
+    /// Counted in the stream's moving connections.
+    moving: bool,
 }
 
 /// The receiving side of one flow-controlled connection.
@@ -576,12 +610,20 @@ pub struct RecvWindow {
     budget: Arc<Budget>,
     stats: Arc<FlowStats>,
     warm: Arc<Mutex<Warm>>,
+    moving: Arc<AtomicI64>,
+    /// Which of the stream's connections (trace log only).
+    seq: i64,
 }
 
 impl RecvWindow {
     fn new(link: &LinkFlow) -> RecvWindow {
         let now = Instant::now();
-        let warm = link.warm.lock().current(now);
+        // A new connection starts at its share of what the link carried
+        // lately: one tunnel after another starts where the last one left
+        // off, and a burst of new ones does not hand the whole window to
+        // the first few (P10: 16 tunnels at 100 ms).
+        link.moving.fetch_add(1, Ordering::Relaxed);
+        let warm = link.share(now);
         let want = link.cfg.initial.max(warm).clamp(FLOOR_WINDOW, link.cfg.max);
         // Initial windows take at most half the budget: connections whose
         // readers never read (they never grow) cannot take it all from
@@ -596,6 +638,14 @@ impl RecvWindow {
         }
         let initial = got.max(FLOOR_WINDOW);
         link.stats.add_windows(initial);
+        let seq = link.opened.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(
+            conn = seq,
+            warm,
+            initial,
+            budget_used = link.budget.used(),
+            "flow window opened"
+        );
         RecvWindow {
             inner: Mutex::new(RecvState {
                 granted: initial,
@@ -605,16 +655,20 @@ impl RecvWindow {
                 reserved: initial,
                 probe: None,
                 sampled_window: initial,
+                last_sample: None,
                 min_rtt: None,
                 last_moved: now,
                 last_consumed: now,
                 revoking: false,
+                moving: true,
             }),
             initial,
             cfg: link.cfg,
             budget: link.budget.clone(),
             stats: link.stats.clone(),
             warm: link.warm.clone(),
+            moving: link.moving.clone(),
+            seq,
         }
     }
 
@@ -624,9 +678,13 @@ impl RecvWindow {
         if s.granted - s.received < c.min(self.initial / 2) {
             return Err(GateError::Exceeded(s.target));
         }
+        if s.last_sample.is_none() {
+            s.last_sample = Some((now, s.received));
+        }
         s.received += c;
         s.last_moved = now;
         self.stats.add_parked(c);
+        self.set_moving(&mut s, true);
         if let Some(p) = s.probe
             && s.received > p.mark
         {
@@ -641,8 +699,17 @@ impl RecvWindow {
     fn sampled(&self, s: &mut RecvState, p: Probe, arriving: i64, now: Instant) {
         let rtt = now.saturating_duration_since(p.sent);
         s.min_rtt = Some(s.min_rtt.map_or(rtt, |m| m.min(rtt)));
-        // What arrived in that round trip, the packet that proved it included.
-        let delivered = s.received - p.received;
+        // What arrived per round trip since the last sample, the packet that
+        // proved this one included. Not only since the probe went out: a
+        // window smaller than the link can carry arrives in one burst per
+        // round trip, and the probe's update goes out after that burst was
+        // admitted, so only the first packet of the next burst would count
+        // (P10: 16 tunnels at 100 ms sat at 256 KiB, each sample counting
+        // 64 KiB of it, and never grew).
+        let (since, from) = s.last_sample.unwrap_or((p.sent, p.received));
+        s.last_sample = Some((now, s.received));
+        let elapsed = now.saturating_duration_since(since).max(rtt);
+        let delivered = per_round_trip(s.received - from, rtt, elapsed);
         // Parked before this packet: the reader kept up with the rest.
         let parked = s.received - s.consumed - arriving;
         s.sampled_window = s.target;
@@ -653,7 +720,14 @@ impl RecvWindow {
             .lock()
             .note(if limited { s.target } else { delivered }, now);
         if limited && s.target < self.cfg.max {
-            let want = (s.target * 2).min(self.cfg.max) - s.target;
+            // Double, or (one that started small, e.g. at the floor while
+            // the budget was half reserved) jump to its share of the link at
+            // once: doubling from 16 KiB takes ten round trips, each longer
+            // while others' data queues ahead.
+            let want = (s.target * 2)
+                .max(share(&self.warm, &self.moving, now))
+                .min(self.cfg.max)
+                - s.target;
             // What is already reserved above the window counts first.
             let covered = (s.reserved - s.target).clamp(0, want);
             let got = self.budget.try_reserve(want - covered);
@@ -662,6 +736,17 @@ impl RecvWindow {
             s.target += grown;
             self.stats.add_windows(grown);
         }
+        tracing::trace!(
+            conn = self.seq,
+            rtt_us = rtt.as_micros(),
+            delivered,
+            sampled = p.window,
+            parked,
+            limited,
+            window = s.target,
+            budget_used = self.budget.used(),
+            "flow window sampled"
+        );
     }
 
     fn consumed(&self, len: usize, now: Instant) -> Option<i64> {
@@ -713,6 +798,7 @@ impl RecvWindow {
         if still < self.cfg.idle {
             return None;
         }
+        self.set_moving(&mut s, false);
         if s.target > self.initial {
             let shrunk = (s.target / 2).max(self.initial);
             self.stats.add_windows(shrunk - s.target);
@@ -720,7 +806,9 @@ impl RecvWindow {
             s.sampled_window = shrunk;
             // A window that changed size needs a fresh round trip to grow.
             s.probe = None;
+            s.last_sample = None;
             self.settle(&mut s);
+            tracing::trace!(conn = self.seq, window = shrunk, "flow window shrunk");
         }
         // Credit above the window that the sender has not used yet (what is
         // parked or on its way cannot be taken back).
@@ -730,6 +818,14 @@ impl RecvWindow {
             return Some(Sweep::Revoke(unused));
         }
         None
+    }
+
+    fn set_moving(&self, s: &mut RecvState, moving: bool) {
+        if s.moving != moving {
+            s.moving = moving;
+            self.moving
+                .fetch_add(if moving { 1 } else { -1 }, Ordering::Relaxed);
+        }
     }
 
     fn returned(&self, bytes: i64) {
@@ -744,6 +840,9 @@ impl RecvWindow {
 impl Drop for RecvWindow {
     fn drop(&mut self) {
         let s = self.inner.get_mut();
+        if s.moving {
+            self.moving.fetch_sub(1, Ordering::Relaxed);
+        }
         self.budget.release(s.reserved);
         self.stats.add_windows(-s.target);
         self.stats.add_parked(-(s.received - s.consumed));
@@ -860,6 +959,19 @@ mod tests {
     /// other), simulated step by step. Returns the window after `rounds`
     /// round trips and the bytes delivered.
     fn simulate(gate: &RecvGate, send: &SendGate, rtt: Duration, rounds: u32) -> i64 {
+        simulate_arrivals(gate, send, rtt, rounds, false)
+    }
+
+    /// As [`simulate`]; with `bursts`, everything that arrives in a step is
+    /// admitted before any of it is passed on (the stream reader queues a
+    /// burst ahead of the consumer).
+    fn simulate_arrivals(
+        gate: &RecvGate,
+        send: &SendGate,
+        rtt: Duration,
+        rounds: u32,
+        bursts: bool,
+    ) -> i64 {
         let start = Instant::now();
         let chunk = 16 << 10;
         let mut delivered = 0;
@@ -884,11 +996,18 @@ mod tests {
             let (arrived, rest): (Vec<_>, Vec<_>) =
                 in_flight.into_iter().partition(|(t, _)| *t <= now);
             in_flight = rest;
+            let RecvGate::Window(w) = gate else {
+                panic!("not a window")
+            };
+            if bursts {
+                for (_, n) in &arrived {
+                    assert_eq!(w.admit(*n, now), Ok(()));
+                }
+            }
             for (_, n) in arrived {
-                let RecvGate::Window(w) = gate else {
-                    panic!("not a window")
-                };
-                assert_eq!(w.admit(n, now), Ok(()));
+                if !bursts {
+                    assert_eq!(w.admit(n, now), Ok(()));
+                }
                 delivered += n as i64;
                 if let Some(g) = w.consumed(n, now) {
                     grants.push((now + rtt / 2, g));
@@ -932,6 +1051,19 @@ mod tests {
     }
 
     #[test]
+    fn a_window_that_arrives_in_one_burst_per_round_trip_grows() {
+        // The whole window is admitted before the consumer passes any of it
+        // on, so the probe's update goes out after the burst: measured only
+        // from the probe, a round trip carried one packet and the window
+        // never grew (P10: 16 tunnels sat at 256 KiB for seconds).
+        let l = link(256 << 10, 16 << 20, 1 << 30);
+        let gate = l.open_recv();
+        let send = l.open_send(gate.initial().unwrap_or_default());
+        simulate_arrivals(&gate, &send, Duration::from_millis(100), 12, true);
+        assert!(window(&gate) >= 8 << 20, "window {}", window(&gate));
+    }
+
+    #[test]
     fn the_window_never_grows_past_the_budget() {
         let l = link(64 << 10, 16 << 20, 1 << 20);
         let a = l.open_recv();
@@ -960,8 +1092,110 @@ mod tests {
         simulate(&a, &sa, Duration::from_millis(20), 12);
         let grown = window(&a);
         assert!(grown > 1 << 20, "{grown}");
+        // While `a` still moves data, a newcomer starts at half of it.
         let b = l.open_recv();
-        assert_eq!(b.initial(), Some(grown), "no second ramp from 64 KiB");
+        assert_eq!(b.initial(), Some(grown / 2));
+        drop((a, b));
+        let c = l.open_recv();
+        assert_eq!(c.initial(), Some(grown), "no second ramp from 64 KiB");
+        // Once `c` stood still, the next one has the link to itself again.
+        assert_eq!(c.sweep(Instant::now() + DEFAULT_IDLE), None);
+        let d = l.open_recv();
+        assert_eq!(d.initial(), Some(grown));
+    }
+
+    /// Connections sharing one link that carries at most `per_rtt` bytes per
+    /// round trip (taken in turn by those with credit), each with a sender
+    /// that always has data and a reader that keeps up.
+    fn simulate_shared(gates: &[(RecvGate, SendGate)], rtt: Duration, per_rtt: i64, rounds: u32) {
+        let start = Instant::now();
+        let chunk = 16 << 10;
+        let step = rtt / 8;
+        let per_step = per_rtt / 8;
+        let mut in_flight: Vec<(Instant, usize, usize)> = Vec::new();
+        let mut grants: Vec<(Instant, usize, i64)> = Vec::new();
+        let mut now = start;
+        let mut next = 0;
+        while now < start + rtt * rounds {
+            now += step;
+            for (_, i, g) in grants.iter().filter(|(t, _, _)| *t <= now) {
+                gates[*i].1.grant(*g);
+            }
+            grants.retain(|(t, _, _)| *t > now);
+            let mut room = per_step;
+            let mut idle = 0;
+            while room >= chunk as i64 && idle < gates.len() {
+                let i = next % gates.len();
+                next += 1;
+                let send = &gates[i].1;
+                if send.credit() < chunk as i64 {
+                    idle += 1;
+                    continue;
+                }
+                idle = 0;
+                send.state.lock().credit -= chunk as i64;
+                in_flight.push((now + rtt / 2, i, chunk));
+                room -= chunk as i64;
+            }
+            let (arrived, rest): (Vec<_>, Vec<_>) =
+                in_flight.into_iter().partition(|(t, _, _)| *t <= now);
+            in_flight = rest;
+            for (_, i, n) in arrived {
+                let RecvGate::Window(w) = &gates[i].0 else {
+                    panic!("not a window")
+                };
+                assert_eq!(w.admit(n, now), Ok(()));
+                if let Some(g) = w.consumed(n, now) {
+                    grants.push((now + rtt / 2, i, g));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_burst_of_new_connections_shares_what_the_link_carried() {
+        // P10 at 100 ms: one tunnel grew to 16 MiB, then 16 start together.
+        // Before, the first two warm-started at 16 MiB each, which is half
+        // the budget, and the other 14 were left to double from the 16 KiB
+        // floor, one (queue-lengthened) round trip per doubling.
+        let budget = 64 << 20;
+        let l = link(256 << 10, 16 << 20, budget);
+        let rtt = Duration::from_millis(100);
+        {
+            let a = l.open_recv();
+            let sa = l.open_send(a.initial().unwrap_or_default());
+            simulate(&a, &sa, rtt, 12);
+            assert_eq!(window(&a), 16 << 20);
+        }
+        let gates: Vec<_> = (0..16)
+            .map(|_| {
+                let g = l.open_recv();
+                let s = l.open_send(g.initial().unwrap_or_default());
+                (g, s)
+            })
+            .collect();
+        let initials: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
+        // Each starts at its share among those open: 16, 8, 5.3, 4 MiB, and
+        // the rest at the floor once half the budget is taken.
+        assert_eq!(initials[..4], [16 << 20, 8 << 20, (16 << 20) / 3, 4 << 20]);
+        assert!(
+            initials[4..].iter().all(|w| *w == FLOOR_WINDOW),
+            "{initials:?}"
+        );
+        // The link carries 12 MiB per round trip. After the first round trip
+        // of data, every connection that kept its window full holds at least
+        // its share of the 16 MiB (not 64 KiB after two doublings).
+        simulate_shared(&gates, rtt, 12 << 20, 3);
+        let windows: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
+        assert!(windows.iter().all(|w| *w >= 1 << 20), "{windows:?}");
+        simulate_shared(&gates, rtt, 12 << 20, 20);
+        let windows: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
+        assert!(windows.iter().sum::<i64>() <= budget, "{windows:?}");
+        assert!(l.budget.used() <= budget);
+        drop(gates);
+        assert_eq!(l.budget.used(), 0);
+        assert_eq!(l.stats.windows(), 0);
+        assert_eq!(l.moving.load(Ordering::Relaxed), 0);
     }
 
     #[test]
