@@ -132,7 +132,9 @@ struct Cells {
     counters: [AtomicU64; COUNTERS.len()],
     /// f64 bits.
     gauges: [AtomicU64; GAUGES.len()],
-    hists: [OnceLock<Box<Hist>>; HISTOGRAMS.len()],
+    /// Both histograms, allocated together on first use: one cell for
+    /// both keeps a cluster's values in a 128-byte allocation (issue 21).
+    hists: OnceLock<Box<[Hist; HISTOGRAMS.len()]>>,
     /// Anything but membership was ever updated.
     used: AtomicBool,
 }
@@ -175,7 +177,7 @@ impl GaugeFn for GaugeCell {
 struct HistCell(Arc<Cells>, usize);
 impl HistogramFn for HistCell {
     fn record(&self, value: f64) {
-        self.0.hists[self.1].get_or_init(Box::default).record(value);
+        self.0.hists.get_or_init(Box::default)[self.1].record(value);
         self.0.used.store(true, Ordering::Relaxed);
     }
 }
@@ -300,7 +302,7 @@ impl ClusterSet {
             header(out, name, help, "histogram")?;
             for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
                 let label = escape(cluster.as_str());
-                let h = c.hists[i].get();
+                let h = c.hists.get().map(|h| &h[i]);
                 let mut cumulative = 0;
                 for (j, bound) in MS_BUCKETS.iter().enumerate() {
                     cumulative += h.map_or(0, |h| h.buckets[j].load(Ordering::Relaxed));

@@ -20,7 +20,7 @@ use crate::access_log::Access;
 use crate::config::ProxyConfig;
 use crate::metrics::Metrics;
 use crate::store::TableStore;
-use crate::table::{Route, UpstreamEndpoint};
+use crate::table::Route;
 use crate::upstream::ConnectOptions;
 
 /// What every connection handler needs.
@@ -138,7 +138,7 @@ pub async fn forward<C>(
     downstream: &Downstream,
     conn: &Tracked,
     mut upstream: TcpStream,
-    endpoint: Arc<UpstreamEndpoint>,
+    endpoint: std::net::SocketAddr,
     idle: Duration,
     bytes: &ByteCounters,
     shared: &Shared,
@@ -149,8 +149,8 @@ where
 {
     let _active = Active::new(&route.cluster.stats.upstream_cx_active());
     access.cluster(route.cluster.name.as_str());
-    access.upstream(endpoint.addr);
-    conn.set_upstream(endpoint.addr);
+    access.upstream(endpoint);
+    conn.set_upstream(endpoint);
     conn.set("cluster", &route.cluster.name);
     conn.set_state("established");
     if route.cluster.upstream_proxy_protocol() {
@@ -188,7 +188,7 @@ where
     conn.set_close_reason(end.reason());
     tracing::debug!(
         route = %route.key,
-        upstream = %endpoint.addr,
+        upstream = %endpoint,
         reason = end.reason(),
         from_client = moved.from_client,
         from_upstream = moved.from_upstream,

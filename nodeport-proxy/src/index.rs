@@ -39,7 +39,7 @@ pub struct ObjKey {
 impl ObjKey {
     pub fn new(namespace: &str, name: &str) -> Self {
         ObjKey {
-            namespace: namespace.into(),
+            namespace: shared_name(namespace),
             name: name.into(),
         }
     }
@@ -53,6 +53,34 @@ impl std::fmt::Display for ObjKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
     }
+}
+
+/// One copy of each namespace's (and slice port's) name in the process: a
+/// seed has one namespace per user cluster with several Services and slices
+/// in it, their ports are named alike, and each key (the index's, the
+/// sources') would otherwise carry a copy of its own (issue 21: memory per
+/// route). Names nothing holds any more are dropped whenever the set has
+/// doubled since the last sweep.
+fn shared_name(namespace: &str) -> Arc<str> {
+    struct Names {
+        set: BTreeSet<Arc<str>>,
+        live_at_sweep: usize,
+    }
+    static NAMES: parking_lot::Mutex<Names> = parking_lot::const_mutex(Names {
+        set: BTreeSet::new(),
+        live_at_sweep: 0,
+    });
+    let mut names = NAMES.lock();
+    if let Some(n) = names.set.get(namespace) {
+        return n.clone();
+    }
+    if names.set.len() >= 2 * names.live_at_sweep + 64 {
+        names.set.retain(|n| Arc::strong_count(n) > 1);
+        names.live_at_sweep = names.set.len();
+    }
+    let n: Arc<str> = namespace.into();
+    names.set.insert(n.clone());
+    n
 }
 
 /// Which of two Services is older: the older one wins conflicts. Shared by
@@ -201,7 +229,7 @@ impl SliceEntry {
                 .filter(|p| p.protocol == Protocol::Tcp)
                 .filter_map(|p| {
                     let port = p.port.filter(|n| *n != 0)?;
-                    Some((Arc::from(p.name.as_deref().unwrap_or("")), port))
+                    Some((shared_name(p.name.as_deref().unwrap_or("")), port))
                 })
                 .collect(),
             ready,
@@ -245,11 +273,11 @@ pub struct Index {
     reevaluated: BTreeSet<ObjKey>,
 }
 
-fn order_of(s: &Service) -> Order {
+fn order_of(key: &ObjKey, s: &Service) -> Order {
     Order(Arc::new(Age {
         created: s.metadata.creation_timestamp,
         uid: s.metadata.uid.as_str().into(),
-        key: ObjKey::of(&s.metadata),
+        key: key.clone(),
     }))
 }
 
@@ -268,9 +296,9 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn of(s: &Service, expose: ExposeTypes) -> Self {
+    fn of(key: &ObjKey, s: &Service, expose: ExposeTypes) -> Self {
         Inputs {
-            order: order_of(s),
+            order: order_of(key, s),
             expose,
             service_type: s.spec.service_type,
             ports: s.spec.ports.clone().into(),
@@ -374,6 +402,18 @@ impl Index {
         std::mem::take(&mut self.warnings)
     }
 
+    /// The Services held whose keys `listed` lacks.
+    pub fn service_keys_not_in(&self, listed: &HashSet<ObjKey>) -> Vec<ObjKey> {
+        let held = self.models.keys();
+        held.filter(|k| !listed.contains(*k)).cloned().collect()
+    }
+
+    /// The EndpointSlices held whose keys `listed` lacks.
+    pub fn slice_keys_not_in(&self, listed: &HashSet<ObjKey>) -> Vec<ObjKey> {
+        let held = self.slices.keys();
+        held.filter(|k| !listed.contains(*k)).cloned().collect()
+    }
+
     /// Services held.
     pub fn service_count(&self) -> usize {
         self.models.len()
@@ -474,7 +514,7 @@ impl Index {
             })
             .and_then(|s| {
                 let expose = service_expose(s, &self.options.expose_annotation_key)?;
-                Some(Inputs::of(s, expose))
+                Some(Inputs::of(key, s, expose))
             });
         match kept {
             None => self.models.remove(key).is_some(),
@@ -496,10 +536,12 @@ impl Index {
         if old == new.as_ref() {
             return Vec::new();
         }
+        // Shares the slice's copy of the Service's name.
         let owner = |e: &SliceEntry| {
-            e.service
-                .as_ref()
-                .map(|svc| ObjKey::new(&key.namespace, svc))
+            e.service.as_ref().map(|svc| ObjKey {
+                namespace: key.namespace.clone(),
+                name: svc.clone(),
+            })
         };
         let mut affected = Vec::new();
         if let Some(svc) = old.and_then(owner) {

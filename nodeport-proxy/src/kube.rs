@@ -76,23 +76,25 @@ enum Event {
     Slice(Box<watcher::Event<discovery::EndpointSlice>>),
 }
 
-/// What one kind's watch has told so far: the names it has listed or
-/// applied (to delete those a relist no longer lists).
+/// Where one kind's watch is: the names a (re)list under way has listed so
+/// far, to delete those it no longer lists when it ends. Between lists
+/// nothing is kept per object: the index knows what it holds.
 #[derive(Default)]
 struct Known {
-    keys: HashSet<ObjKey>,
-    /// During a relist, the names listed so far.
     relisting: Option<HashSet<ObjKey>>,
+    /// Objects the last list ended with.
+    listed: usize,
     synced: bool,
 }
 
 impl Known {
     /// Turns one event into changes, given how to make one for an object
-    /// (`Some`) or a deletion (`None`).
+    /// (`Some`) or a deletion (`None`), and what a list's end is.
     fn changes<K: kube::Resource>(
         &mut self,
         ev: watcher::Event<K>,
         change: impl Fn(ObjKey, Option<&K>) -> Change,
+        listed: impl Fn(HashSet<ObjKey>) -> Change,
         out: &mut Vec<Change>,
     ) {
         let key_of = |o: &K| {
@@ -102,16 +104,8 @@ impl Known {
             )
         };
         match ev {
-            watcher::Event::Apply(o) => {
-                let k = key_of(&o);
-                self.keys.insert(k.clone());
-                out.push(change(k, Some(&o)));
-            }
-            watcher::Event::Delete(o) => {
-                let k = key_of(&o);
-                self.keys.remove(&k);
-                out.push(change(k, None));
-            }
+            watcher::Event::Apply(o) => out.push(change(key_of(&o), Some(&o))),
+            watcher::Event::Delete(o) => out.push(change(key_of(&o), None)),
             watcher::Event::Init => self.relisting = Some(HashSet::new()),
             watcher::Event::InitApply(o) => {
                 let k = key_of(&o);
@@ -119,11 +113,9 @@ impl Known {
                 out.push(change(k, Some(&o)));
             }
             watcher::Event::InitDone => {
-                let listed = self.relisting.take().unwrap_or_default();
-                for gone in self.keys.difference(&listed) {
-                    out.push(change(gone.clone(), None));
-                }
-                self.keys = listed;
+                let keys = self.relisting.take().unwrap_or_default();
+                self.listed = keys.len();
+                out.push(listed(keys));
                 self.synced = true;
             }
         }
@@ -187,8 +179,12 @@ where
         let mut next = Some(first);
         while let Some(ev) = next.take() {
             match ev {
-                Ok(Event::Service(e)) => svcs.changes(*e, service_change, &mut pending),
-                Ok(Event::Slice(e)) => slices.changes(*e, slice_change, &mut pending),
+                Ok(Event::Service(e)) => {
+                    svcs.changes(*e, service_change, Change::ServicesListed, &mut pending)
+                }
+                Ok(Event::Slice(e)) => {
+                    slices.changes(*e, slice_change, Change::SlicesListed, &mut pending)
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "watching services and endpointslices; retrying")
                 }
@@ -204,8 +200,8 @@ where
         if !announced {
             announced = true;
             tracing::info!(
-                services = svcs.keys.len(),
-                endpoint_slices = slices.keys.len(),
+                services = svcs.listed,
+                endpoint_slices = slices.listed,
                 "kubernetes source synced"
             );
         }

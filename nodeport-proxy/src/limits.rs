@@ -97,3 +97,8 @@ pub const MAX_PROXY_HEADER: usize = 4096;
 /// why).
 pub const MAX_SOURCE_RANGES_ANNOTATION: usize = 64 << 10;
 pub const MAX_SOURCE_RANGES: usize = 1024;
+
+/// A batch of at least this many Kubernetes changes (a list, a relist) is
+/// followed by giving freed pages back to the OS at once: what decoding it
+/// took is garbage then. Smaller batches (single watch events) free little.
+pub const PURGE_AFTER_CHANGES: usize = 256;

@@ -273,9 +273,19 @@ impl NodePortProxy {
     ) -> impl Future<Output = bool> + Send + 'static {
         let store = self.shared.table.clone();
         async move {
-            tokio::task::spawn_blocking(move || store.apply_changes(changes))
-                .await
-                .unwrap_or(false)
+            tokio::task::spawn_blocking(move || {
+                // A (re)list's batch: the decoded objects and the list's
+                // names are free once it is applied; back to the OS now, as
+                // after a file load, not after jemalloc's 10 s decay.
+                let large = changes.len() >= crate::limits::PURGE_AFTER_CHANGES;
+                let changed = store.apply_changes(changes);
+                if large {
+                    daemon::process::purge_freed_memory();
+                }
+                changed
+            })
+            .await
+            .unwrap_or(false)
         }
     }
 

@@ -2,6 +2,7 @@
 //! what a swap removed: connections on a removed route or endpoint keep
 //! running until they end or the drain timeout passes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -16,11 +17,18 @@ use crate::model::{EndpointSlice, Inventory, Service};
 use crate::plan::PlanOptions;
 use crate::table::RoutingTable;
 
-/// One object added, changed (`Some`) or deleted (`None`).
+/// One object added, changed (`Some`) or deleted (`None`), or the end of
+/// a list of every object of a kind.
 #[derive(Debug, Clone)]
 pub enum Change {
     Service(ObjKey, Option<Service>),
     Slice(ObjKey, Option<EndpointSlice>),
+    /// A (re)list of every Service ended: those held and not listed are
+    /// deleted. The index, not the watch, knows what is held, so a source
+    /// keeps no second copy of every key (issue 21: memory per route).
+    ServicesListed(HashSet<ObjKey>),
+    /// Likewise for EndpointSlices.
+    SlicesListed(HashSet<ObjKey>),
 }
 
 /// What watchers of the table see.
@@ -108,6 +116,16 @@ impl TableStore {
                 }
                 Change::Slice(key, s) => {
                     index.slice(&ObjKey::new(&key.namespace, &key.name), s.as_ref())
+                }
+                Change::ServicesListed(listed) => {
+                    for key in index.service_keys_not_in(listed) {
+                        index.service(&key, None);
+                    }
+                }
+                Change::SlicesListed(listed) => {
+                    for key in index.slice_keys_not_in(listed) {
+                        index.slice(&key, None);
+                    }
                 }
             }
         }

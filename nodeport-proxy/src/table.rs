@@ -63,14 +63,10 @@ impl Lifetime {
     }
 }
 
-#[derive(Debug)]
-pub struct UpstreamEndpoint {
-    pub addr: SocketAddr,
-}
-
 pub struct Cluster {
     pub name: ClusterName,
-    pub endpoints: Vec<Arc<UpstreamEndpoint>>,
+    /// Shared with the index (one copy per cluster, issue 21).
+    pub endpoints: Arc<[SocketAddr]>,
     /// Shared with the cluster of the same name in later tables, so round
     /// robin carries on across reloads.
     next: Arc<AtomicUsize>,
@@ -104,14 +100,14 @@ impl Cluster {
     }
 
     /// The endpoints in round-robin order starting at the next one.
-    pub fn round_robin(&self) -> impl Iterator<Item = &Arc<UpstreamEndpoint>> {
+    pub fn round_robin(&self) -> impl Iterator<Item = SocketAddr> + '_ {
         let n = self.endpoints.len();
         let start = if n == 0 {
             0
         } else {
             self.next.fetch_add(1, Ordering::Relaxed) % n
         };
-        (0..n).filter_map(move |i| self.endpoints.get((start + i) % n))
+        (0..n).filter_map(move |i| self.endpoints.get((start + i) % n).copied())
     }
 }
 
@@ -148,10 +144,7 @@ impl RoutingTable {
         for name in &delta.clusters {
             let old = self.clusters.get(name);
             let new = index.cluster(name).map(|addrs| {
-                let endpoints = addrs
-                    .iter()
-                    .map(|addr| Arc::new(UpstreamEndpoint { addr: *addr }))
-                    .collect::<Vec<_>>();
+                let endpoints = addrs.clone();
                 let stats = old
                     .map(|c| c.stats.clone())
                     .unwrap_or_else(|| metrics.cluster(name));

@@ -313,7 +313,7 @@ pub(crate) async fn open(
     (
         Arc<Route>,
         TcpStream,
-        Arc<crate::table::UpstreamEndpoint>,
+        std::net::SocketAddr,
         tokio::sync::OwnedSemaphorePermit,
     ),
     TunnelError,

@@ -2,13 +2,12 @@
 //! endpoints, a connect timeout per attempt, keepalive on the socket.
 
 use std::io;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use daemon::keepalive::TcpKeepalive;
 use tokio::net::TcpStream;
 
-use crate::table::{Cluster, UpstreamEndpoint};
+use crate::table::Cluster;
 
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectOptions {
@@ -47,7 +46,7 @@ impl UpstreamError {
 pub async fn connect(
     cluster: &Cluster,
     options: &ConnectOptions,
-) -> Result<(TcpStream, Arc<UpstreamEndpoint>), UpstreamError> {
+) -> Result<(TcpStream, std::net::SocketAddr), UpstreamError> {
     let stats = &cluster.stats;
     if cluster.endpoints.is_empty() {
         stats.upstream_cx_none_healthy().increment(1);
@@ -56,7 +55,7 @@ pub async fn connect(
     let mut last = None;
     for ep in cluster.round_robin().take(options.attempts.max(1)) {
         let started = Instant::now();
-        match tokio::time::timeout(options.timeout, TcpStream::connect(ep.addr)).await {
+        match tokio::time::timeout(options.timeout, TcpStream::connect(ep)).await {
             Ok(Ok(stream)) => {
                 stats
                     .upstream_cx_connect_ms()
@@ -66,21 +65,21 @@ pub async fn connect(
                 if let Err(e) = options.keepalive.apply(&stream) {
                     tracing::debug!(error = %e, "upstream keepalive not set");
                 }
-                return Ok((stream, ep.clone()));
+                return Ok((stream, ep));
             }
             Ok(Err(e)) => {
                 stats.upstream_cx_connect_fail().increment(1);
-                tracing::debug!(upstream = %ep.addr, error = %e, "upstream connect failed");
+                tracing::debug!(upstream = %ep, error = %e, "upstream connect failed");
                 last = Some(UpstreamError::Connect {
-                    addr: ep.addr,
+                    addr: ep,
                     source: e,
                 });
             }
             Err(_) => {
                 stats.upstream_cx_connect_timeout().increment(1);
-                tracing::debug!(upstream = %ep.addr, "upstream connect timed out");
+                tracing::debug!(upstream = %ep, "upstream connect timed out");
                 last = Some(UpstreamError::Timeout {
-                    addr: ep.addr,
+                    addr: ep,
                     timeout: options.timeout,
                 });
             }
