@@ -331,4 +331,95 @@ mod tests {
         assert_eq!(m.endpoints[1].conditions.ready, Some(false));
         assert!(m.endpoints[2].addresses.is_empty());
     }
+
+    /// A relist deletes what it no longer lists, though the source keeps no
+    /// key of its own: the index's are the ones compared.
+    #[tokio::test]
+    async fn a_relist_deletes_what_it_no_longer_lists() {
+        use std::sync::Arc;
+        let svc = |name: &str| -> core::Service {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "ns", "name": name,
+                    "annotations": {"nodeport-proxy.k8s.io/expose": "Tunneling"}},
+                "spec": {"ports": [{"name": "https", "port": 443}]}
+            }))
+            .unwrap()
+        };
+        let slice = |name: &str| -> discovery::EndpointSlice {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "ns", "name": format!("{name}-1"),
+                    "labels": {"kubernetes.io/service-name": name}},
+                "addressType": "IPv4",
+                "ports": [{"name": "https", "port": 6443}],
+                "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}}]
+            }))
+            .unwrap()
+        };
+        let s = |e: watcher::Event<core::Service>| -> Result<Event, watcher::Error> {
+            Ok(Event::Service(Box::new(e)))
+        };
+        let e = |e: watcher::Event<discovery::EndpointSlice>| -> Result<Event, watcher::Error> {
+            Ok(Event::Slice(Box::new(e)))
+        };
+        let events = vec![
+            s(watcher::Event::Init),
+            s(watcher::Event::InitApply(svc("a"))),
+            s(watcher::Event::InitApply(svc("b"))),
+            s(watcher::Event::InitDone),
+            e(watcher::Event::Init),
+            e(watcher::Event::InitApply(slice("a"))),
+            e(watcher::Event::InitApply(slice("b"))),
+            e(watcher::Event::InitDone),
+            // The slices' watch restarted: b's slice went meanwhile.
+            e(watcher::Event::Init),
+            e(watcher::Event::InitApply(slice("a"))),
+            e(watcher::Event::InitDone),
+            e(watcher::Event::Apply(slice("b"))),
+            // The Services' watch restarted: b went meanwhile.
+            s(watcher::Event::Init),
+            s(watcher::Event::InitApply(svc("a"))),
+            s(watcher::Event::InitDone),
+        ];
+        // Each event its own batch: the table after each is seen.
+        let events = futures::stream::iter(events).then(|ev| async move {
+            tokio::task::yield_now().await;
+            ev
+        });
+        let store = Arc::new(crate::store::TableStore::new(
+            crate::plan::PlanOptions::default(),
+            std::time::Duration::from_secs(1),
+            daemon::drain::Drain::new(),
+            crate::metrics::Metrics::new(),
+        ));
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (st, sn) = (store.clone(), seen.clone());
+        run(
+            events,
+            crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY,
+            move |changes| {
+                let (st, sn) = (st.clone(), sn.clone());
+                async move {
+                    let changed = st.apply_changes(changes);
+                    let t = st.current();
+                    let mut routes: Vec<String> = t.tunnels.keys().map(|a| a.to_string()).collect();
+                    routes.sort();
+                    sn.lock().push(routes);
+                    changed
+                }
+            },
+        )
+        .await;
+        let mut states = seen.lock().clone();
+        states.dedup();
+        let (a, b) = (
+            "a.ns.svc.cluster.local:443".to_string(),
+            "b.ns.svc.cluster.local:443".to_string(),
+        );
+        let both = vec![a.clone(), b];
+        assert_eq!(
+            states,
+            vec![both.clone(), vec![a.clone()], both, vec![a]],
+            "tunnel routes after each batch"
+        );
+    }
 }
