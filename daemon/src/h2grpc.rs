@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::budget::Budget;
 use crate::drain::Drain;
-use crate::h2window::{Action, Controller, Keepalive, Meter, WindowSettings, WindowStats};
+use crate::h2window::{Action, Controller, Keepalive, Meter, Start, WindowSettings, WindowStats};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -184,10 +184,11 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
+    let start = Start::new(cfg.window, &cfg.process_budget, cfg.stats.clone());
     let mut builder = h2::server::Builder::new();
     builder
-        .initial_window_size(cfg.window.initial)
-        .initial_connection_window_size(cfg.window.initial_connection())
+        .initial_window_size(start.stream())
+        .initial_connection_window_size(start.connection())
         .max_frame_size(cfg.max_frame_size)
         .max_header_list_size(cfg.max_header_list_size)
         .max_concurrent_streams(cfg.max_concurrent_streams)
@@ -208,14 +209,7 @@ where
     let Some(pings) = conn.ping_pong() else {
         return;
     };
-    let mut ctl = Controller::new(
-        pings,
-        cfg.window,
-        cfg.keepalive,
-        meter.clone(),
-        &cfg.process_budget,
-        cfg.stats.clone(),
-    );
+    let mut ctl = Controller::new(pings, start, cfg.keepalive, meter.clone());
     let mut going_away = false;
     loop {
         tokio::select! {
@@ -289,9 +283,10 @@ where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let meter = Meter::new();
+    let start = Start::new(cfg.window, &cfg.process_budget, cfg.stats.clone());
     let (send, mut conn) = h2::client::Builder::new()
-        .initial_window_size(cfg.window.initial)
-        .initial_connection_window_size(cfg.window.initial_connection())
+        .initial_window_size(start.stream())
+        .initial_connection_window_size(start.connection())
         .max_frame_size(cfg.max_frame_size)
         .max_header_list_size(cfg.max_header_list_size)
         .max_send_buffer_size(cfg.max_send_buffer)
@@ -300,14 +295,7 @@ where
     let pings = conn
         .ping_pong()
         .ok_or_else(|| h2::Error::from(h2::Reason::INTERNAL_ERROR))?;
-    let mut ctl = Controller::new(
-        pings,
-        cfg.window,
-        cfg.keepalive,
-        meter.clone(),
-        &cfg.process_budget,
-        cfg.stats.clone(),
-    );
+    let mut ctl = Controller::new(pings, start, cfg.keepalive, meter.clone());
     tokio::spawn(async move {
         loop {
             tokio::select! {

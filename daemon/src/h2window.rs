@@ -24,6 +24,12 @@
 //! So the connection window is twice the stream window plus what stopped
 //! streams hold ([`Meter::held`]), bounded by the budgets: one stalled tunnel
 //! does not stop the others; only the budget does, by design.
+//!
+//! The windows a connection starts with are reserved too ([`Start`]), before
+//! its handshake advertises them: once the budget is spent, a new connection
+//! starts at HTTP/2's own 65,535 bytes and grows only as budget comes free,
+//! so what all peers together can make a process buffer is its budget plus,
+//! past it, 65,535 bytes per connection.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -130,22 +136,69 @@ impl Pool {
         })
     }
 
-    /// A controller for a new connection of this pool.
-    pub fn controller(
-        &self,
-        pings: PingPong,
-        settings: WindowSettings,
-        keepalive: Option<Keepalive>,
-        meter: Arc<Meter>,
-    ) -> Controller {
-        Controller::new(
-            pings,
+    /// The windows a new connection of this pool starts with, reserved
+    /// before its handshake advertises them.
+    pub fn start(&self, settings: WindowSettings) -> Start {
+        Start::new(settings, &self.budget, self.stats.clone())
+    }
+}
+
+/// The windows a connection starts with, reserved from its budget (inside
+/// the process's) before the handshake advertises them: the settings'
+/// initial windows while the budget has room, as much as it has left when
+/// it has little, and once it is spent HTTP/2's own 65,535 bytes
+/// ([`SPEC_WINDOW`]), which every peer may send before it hears from us
+/// and which is therefore reserved whether it fits or not. A window that
+/// starts small grows only as budget comes free. Given back when dropped,
+/// unless a [`Controller`] took it over.
+#[derive(Debug)]
+pub struct Start {
+    settings: WindowSettings,
+    budget: Arc<Budget>,
+    stats: Arc<WindowStats>,
+    stream: u32,
+    connection: u32,
+    reserved: i64,
+}
+
+impl Start {
+    /// `process` is the process's budget, `stats` its totals.
+    pub fn new(settings: WindowSettings, process: &Arc<Budget>, stats: Arc<WindowStats>) -> Start {
+        let budget = Budget::new(settings.connection_budget, Some(process.clone()));
+        let want = i64::from(settings.initial_connection());
+        let floor = want.min(i64::from(SPEC_WINDOW));
+        let mut reserved = budget.try_reserve(want);
+        if reserved < floor {
+            budget.force(floor - reserved);
+            reserved = floor;
+        }
+        let connection = u32::try_from(reserved).unwrap_or(SPEC_WINDOW);
+        // Short of the budget, one stream may use the whole window.
+        let stream = connection.min(settings.initial);
+        Start {
             settings,
-            keepalive,
-            meter,
-            &self.budget,
-            self.stats.clone(),
-        )
+            budget,
+            stats,
+            stream,
+            connection,
+            reserved,
+        }
+    }
+
+    /// SETTINGS_INITIAL_WINDOW_SIZE to advertise.
+    pub fn stream(&self) -> u32 {
+        self.stream
+    }
+
+    /// The connection window to advertise.
+    pub fn connection(&self) -> u32 {
+        self.connection
+    }
+}
+
+impl Drop for Start {
+    fn drop(&mut self) {
+        self.budget.release(self.reserved);
     }
 }
 
@@ -420,6 +473,8 @@ pub struct Controller {
     /// The advertised stream window: follows `target` up, never down.
     stream: u32,
     connection: u32,
+    /// The connection window it started with: it never shrinks below.
+    base_connection: u32,
     /// Bytes reserved in the budget (the connection window).
     reserved: i64,
     /// Stream window before the last growth (what the next PING measures).
@@ -447,20 +502,20 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// A controller for a connection that starts with `settings`' initial
-    /// windows; `budget` is the process's (the connection's own budget,
-    /// `settings.connection_budget`, is kept inside it).
+    /// A controller for a connection that starts with `start`'s windows
+    /// (and their reservation); the windows never shrink below them.
     pub fn new(
         pings: PingPong,
-        settings: WindowSettings,
+        mut start: Start,
         keepalive: Option<Keepalive>,
         meter: Arc<Meter>,
-        process: &Arc<Budget>,
-        stats: Arc<WindowStats>,
     ) -> Controller {
-        let budget = Budget::new(settings.connection_budget, Some(process.clone()));
-        let connection = settings.initial_connection();
-        budget.force(i64::from(connection));
+        let stats = start.stats.clone();
+        let settings = WindowSettings {
+            initial: start.stream,
+            ..start.settings
+        };
+        let (connection, reserved) = (start.connection, std::mem::take(&mut start.reserved));
         stats
             .stream_windows
             .fetch_add(i64::from(settings.initial), Ordering::Relaxed);
@@ -473,12 +528,13 @@ impl Controller {
             settings,
             keepalive,
             meter,
-            budget,
+            budget: start.budget.clone(),
             stats,
             target: settings.initial,
             stream: settings.initial,
             connection,
-            reserved: i64::from(connection),
+            base_connection: connection,
+            reserved,
             sampled: settings.initial,
             held: 0,
             in_flight: None,
@@ -669,7 +725,7 @@ impl Controller {
         let mut conn = if self.settings.single_stream {
             i64::from(target)
         } else {
-            (i64::from(target) * 2 + self.held).max(i64::from(self.settings.initial_connection()))
+            (i64::from(target) * 2 + self.held).max(i64::from(self.base_connection))
         }
         .min(i64::from(h2_max()));
         if conn > self.reserved {
@@ -969,6 +1025,86 @@ mod tests {
         assert!(peak <= i64::from(2 * MIB), "peak window {peak}");
     }
 
+    /// A tunneling connection's start (256 KiB streams, 1 MiB connection):
+    /// the whole start while the budget has room, what is left when it has
+    /// little, HTTP/2's own window once it is spent; each given back when
+    /// its connection ends.
+    #[test]
+    fn connections_start_with_what_the_budget_has_left() {
+        let settings = WindowSettings {
+            initial: 256 << 10,
+            max: 16 * MIB,
+            connection_budget: 64 << 20,
+            idle: Duration::from_secs(5),
+            single_stream: false,
+        };
+        let process = Budget::new(i64::from(MIB) + (300 << 10), None);
+        let stats = Arc::new(WindowStats::default());
+        let full = Start::new(settings, &process, stats.clone());
+        assert_eq!((full.stream(), full.connection()), (256 << 10, MIB));
+        let part = Start::new(settings, &process, stats.clone());
+        assert_eq!((part.stream(), part.connection()), (256 << 10, 300 << 10));
+        let spent = Start::new(settings, &process, stats.clone());
+        assert_eq!(
+            (spent.stream(), spent.connection()),
+            (SPEC_WINDOW, SPEC_WINDOW)
+        );
+        // Past the budget by the one window HTTP/2 grants anyway.
+        assert_eq!(process.used(), process.limit() + i64::from(SPEC_WINDOW));
+        // What the first gave back pays for the floor first.
+        drop(full);
+        let again = Start::new(settings, &process, stats);
+        assert_eq!(
+            i64::from(again.connection()),
+            process.limit() - (300 << 10) - i64::from(SPEC_WINDOW)
+        );
+        assert_eq!(process.used(), process.limit());
+        drop((part, spent, again));
+        assert_eq!(process.used(), 0);
+    }
+
+    /// With the process budget spent by others, a new connection starts
+    /// at HTTP/2's own window and still moves data; its window grows once
+    /// budget comes free, and what it reserved is given back when it ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_started_on_a_spent_budget_grows_as_budget_comes_free() {
+        let budget = 4 * i64::from(MIB);
+        let cfg = config(16 * MIB, budget, None);
+        assert_eq!(cfg.process_budget.try_reserve(budget), budget);
+        let others = {
+            let (process, stats) = (cfg.process_budget.clone(), cfg.stats.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                let (window, used) = (stats.connection_windows(), process.used());
+                // The others end.
+                process.release(budget);
+                (window, used)
+            })
+        };
+        let (peak, read, server, client) =
+            upload(&cfg, Duration::from_millis(50), 24 << 20, None).await;
+        assert_eq!(read, 24 << 20);
+        let (window, used) = others.await.unwrap();
+        assert_eq!(
+            window,
+            i64::from(SPEC_WINDOW),
+            "window while the budget was spent"
+        );
+        assert_eq!(used, budget + i64::from(SPEC_WINDOW));
+        assert!(
+            peak >= 2 * i64::from(MIB),
+            "it grew once budget came free: {peak}"
+        );
+        assert!(
+            peak <= budget,
+            "peak window {peak} past the budget {budget}"
+        );
+        drop(client);
+        server.await.unwrap();
+        assert_eq!(cfg.process_budget.used(), 0);
+        assert_eq!(cfg.stats.connection_windows(), 0);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_window_never_grows_past_the_process_budget() {
         let budget = 3 * i64::from(MIB);
@@ -1081,14 +1217,8 @@ mod tests {
         // The agent link's settings: its controller wakes rarely by itself.
         let mut window = config(MIB, 1 << 30, None).window;
         window.idle = Duration::from_secs(30);
-        let ctl = Controller::new(
-            pings,
-            window,
-            Some(keepalive),
-            meter,
-            &Budget::new(1 << 30, None),
-            Arc::default(),
-        );
+        let start = Start::new(window, &Budget::new(1 << 30, None), Arc::default());
+        let ctl = Controller::new(pings, start, Some(keepalive), meter);
         (ctl, frozen)
     }
 

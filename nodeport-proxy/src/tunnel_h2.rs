@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use daemon::debug_connections::Tracked;
 use daemon::h2io::H2Io;
-use daemon::h2window::{Action, Meter};
+use daemon::h2window::{Action, Controller, Meter};
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -34,11 +34,13 @@ pub async fn serve<T>(
 {
     let shared = &l.shared;
     let http = &shared.metrics.http;
+    // The windows are reserved from the budget before they are advertised.
+    let start = shared.windows.start(shared.config.tunnel_windows);
     let mut builder = h2::server::Builder::new();
     builder
         .max_concurrent_streams(shared.config.max_streams_per_connection)
-        .initial_window_size(shared.config.tunnel_windows.initial)
-        .initial_connection_window_size(shared.config.tunnel_windows.initial_connection())
+        .initial_window_size(start.stream())
+        .initial_connection_window_size(start.connection())
         .max_header_list_size(limits::MAX_HEADER_LIST_SIZE)
         .header_table_size(limits::HEADER_TABLE_SIZE)
         .max_frame_size(limits::MAX_FRAME_SIZE)
@@ -66,10 +68,7 @@ pub async fn serve<T>(
     // Windows that follow the link, bounded by the budgets; the seed side
     // sends no keepalive PINGs (KKP's Envoy sets none on this listener).
     let meter = Meter::new();
-    let mut windows =
-        shared
-            .windows
-            .controller(pings, shared.config.tunnel_windows, None, meter.clone());
+    let mut windows = Controller::new(pings, start, None, meter.clone());
     let streams = Arc::new(watch::Sender::new(0usize));
     let idle = shared.config.connection.tunneling_connection_idle_timeout;
     // The request-head deadline ended with the preface: an open connection

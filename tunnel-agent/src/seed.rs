@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::drain::Drain;
-use daemon::h2window::{Action, Keepalive, Meter, Pool};
+use daemon::h2window::{Action, Controller, Keepalive, Meter, Pool, Start};
 use h2::client::SendRequest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -90,7 +90,8 @@ pub async fn maintain(
     metrics.watch_windows(pool.clone());
     loop {
         let cfg = config.borrow_and_update().clone();
-        match dial(&cfg).await {
+        let start = pool.start(cfg.windows);
+        match dial(&cfg, &start).await {
             Ok((send, conn)) => {
                 metrics.cx_total.increment(1);
                 metrics.cx_active.increment(1.0);
@@ -107,7 +108,7 @@ pub async fn maintain(
                     send,
                     meter: meter.clone(),
                 }));
-                let end = drive(conn, meter, &pool, &cfg, &mut config, &metrics, &drain).await;
+                let end = drive(conn, meter, start, &cfg, &mut config, &metrics, &drain).await;
                 current.send_replace(None);
                 if drain.is_stopping() {
                     metrics.cx_active.decrement(1.0);
@@ -160,10 +161,11 @@ async fn retire(conn: Connection, metrics: Arc<AgentMetrics>, drain: Drain) {
 async fn handshake(
     io: SeedIo,
     config: &AgentConfig,
+    start: &Start,
 ) -> Result<(SendRequest<Bytes>, Connection), SeedError> {
     h2::client::Builder::new()
-        .initial_window_size(config.windows.initial)
-        .initial_connection_window_size(config.windows.initial_connection())
+        .initial_window_size(start.stream())
+        .initial_connection_window_size(start.connection())
         .max_send_buffer_size(config.buffer_size)
         .max_header_list_size(limits::MAX_HEADER_LIST_SIZE)
         .max_pending_accept_reset_streams(limits::MAX_PENDING_ACCEPT_RESET_STREAMS)
@@ -173,13 +175,16 @@ async fn handshake(
         .map_err(SeedError::Handshake)
 }
 
-async fn dial(config: &AgentConfig) -> Result<(SendRequest<Bytes>, Connection), SeedError> {
+async fn dial(
+    config: &AgentConfig,
+    start: &Start,
+) -> Result<(SendRequest<Bytes>, Connection), SeedError> {
     let attempt = async {
         let host = config.proxy_host.trim_matches(['[', ']']);
         if let Some(via) = &config.http_proxy {
             // The proxy resolves the seed's name, as it does for browsers.
             let io = via.connect(host, config.proxy_port).await?;
-            return handshake(io, config).await;
+            return handshake(io, config, start).await;
         }
         let addrs: Vec<_> = tokio::net::lookup_host((host, config.proxy_port))
             .await
@@ -195,7 +200,7 @@ async fn dial(config: &AgentConfig) -> Result<(SendRequest<Bytes>, Connection), 
             match TcpStream::connect(addr).await {
                 Ok(io) => {
                     let _ = io.set_nodelay(true);
-                    return handshake(Box::new(io), config).await;
+                    return handshake(Box::new(io), config, start).await;
                 }
                 Err(source) => last = SeedError::Connect { addr, source },
             }
@@ -225,7 +230,7 @@ struct End {
 async fn drive(
     mut conn: Connection,
     meter: Arc<Meter>,
-    pool: &Pool,
+    start: Start,
     cfg: &AgentConfig,
     config: &mut watch::Receiver<Arc<AgentConfig>>,
     metrics: &AgentMetrics,
@@ -245,7 +250,7 @@ async fn drive(
         timeout: cfg.keepalive_timeout,
         min_gap: cfg.keepalive_interval,
     };
-    let mut ctl = pool.controller(pings, cfg.windows, Some(keepalive), meter);
+    let mut ctl = Controller::new(pings, start, Some(keepalive), meter);
     let replaced = async {
         loop {
             if config.changed().await.is_err() {
