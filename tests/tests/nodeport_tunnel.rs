@@ -401,13 +401,7 @@ async fn stalled_streams_do_not_stop_the_others_on_their_connection() {
     // its stream window are full.
     let mut writers = Vec::new();
     for _ in 0..8 {
-        let (code, io) = connect_h2(&send, STALLED).await;
-        assert_eq!(code, 200);
-        let mut io = io.unwrap();
-        writers.push(tokio::spawn(async move {
-            let chunk = vec![7u8; 64 << 10];
-            while io.write_all(&chunk).await.is_ok() {}
-        }));
+        writers.push(upload_forever(&send, STALLED).await);
     }
     // They hold more than the 1 MiB connection window the connection
     // started with (only the metrics show it).
@@ -440,6 +434,21 @@ async fn stalled_streams_do_not_stop_the_others_on_their_connection() {
     }
 }
 
+/// Opens a tunnel to `authority` on `send`'s connection and writes into it
+/// as fast as its windows allow until the task is aborted.
+async fn upload_forever(
+    send: &h2::client::SendRequest<bytes::Bytes>,
+    authority: &str,
+) -> tokio::task::JoinHandle<()> {
+    let (code, io) = connect_h2(send, authority).await;
+    assert_eq!(code, 200);
+    let mut io = io.unwrap();
+    tokio::spawn(async move {
+        let chunk = vec![7u8; 64 << 10];
+        while io.write_all(&chunk).await.is_ok() {}
+    })
+}
+
 /// One unlabelled gauge of a Prometheus text.
 fn gauge(text: &str, name: &str) -> f64 {
     integration_tests::konnectivity::metric(text, &format!("{name} "))
@@ -470,13 +479,7 @@ async fn the_memory_budget_covers_every_connections_windows() {
     for _ in 0..CONNECTIONS {
         let send = h2_client(p.tunnel).await;
         for _ in 0..2 {
-            let (code, io) = connect_h2(&send, STALLED).await;
-            assert_eq!(code, 200);
-            let mut io = io.unwrap();
-            writers.push(tokio::spawn(async move {
-                let chunk = vec![7u8; 64 << 10];
-                while io.write_all(&chunk).await.is_ok() {}
-            }));
+            writers.push(upload_forever(&send, STALLED).await);
         }
     }
     // Under pressure (the windows filled at least half way: a peer gets
