@@ -154,38 +154,111 @@ struct Filter {
     /// Envoy picks the filter by `typed_config`'s type, not by this name.
     #[allow(dead_code)]
     name: String,
-    typed_config: serde_yaml_ng::Value,
+    typed_config: FilterConfig,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TcpProxy {
-    #[serde(rename = "@type")]
+/// A network filter's `typed_config`: the fields of both filters understood
+/// (tcp_proxy, HTTP connection manager), read into typed fields at once and
+/// checked against its `@type` afterwards ([`FilterConfig::only`]). Read as
+/// a generic YAML value first, as it once was, aliases expanded into a tree
+/// of up to a hundred times the file's events per alias level within
+/// serde_yaml_ng's repetition limit: an 8 KiB file took 0.8 s and a
+/// 64 KiB one could take gigabytes. Typed fields refuse an alias of the
+/// wrong shape at once, and unknown fields are skipped unread (aliases
+/// unexpanded) and named in the error.
+#[derive(Default)]
+struct FilterConfig {
+    kind: Option<String>,
+    /// Names the stats; ours keep KKP's (`tcp_stats`, `service_stats`).
     #[allow(dead_code)]
-    kind: String,
-    /// Names the stats; ours keep KKP's `tcp_stats`.
-    #[allow(dead_code)]
-    stat_prefix: String,
-    cluster: String,
-    tunneling_config: TunnelingConfig,
+    stat_prefix: Option<String>,
+    cluster: Option<String>,
+    tunneling_config: Option<TunnelingConfig>,
+    route_config: Option<RouteConfig>,
+    http_filters: Option<Vec<HttpFilter>>,
+    /// The fields present, in order, unknown ones included.
+    fields: Vec<String>,
+}
+
+const TCP_PROXY_FIELDS: &[&str] = &["@type", "stat_prefix", "cluster", "tunneling_config"];
+const HCM_FIELDS: &[&str] = &["@type", "stat_prefix", "route_config", "http_filters"];
+
+impl FilterConfig {
+    /// The first field present that is not one of `fields` (those of the
+    /// filter its `@type` names), as serde's `deny_unknown_fields` would
+    /// name it, and the first of them missing.
+    fn only(&self, fields: &[&str]) -> Result<(), String> {
+        if let Some(f) = self.fields.iter().find(|f| !fields.contains(&f.as_str())) {
+            return Err(format!(
+                "unknown field `{f}`, expected one of {}",
+                fields
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        match fields.iter().find(|f| !self.fields.iter().any(|g| g == *f)) {
+            Some(f) => Err(format!("missing field `{f}`")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FilterConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
+
+        fn put<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
+            m: &mut A,
+            slot: &mut Option<T>,
+            name: &'static str,
+        ) -> Result<(), A::Error> {
+            if slot.is_some() {
+                return Err(A::Error::duplicate_field(name));
+            }
+            *slot = Some(m.next_value()?);
+            Ok(())
+        }
+
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FilterConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a filter's typed_config mapping")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<FilterConfig, A::Error> {
+                let mut c = FilterConfig::default();
+                while let Some(key) = m.next_key::<String>()? {
+                    match key.as_str() {
+                        "@type" => put(&mut m, &mut c.kind, "@type")?,
+                        "stat_prefix" => put(&mut m, &mut c.stat_prefix, "stat_prefix")?,
+                        "cluster" => put(&mut m, &mut c.cluster, "cluster")?,
+                        "tunneling_config" => {
+                            put(&mut m, &mut c.tunneling_config, "tunneling_config")?
+                        }
+                        "route_config" => put(&mut m, &mut c.route_config, "route_config")?,
+                        "http_filters" => put(&mut m, &mut c.http_filters, "http_filters")?,
+                        _ => {
+                            if c.fields.contains(&key) {
+                                return Err(A::Error::custom(format!("duplicate field `{key}`")));
+                            }
+                            m.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                    c.fields.push(key);
+                }
+                Ok(c)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TunnelingConfig {
     hostname: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Hcm {
-    #[serde(rename = "@type")]
-    #[allow(dead_code)]
-    kind: String,
-    #[allow(dead_code)]
-    stat_prefix: String,
-    route_config: RouteConfig,
-    http_filters: Vec<HttpFilter>,
 }
 
 #[derive(Deserialize)]
@@ -364,27 +437,31 @@ fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
         return Err(invalid(path, "exactly one filter is supported"));
     };
     let path = format!("{path}.filter_chains[0].filters[0].typed_config");
-    let kind = filter
-        .typed_config
-        .get("@type")
-        .and_then(|t| t.as_str())
+    let c = &filter.typed_config;
+    let kind = c
+        .kind
+        .as_deref()
         .ok_or_else(|| invalid(&path, "no \"@type\""))?;
-    let parse_err = |e: serde_yaml_ng::Error| invalid(&path, e.to_string());
     match kind {
         TCP_PROXY => {
-            let t: TcpProxy =
-                serde_yaml_ng::from_value(filter.typed_config.clone()).map_err(parse_err)?;
-            let authority = ConnectAuthority::parse(&t.tunneling_config.hostname)
+            c.only(TCP_PROXY_FIELDS).map_err(|e| invalid(&path, e))?;
+            let (Some(cluster), Some(tunneling)) = (&c.cluster, &c.tunneling_config) else {
+                return Err(invalid(&path, "missing field `cluster`"));
+            };
+            let authority = ConnectAuthority::parse(&tunneling.hostname)
                 .map_err(|e| invalid(format!("{path}.tunneling_config.hostname"), e.to_string()))?;
             Ok(Role::Tunnel {
-                cluster: t.cluster,
+                cluster: cluster.clone(),
                 authority,
             })
         }
         HCM => {
-            let h: Hcm =
-                serde_yaml_ng::from_value(filter.typed_config.clone()).map_err(parse_err)?;
-            match h.http_filters.as_slice() {
+            c.only(HCM_FIELDS).map_err(|e| invalid(&path, e))?;
+            let (Some(route_config), Some(http_filters)) = (&c.route_config, &c.http_filters)
+            else {
+                return Err(invalid(&path, "missing field `route_config`"));
+            };
+            match http_filters.as_slice() {
                 [f] if f.typed_config.kind == ROUTER => {}
                 _ => {
                     return Err(invalid(
@@ -394,7 +471,7 @@ fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
                 }
             }
             let mut routes = Vec::new();
-            for (i, vh) in h.route_config.virtual_hosts.iter().enumerate() {
+            for (i, vh) in route_config.virtual_hosts.iter().enumerate() {
                 if vh.domains.iter().all(|d| d != "*") {
                     return Err(invalid(
                         format!("{path}.route_config.virtual_hosts[{i}].domains"),

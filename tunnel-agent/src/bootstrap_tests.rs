@@ -179,3 +179,43 @@ fn durations_as_protobuf_json() {
         assert!(duration("x", bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn a_filter_config_is_checked_against_its_type() {
+    let tcp = "          stat_prefix: tcp_stats\n";
+    assert!(KKP.contains(tcp));
+    // A field of the other filter, a duplicate, a missing one.
+    let e = err(&KKP.replacen(
+        tcp,
+        "          stat_prefix: tcp_stats\n          http_filters: []\n",
+        1,
+    ));
+    assert!(e.contains("unknown field `http_filters`"), "{e}");
+    let e = err(&KKP.replacen(
+        tcp,
+        "          stat_prefix: tcp_stats\n          stat_prefix: again\n",
+        1,
+    ));
+    assert!(e.contains("duplicate field `stat_prefix`"), "{e}");
+    let e = err(&KKP.replacen(tcp, "", 1));
+    assert!(e.contains("missing field `stat_prefix`"), "{e}");
+    // Another filter's own fields: the filter is named, not its fields.
+    let e = err(&KKP.replacen(
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy\n",
+        "envoy.extensions.filters.network.redis_proxy.v3.RedisProxy\n          prefix_routes: {}\n",
+        1,
+    ));
+    assert!(e.contains("RedisProxy"), "{e}");
+    // An alias bomb under a field no filter has is refused by that field's
+    // name, its aliases never expanded; one where a string belongs is refused
+    // by its shape.
+    let bomb = "          x1: &a [x, x, x, x, x, x, x, x, x, x]\n          x2: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n          x3: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n          x4: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n          x5: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n";
+    let e = err(&KKP.replacen(tcp, &format!("{tcp}{bomb}"), 1));
+    assert!(e.contains("unknown field `x1`"), "{e}");
+    let e = err(&KKP.replacen(
+        "          cluster: \"proxy_cluster\"\n",
+        &format!("{bomb}          cluster: *e\n"),
+        1,
+    ));
+    assert!(e.contains("invalid type"), "{e}");
+}
