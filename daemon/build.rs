@@ -15,9 +15,20 @@ fn main() {
                 .success()
                 .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
         });
-    // Rebuild when HEAD moves (a branch ref changes on commit).
-    for f in ["../.git/HEAD", "../.git/refs/heads", "../.git/packed-refs"] {
-        println!("cargo:rerun-if-changed={f}");
+    // Rebuild when HEAD moves (a branch ref changes on commit). Git names
+    // the files: in a worktree `.git` is a file, and a path that does not
+    // exist would make every build rerun this and rebuild every crate
+    // depending on this one.
+    for f in ["HEAD", "refs/heads", "packed-refs"] {
+        let path = std::process::Command::new("git")
+            .args(["rev-parse", "--path-format=absolute", "--git-path", f])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        if let Some(path) = path.filter(|p| std::path::Path::new(p).exists()) {
+            println!("cargo:rerun-if-changed={path}");
+        }
     }
     println!(
         "cargo:rustc-env=DAEMON_GIT_COMMIT={}",
