@@ -10,8 +10,10 @@
 //! effect, the window was the limit and doubles, up to the configured
 //! maximum and only as far as the connection's and the process's [`Budget`]s
 //! allow. A connection whose data stops for [`WindowSettings::idle`] halves
-//! its window per idle period back to the initial one and gives the budget
-//! back. Only the connection window shrinks: lowering
+//! its window per idle period back to the initial one. That retracts
+//! nothing the peer was already granted, so the budget gets the difference
+//! back only as the peer uses that grant up (each byte readers take), or
+//! when the connection ends. Only the connection window shrinks: lowering
 //! SETTINGS_INITIAL_WINDOW_SIZE can leave a stream's advertised window at
 //! zero with nothing left to prompt a WINDOW_UPDATE (the `h2` crate sends one
 //! only when a reader releases data), so a stream window, once grown, stays,
@@ -475,7 +477,8 @@ pub struct Controller {
     connection: u32,
     /// The connection window it started with: it never shrinks below.
     base_connection: u32,
-    /// Bytes reserved in the budget (the connection window).
+    /// Bytes reserved in the budget: the connection window, and after it
+    /// shrank, what the peer may still send of what it was granted before.
     reserved: i64,
     /// Stream window before the last growth (what the next PING measures).
     sampled: u32,
@@ -592,6 +595,7 @@ impl Controller {
         }
         let taken = self.meter.taken();
         if taken != self.last_taken {
+            self.pay_owed(taken - self.last_taken);
             self.last_taken = taken;
             self.last_data = now;
         }
@@ -742,10 +746,9 @@ impl Controller {
                 let room = u32::try_from(room.max(0)).unwrap_or(u32::MAX);
                 target = target.min(room.max(self.settings.initial));
             }
-        } else if conn < self.reserved {
-            self.budget.release(self.reserved - conn);
-            self.reserved = conn;
         }
+        // A smaller window is not given back yet: what the peer was granted
+        // before stays its to send (`pay_owed`).
         let conn = u32::try_from(conn).unwrap_or(h2_max());
         let stream = self.stream.max(target);
         if target == self.target && conn == self.connection && stream == self.stream {
@@ -767,6 +770,20 @@ impl Controller {
             stream: grew.then_some(stream),
             connection: conn,
         })
+    }
+
+    /// Readers took `n` more bytes. A connection window that shrank
+    /// retracts nothing HTTP/2 already granted: `h2` just stops granting
+    /// until the peer's grant plus what readers have not taken is down to
+    /// the new window, and each byte taken brings it one closer. So
+    /// reserved bytes past the window are given back one per byte taken.
+    fn pay_owed(&mut self, n: u64) {
+        let owed = self.reserved - i64::from(self.connection);
+        let pay = owed.min(i64::try_from(n).unwrap_or(i64::MAX));
+        if pay > 0 {
+            self.budget.release(pay);
+            self.reserved -= pay;
+        }
     }
 
     /// The driver could not apply a stream window yet (our previous
@@ -1003,18 +1020,42 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_window_grows_under_a_long_round_trip_and_shrinks_back_when_idle() {
         let cfg = config(16 * MIB, 1 << 30, None);
-        let (peak, read, _server, _client) =
+        let (peak, read, server, mut client) =
             upload(&cfg, Duration::from_millis(50), 48 << 20, None).await;
         assert_eq!(read, 48 << 20);
         assert!(peak >= i64::from(8 * MIB), "peak window {peak}");
         assert!(peak <= i64::from(16 * MIB), "peak window {peak}");
         assert!(cfg.stats.stream_windows() > i64::from(MIB));
-        // Idle: one halving per idle second, back to the initial window, and
-        // the budget holds only that again.
+        let grown = cfg.process_budget.used();
+        // Idle: one halving per idle second, back to the initial window.
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(cfg.stats.stream_windows(), i64::from(MIB));
         assert_eq!(cfg.stats.connection_windows(), i64::from(MIB));
-        assert_eq!(cfg.process_budget.used(), i64::from(MIB));
+        // The client may still send what it was granted before, so the
+        // budget keeps it, and gets it back byte for byte as it comes (too
+        // little to grow the window again).
+        assert_eq!(cfg.process_budget.used(), grown);
+        let req = http::Request::post("http://test/").body(()).unwrap();
+        let (resp, mut send) = client.send_request(req, false).unwrap();
+        let mut left = 512usize << 10;
+        while left > 0 {
+            send.reserve_capacity(left);
+            let n = std::future::poll_fn(|cx| send.poll_capacity(cx))
+                .await
+                .unwrap()
+                .unwrap()
+                .min(left);
+            send.send_data(Bytes::from(vec![7u8; n]), false).unwrap();
+            left -= n;
+        }
+        send.send_data(Bytes::new(), true).unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(cfg.stats.connection_windows(), i64::from(MIB));
+        assert_eq!(cfg.process_budget.used(), grown - (512 << 10));
+        // And all of it when the connection ends.
+        drop((resp, send, client));
+        server.await.unwrap();
+        assert_eq!(cfg.process_budget.used(), 0);
     }
 
     #[tokio::test(start_paused = true)]
