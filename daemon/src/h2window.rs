@@ -241,7 +241,7 @@ impl PoolGauges {
         );
         r.describe_gauge(
             n.reserved,
-            "Bytes of the memory budget the connection windows hold.",
+            "Bytes of the memory budget the HTTP/2 windows hold: what peers may still send us plus what they sent that readers have not taken (a window that shrank keeps its share until the peer used its grant).",
         );
         r.describe_gauge(n.budget, budget_flag);
         PoolGauges {
