@@ -24,6 +24,7 @@ pub mod keepalive;
 pub mod lease;
 pub mod limits;
 pub mod listen;
+pub mod log_every;
 pub mod logging;
 pub mod metrics;
 #[cfg(feature = "pprof")]
