@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -519,12 +520,23 @@ func konnGroup(mode string) []*row {
 		return []*row{errRow(row{id: "P1", workload: floorTLS}, err)}
 	}
 	defer floor.stop()
+	// Debugging aid: BENCH_KONN_ROWS=P4 (or P3,P4) runs only those rows.
+	want := func(id string) bool {
+		v := os.Getenv("BENCH_KONN_ROWS")
+		return v == "" || slices.Contains(strings.Split(v, ","), id)
+	}
 	var rows []*row
 	for _, dir := range []byte{opDownload, opUpload} {
+		if !want("P1") {
+			break
+		}
 		rows = append(rows, run(row{id: "P1", workload: "1 connection bulk " + dirName(dir) + ", " + client, unit: "MiB/s"},
 			[]*subject{o, u, h, floor}, warmBulk(d, 1, cfg.bulk, dir), bulkFn(d, 1, cfg.bulk, dir), true)...)
 	}
 	for _, dir := range []byte{opDownload, opUpload} {
+		if !want("P2") {
+			break
+		}
 		rows = append(rows, run(row{id: "P2", workload: fmt.Sprintf("%d connections aggregate %s, %s", cfg.aggConns, dirName(dir), client), unit: "MiB/s"},
 			[]*subject{o, u, floor}, warmBulk(d, cfg.aggConns, cfg.agg, dir), bulkFn(d, cfg.aggConns, cfg.agg, dir), true)...)
 	}
@@ -554,8 +566,11 @@ func konnGroup(mode string) []*row {
 		_, _, _, err := dialLatency(s, d, max(cfg.dials/4, 10))
 		return 0, 0, err
 	}
-	p3 := run(row{id: "P3", workload: fmt.Sprintf("dial latency p50, %d sequential dials per repeat, %s", cfg.dials, client), unit: "ms", lowerBetter: true, aim: "≤ 0.5×", ratioMax: 0.5},
-		[]*subject{o, u}, warmLat, lat, false)
+	var p3 []*row
+	if want("P3") {
+		p3 = run(row{id: "P3", workload: fmt.Sprintf("dial latency p50, %d sequential dials per repeat, %s", cfg.dials, client), unit: "ms", lowerBetter: true, aim: "≤ 0.5×", ratioMax: 0.5},
+			[]*subject{o, u}, warmLat, lat, false)
+	}
 	if len(p3) == 1 && p3[0].err == "" {
 		mo, erro := splits[o].means()
 		mu, erru := splits[u].means()
