@@ -93,7 +93,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for H2 {
 /// One dialed connection over a `Proxy` stream.
 pub struct GrpcTunnel {
     pub tx: mpsc::Sender<Packet>,
-    pub rx: Streaming<Packet>,
+    pub rx: Inbound,
     pub connect_id: i64,
     pub dial_id: i64,
     pending: BytesMut,
@@ -146,22 +146,57 @@ pub async fn start_dial(frontend: &Frontend, address: &str) -> GrpcTunnel {
 }
 
 /// Opens a bare `Proxy` stream (for tests that send odd packets).
-pub async fn open_stream(frontend: &Frontend) -> (mpsc::Sender<Packet>, Streaming<Packet>) {
+pub async fn open_stream(frontend: &Frontend) -> (mpsc::Sender<Packet>, Inbound) {
     let (tx, rx, _conn) = open_stream_owned(frontend).await;
     (tx, rx)
 }
 
-async fn open_stream_owned(
-    frontend: &Frontend,
-) -> (mpsc::Sender<Packet>, Streaming<Packet>, JoinHandle<()>) {
+async fn open_stream_owned(frontend: &Frontend) -> (mpsc::Sender<Packet>, Inbound, JoinHandle<()>) {
     let (mut client, conn) = frontend.grpc_client().await.unwrap();
     let (tx, rx) = mpsc::channel(64);
-    let inbound = client
-        .proxy(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    (tx, inbound, conn)
+    // The call runs on its own task: it sends the request and what `tx`
+    // queues, and resolves only with the server's first packet.
+    let call = tokio::spawn(async move { client.proxy(ReceiverStream::new(rx)).await });
+    (tx, Inbound(InboundState::Pending(call)), conn)
+}
+
+/// The server's half of a `Proxy` stream. Like upstream's grpc-go server,
+/// the server sends its response headers with its first packet, so the
+/// response is awaited at the first read, not when the stream opens.
+pub struct Inbound(InboundState);
+
+type ProxyCall = JoinHandle<Result<tonic::Response<Streaming<Packet>>, tonic::Status>>;
+
+enum InboundState {
+    Pending(ProxyCall),
+    Open(Box<Streaming<Packet>>),
+}
+
+impl Drop for Inbound {
+    // Dropping the stream before its first packet cancels the call, as
+    // dropping a tonic stream resets it.
+    fn drop(&mut self) {
+        if let InboundState::Pending(call) = &self.0 {
+            call.abort();
+        }
+    }
+}
+
+impl Inbound {
+    /// The next packet, as [`Streaming::message`].
+    pub async fn message(&mut self) -> Result<Option<Packet>, tonic::Status> {
+        if let InboundState::Pending(call) = &mut self.0 {
+            let stream = call
+                .await
+                .map_err(|e| tonic::Status::internal(format!("proxy call task: {e}")))??
+                .into_inner();
+            self.0 = InboundState::Open(Box::new(stream));
+        }
+        match &mut self.0 {
+            InboundState::Open(stream) => stream.message().await,
+            InboundState::Pending(_) => unreachable!("resolved above"),
+        }
+    }
 }
 
 impl GrpcTunnel {

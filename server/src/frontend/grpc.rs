@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::core::{Core, Flow};
 use crate::frontend::FrontendStream;
 use crate::metrics::{Segment, Service};
-use crate::tunnel::Tunnel;
+use crate::tunnel::{FrontendQueue, Tunnel};
 
 pub struct ProxySvc {
     pub core: Arc<Core>,
@@ -37,7 +37,7 @@ impl ProxyService for ProxySvc {
             .unwrap_or_default()
             .to_string();
         let inbound = request.into_inner();
-        let (tunnel, queue) = Tunnel::tracked(Some(self.core.debug.open("grpc", self.source)));
+        let (tunnel, mut queue) = Tunnel::tracked(Some(self.core.debug.open("grpc", self.source)));
         let span = tracing::debug_span!("proxy", tunnel = tunnel.id, user_agent = %user_agent);
         let core = self.core.clone();
         let drain = self.drain.clone();
@@ -55,11 +55,29 @@ impl ProxyService for ProxySvc {
             }
             .instrument(span),
         );
+        // The response headers go out with the first packet (the DIAL_RSP),
+        // as grpc-go sends them with the first message in upstream's server:
+        // one write to the frontend instead of two, and one wake-up of the
+        // client less per dial (BENCHMARKS.md, P4).
+        let first = first_packet(&mut queue).await;
         Ok(Response::new(FrontendStream::new(
             queue,
+            first,
             tunnel,
             self.core.metrics.clone(),
         )))
+    }
+}
+
+/// Waits for the first packet queued for the frontend, or for the tunnel to
+/// finish without one (aborts finish it too). The tunnel's task serves the
+/// frontend's stream meanwhile; if the frontend goes away first, hyper drops
+/// this wait.
+async fn first_packet(queue: &mut FrontendQueue) -> Option<Packet> {
+    tokio::select! {
+        biased;
+        p = queue.rx.recv() => p,
+        _ = queue.finished.cancelled() => queue.rx.try_recv().ok(),
     }
 }
 

@@ -16,6 +16,8 @@ use crate::metrics::{Metrics, Segment};
 use crate::tunnel::{Abort, FrontendQueue, Tunnel};
 
 pub struct FrontendStream {
+    /// A packet taken off the queue before the response started.
+    first: Option<Packet>,
     queue: FrontendQueue,
     finished: Pin<Box<WaitForCancellationFutureOwned>>,
     tunnel: Arc<Tunnel>,
@@ -24,9 +26,15 @@ pub struct FrontendStream {
 }
 
 impl FrontendStream {
-    pub fn new(queue: FrontendQueue, tunnel: Arc<Tunnel>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        queue: FrontendQueue,
+        first: Option<Packet>,
+        tunnel: Arc<Tunnel>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let finished = Box::pin(queue.finished.clone().cancelled_owned());
         FrontendStream {
+            first,
             queue,
             finished,
             tunnel,
@@ -67,6 +75,9 @@ impl Stream for FrontendStream {
         }
         if self.tunnel.aborted().is_some() {
             return self.end();
+        }
+        if let Some(pkt) = self.first.take() {
+            return self.item(pkt);
         }
         match self.queue.rx.poll_recv(cx) {
             Poll::Ready(Some(pkt)) => return self.item(pkt),
