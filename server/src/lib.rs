@@ -440,11 +440,12 @@ fn serve_frontend<L: Listener>(
             async move {
                 match (mode, tls) {
                     (Mode::Grpc, None) => {
-                        serve_h2(frontend::FixAuthority::new(io), svc, &settings, &d).await
+                        let io = frontend::FixAuthority::new(frontend::HoldPreface::new(io));
+                        serve_h2(io, svc, &settings, &d).await
                     }
                     (Mode::Grpc, Some(tls)) => {
                         if let Some(io) = tls_handshake(&tls, io).await {
-                            serve_h2(io, svc, &settings, &d).await
+                            serve_h2(frontend::HoldPreface::new(io), svc, &settings, &d).await
                         }
                     }
                     (Mode::HttpConnect, None) => {
