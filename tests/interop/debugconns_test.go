@@ -86,7 +86,16 @@ func TestDebugConnections(t *testing.T) {
 			}
 			kind := map[frontend]string{grpcUDS: "grpc", connectTLS: "http-connect"}[f]
 			echo := newTCPDest(t, echoHandler)
-			closer := newTCPDest(t, closerHandler("bye"))
+			// The goodbye waits for the client's dial to return on gRPC:
+			// konnectivity-client drops DATA that comes between DIAL_RSP and
+			// the connection's registration (see speakFirstGate), which would
+			// end the tunnel as "closed by the client".
+			goAhead := &gate{ch: make(chan struct{})}
+			if f != grpcUDS {
+				goAhead.open()
+			}
+			defer goAhead.open()
+			closer := newTCPDest(t, gated(goAhead, closerHandler("bye")))
 			refused := refusedAddr(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
@@ -169,6 +178,7 @@ func TestDebugConnections(t *testing.T) {
 
 			// Closed by the destination.
 			c, err = srv.dial(ctx, closer.addr, false)
+			goAhead.open()
 			if err != nil {
 				t.Fatal(err)
 			}
