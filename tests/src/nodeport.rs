@@ -338,27 +338,18 @@ pub async fn h2_client(proxy: SocketAddr) -> h2::client::SendRequest<bytes::Byte
     send
 }
 
-/// Sends a CONNECT request for `authority`; returns the response to come
-/// and the stream to send on.
-pub async fn send_connect_h2(
+/// Opens a CONNECT stream; returns the status and, on 200, the stream as a byte pipe.
+pub async fn connect_h2(
     send: &h2::client::SendRequest<bytes::Bytes>,
     authority: &str,
-) -> (h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>) {
+) -> (u16, Option<daemon::h2io::H2Io>) {
     let mut send = send.clone().ready().await.unwrap();
     let req = http::Request::builder()
         .method(http::Method::CONNECT)
         .uri(authority)
         .body(())
         .unwrap();
-    send.send_request(req, false).unwrap()
-}
-
-/// Opens a CONNECT stream; returns the status and, on 200, the stream as a byte pipe.
-pub async fn connect_h2(
-    send: &h2::client::SendRequest<bytes::Bytes>,
-    authority: &str,
-) -> (u16, Option<daemon::h2io::H2Io>) {
-    let (resp, stream) = send_connect_h2(send, authority).await;
+    let (resp, stream) = send.send_request(req, false).unwrap();
     let resp = resp.await.unwrap();
     let code = resp.status().as_u16();
     if code != 200 {

@@ -587,7 +587,13 @@ async fn refused_with_data(
     send: &h2::client::SendRequest<bytes::Bytes>,
     authority: &str,
 ) -> h2::Error {
-    let (resp, mut stream) = send_connect_h2(send, authority).await;
+    let mut send = send.clone().ready().await.unwrap();
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(authority)
+        .body(())
+        .unwrap();
+    let (resp, mut stream) = send.send_request(req, false).unwrap();
     stream
         .send_data(bytes::Bytes::from(vec![7u8; 65_535]), false)
         .unwrap();
