@@ -30,12 +30,8 @@
 //! The windows a connection starts with are reserved too ([`Start`]), before
 //! its handshake advertises them: once the budget is spent, a new connection
 //! starts at HTTP/2's own 65,535 bytes and grows only as budget comes free,
-//! so what all peers together are granted is its budget plus, past it,
-//! 65,535 bytes per connection. Such a connection is [`Start::overdrawn`]:
-//! its driver refuses its new streams (REFUSED_STREAM, which `h2` follows by
-//! discarding their DATA and giving the connection window back) until the
-//! [`Pool`] is no longer overdrawn, so what peers can make a process buffer
-//! stays within its budget.
+//! so what all peers together can make a process buffer is its budget plus,
+//! past it, 65,535 bytes per connection.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -147,14 +143,6 @@ impl Pool {
     pub fn start(&self, settings: WindowSettings) -> Start {
         Start::new(settings, &self.budget, self.stats.clone())
     }
-
-    /// Whether the windows hold more than the budget: some connection's
-    /// first window was reserved past it ([`Start::overdrawn`]). Growth only
-    /// ever takes what fits, so once this is false again every window
-    /// reserved so far fits in the budget.
-    pub fn overdrawn(&self) -> bool {
-        self.budget.used() > self.budget.limit()
-    }
 }
 
 /// The windows a connection starts with, reserved from its budget (inside
@@ -173,7 +161,6 @@ pub struct Start {
     stream: u32,
     connection: u32,
     reserved: i64,
-    overdrawn: bool,
 }
 
 impl Start {
@@ -183,8 +170,7 @@ impl Start {
         let want = i64::from(settings.initial_connection());
         let floor = want.min(i64::from(SPEC_WINDOW));
         let mut reserved = budget.try_reserve(want);
-        let overdrawn = reserved < floor;
-        if overdrawn {
+        if reserved < floor {
             budget.force(floor - reserved);
             reserved = floor;
         }
@@ -198,16 +184,7 @@ impl Start {
             stream,
             connection,
             reserved,
-            overdrawn,
         }
-    }
-
-    /// Whether the budget had no room for HTTP/2's own window, so it was
-    /// reserved past the budget: data on this connection's streams would
-    /// park beyond the budget, so the driver refuses new streams while the
-    /// pool stays [`Pool::overdrawn`].
-    pub fn overdrawn(&self) -> bool {
-        self.overdrawn
     }
 
     /// SETTINGS_INITIAL_WINDOW_SIZE to advertise.
@@ -1104,15 +1081,10 @@ mod tests {
         };
         let process = Budget::new(i64::from(MIB) + (300 << 10), None);
         let stats = Arc::new(WindowStats::default());
-        let pool = Pool {
-            budget: process.clone(),
-            stats: stats.clone(),
-        };
         let full = Start::new(settings, &process, stats.clone());
         assert_eq!((full.stream(), full.connection()), (256 << 10, MIB));
         let part = Start::new(settings, &process, stats.clone());
         assert_eq!((part.stream(), part.connection()), (256 << 10, 300 << 10));
-        assert!(!full.overdrawn() && !part.overdrawn() && !pool.overdrawn());
         let spent = Start::new(settings, &process, stats.clone());
         assert_eq!(
             (spent.stream(), spent.connection()),
@@ -1120,17 +1092,14 @@ mod tests {
         );
         // Past the budget by the one window HTTP/2 grants anyway.
         assert_eq!(process.used(), process.limit() + i64::from(SPEC_WINDOW));
-        assert!(spent.overdrawn() && pool.overdrawn());
         // What the first gave back pays for the floor first.
         drop(full);
-        assert!(!pool.overdrawn());
         let again = Start::new(settings, &process, stats);
         assert_eq!(
             i64::from(again.connection()),
             process.limit() - (300 << 10) - i64::from(SPEC_WINDOW)
         );
         assert_eq!(process.used(), process.limit());
-        assert!(!again.overdrawn() && !pool.overdrawn());
         drop((part, spent, again));
         assert_eq!(process.used(), 0);
     }

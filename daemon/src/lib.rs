@@ -24,7 +24,6 @@ pub mod keepalive;
 pub mod lease;
 pub mod limits;
 pub mod listen;
-pub mod log_every;
 pub mod logging;
 pub mod metrics;
 #[cfg(feature = "pprof")]

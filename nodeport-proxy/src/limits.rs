@@ -75,10 +75,6 @@ pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// connection is ended with GOAWAY (h2's default, named here).
 pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
-/// At most one warning per this interval about HTTP/2 streams refused
-/// because the memory budget is spent (each refusal is logged at debug).
-pub const REFUSAL_WARN_INTERVAL: Duration = Duration::from_secs(10);
-
 /// After refusing an HTTP/1.1 request, how much of what the client still
 /// sends is read and dropped (so the close does not reset the response
 /// away), and for how long.

@@ -77,7 +77,6 @@ pub struct HttpStats {
     pub no_route: Counter,
     pub downstream_rq_header_timeout: Counter,
     pub downstream_cx_protocol_error: Counter,
-    pub downstream_rq_overload_close: Counter,
 }
 
 /// Envoy `listener.<address>.*`, plus our rejection counter.
@@ -157,8 +156,6 @@ impl Metrics {
                     .counter("envoy_http_downstream_rq_header_timeout", &http_l),
                 downstream_cx_protocol_error: r
                     .counter("envoy_http_downstream_cx_protocol_error", &http_l),
-                downstream_rq_overload_close: r
-                    .counter("envoy_http_downstream_rq_overload_close", &http_l),
             },
             reloads_applied: r.counter(
                 "nodeport_proxy_table_reloads_total",
@@ -388,10 +385,6 @@ fn describe(r: &Registry) {
     r.describe_counter(
         "envoy_http_downstream_cx_protocol_error",
         "Connections closed for a protocol error.",
-    );
-    r.describe_counter(
-        "envoy_http_downstream_rq_overload_close",
-        "HTTP/2 CONNECT streams refused (RST_STREAM REFUSED_STREAM) because their connection's first window was granted past -tunneling-memory-budget and the budget is still spent.",
     );
     r.describe_counter(
         "envoy_listener_downstream_cx_total",

@@ -68,9 +68,6 @@ pub async fn serve<T>(
     // Windows that follow the link, bounded by the budgets; the seed side
     // sends no keepalive PINGs (KKP's Envoy sets none on this listener).
     let meter = Meter::new();
-    // Its streams would park data past the budget: refused until the budget
-    // is no longer spent (once it is not, every window reserved fits in it).
-    let mut overdrawn = start.overdrawn();
     let mut windows = Controller::new(pings, start, None, meter.clone());
     let streams = Arc::new(watch::Sender::new(0usize));
     let idle = shared.config.connection.tunneling_connection_idle_timeout;
@@ -83,13 +80,6 @@ pub async fn serve<T>(
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((req, respond))) => {
-                    overdrawn = overdrawn && shared.windows.overdrawn();
-                    if overdrawn {
-                        // Still a connection a newcomer may displace when
-                        // the listener is full.
-                        refuse_overdrawn(respond, &l, access);
-                        continue;
-                    }
                     // A request came: no longer a half-open connection that
                     // a newcomer may displace when the listener is full.
                     daemon::listen::settle();
@@ -224,40 +214,6 @@ fn request_authority(req: &Request<h2::RecvStream>) -> Result<ConnectAuthority, 
         .ok_or_else(|| RequestError::BadTarget(String::new()))?;
     ConnectAuthority::parse(a.as_str()).map_err(|_| RequestError::BadTarget(a.to_string()))
 }
-
-/// Refuses a stream of an overdrawn connection with REFUSED_STREAM, which
-/// tells the client nothing was processed and it may retry (RFC 9113 §8.7),
-/// as Envoy's overload manager stops accepting requests under memory
-/// pressure. `h2` discards DATA that arrives for the stream after the reset
-/// and gives its connection window back, so none of it parks.
-fn refuse_overdrawn(mut respond: SendResponse<Bytes>, l: &TunnelListener, access: &Access) {
-    let shared = &l.shared;
-    let http = &shared.metrics.http;
-    http.downstream_rq_total.increment(1);
-    http.downstream_rq_overload_close.increment(1);
-    let mut access = access.stream("HTTP/2");
-    access.answer(0, "OM", "overload_manager");
-    respond.send_reset(h2::Reason::REFUSED_STREAM);
-    let budget = &shared.windows.budget;
-    tracing::debug!(
-        reserved = budget.used(),
-        budget = budget.limit(),
-        "CONNECT stream refused: tunneling memory budget spent"
-    );
-    if let Some(refused) = REFUSAL_WARNINGS.due() {
-        tracing::warn!(
-            refused,
-            reserved = budget.used(),
-            budget = budget.limit(),
-            "CONNECT streams refused (REFUSED_STREAM): the tunneling connections' HTTP/2 windows hold all of -tunneling-memory-budget"
-        );
-    }
-}
-
-/// At most one warning per [`limits::REFUSAL_WARN_INTERVAL`] for streams
-/// refused by the budget, with the count since the last one.
-static REFUSAL_WARNINGS: daemon::log_every::LogEvery =
-    daemon::log_every::LogEvery::new(limits::REFUSAL_WARN_INTERVAL);
 
 fn refuse(
     respond: &mut SendResponse<Bytes>,

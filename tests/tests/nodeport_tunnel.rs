@@ -455,19 +455,12 @@ fn gauge(text: &str, name: &str) -> f64 {
 }
 
 /// The memory budget covers the windows HTTP/2 tunneling connections start
-/// with, not only what they grow by (issue 14). With a 1 MiB budget, the
-/// first connection's two tunnels into a destination that never reads take
-/// all of it. Each further connection is still granted HTTP/2's own
-/// 65,535-byte window (a client may use it before it reads our SETTINGS), so
-/// windows stay within the budget plus 65,535 bytes per connection. But
-/// their streams are refused with REFUSED_STREAM while the budget is spent,
-/// and the data they already sent is dropped, so what is parked stays
-/// within the budget. (Before this change they were accepted and each
-/// parked up to 64 KiB past the budget; 10,000 connections could park
-/// about 745 MiB.) Once the stalled tunnels close, a refused connection's
-/// next stream is accepted and moves more than its first window, which
-/// shows the refused DATA gave its connection window back. What every
-/// connection reserved comes back when it closes.
+/// with, not only what they grow by (issue 14): with a 1 MiB budget, eight
+/// connections of two tunnels each, all pushing into destinations that
+/// never read, park at most the budget plus HTTP/2's own 65,535-byte window
+/// per connection (granted before we can say anything, so owed past the
+/// budget), where each used to be given 1 MiB whatever the budget. What
+/// they reserved comes back when they close.
 #[tokio::test]
 async fn the_memory_budget_covers_every_connections_windows() {
     const STALLED: &str = "stalled.cluster-a.svc.cluster.local:7001";
@@ -475,39 +468,24 @@ async fn the_memory_budget_covers_every_connections_windows() {
     const CONNECTIONS: i64 = 8;
     /// HTTP/2's initial window (RFC 9113 §6.9.2), per connection.
     const SLACK_PER_CONNECTION: i64 = 65_535;
-    let windows_bound = (BUDGET + CONNECTIONS * SLACK_PER_CONNECTION) as f64;
+    let bound = (BUDGET + CONNECTIONS * SLACK_PER_CONNECTION) as f64;
     let sink = dest::sink().await;
     let s = setup_with(&[("stalled", 7001, sink)], |c| {
         c.tunnel_memory_budget = BUDGET;
     })
     .await;
     let p = &s.p;
-    let first = h2_client(p.tunnel).await;
     let mut writers = Vec::new();
-    for _ in 0..2 {
-        writers.push(upload_forever(&first, STALLED).await);
-    }
-    let mut refused = Vec::new();
-    let refusals = CONNECTIONS - 1;
-    for _ in 0..refusals {
+    for _ in 0..CONNECTIONS {
         let send = h2_client(p.tunnel).await;
-        let err = refused_with_data(&send, STALLED).await;
-        assert_eq!(
-            err.reason(),
-            Some(h2::Reason::REFUSED_STREAM),
-            "a stream opened while the budget is spent: {err}"
-        );
-        refused.push(send);
+        for _ in 0..2 {
+            writers.push(upload_forever(&send, STALLED).await);
+        }
     }
-    let overload_close = |body: &str| {
-        integration_tests::konnectivity::metric(
-            body,
-            "envoy_http_downstream_rq_overload_close{envoy_http_conn_manager_prefix=\"ingress_http\"} ",
-        )
-    };
-    // Under pressure (the first connection's two 256 KiB stream windows
-    // full) and never past the bounds meanwhile.
-    let pressure = f64::from(512u32 << 10);
+    // Under pressure and never past the bound meanwhile: the first
+    // connection's two 256 KiB stream windows full, and the others' 64 KiB
+    // at least half (a peer is granted more once we gave back half).
+    let pressure = f64::from((512u32 << 10) + 7 * (32 << 10));
     integration_tests::eventually(
         "the stalled tunnels to fill their windows",
         Duration::from_secs(60),
@@ -515,55 +493,22 @@ async fn the_memory_budget_covers_every_connections_windows() {
             let (_, body) = p.stats_get("/stats/prometheus").await;
             let reserved = gauge(&body, "nodeport_proxy_tunneling_memory_reserved_bytes");
             let held = gauge(&body, "nodeport_proxy_tunneling_http2_held_bytes");
-            assert!(
-                reserved <= windows_bound,
-                "windows of {reserved} B, bound {windows_bound}"
-            );
-            assert!(held <= BUDGET as f64, "{held} B parked, budget {BUDGET}");
-            assert_eq!(overload_close(&body), refusals as f64);
+            assert!(reserved <= bound, "windows of {reserved} B, bound {bound}");
+            assert!(held <= bound, "{held} B parked, bound {bound}");
             let done = held >= pressure;
             if done {
-                eprintln!(
-                    "windows {reserved} B (bound {windows_bound} B), parked {held} B (budget {BUDGET} B)"
-                );
+                eprintln!("windows {reserved} B, parked {held} B, bound {bound} B");
             }
             done
         },
     )
     .await;
-    // Still refused while the budget is spent.
-    let err = refused_with_data(&refused[0], STALLED).await;
-    assert_eq!(err.reason(), Some(h2::Reason::REFUSED_STREAM), "{err}");
     for w in &writers {
         w.abort();
     }
     for w in writers {
         let _ = w.await;
     }
-    drop(first);
-    integration_tests::eventually(
-        "the stalled connection to give its windows back",
-        Duration::from_secs(30),
-        || async {
-            let (_, body) = p.stats_get("/stats/prometheus").await;
-            gauge(&body, "nodeport_proxy_tunneling_memory_reserved_bytes")
-                <= ((CONNECTIONS - 1) * SLACK_PER_CONNECTION) as f64
-        },
-    )
-    .await;
-    // Accepted again, on a connection whose streams were refused, and it
-    // moves four times the connection window it was granted.
-    let (code, io) = connect_h2(&refused[0], ECHO).await;
-    assert_eq!(code, 200);
-    let mut io = io.unwrap();
-    let data: Vec<u8> = (0..(256u32 << 10)).map(|i| (i % 251) as u8).collect();
-    let back = tokio::time::timeout(Duration::from_secs(60), dest::roundtrip(&mut io, &data))
-        .await
-        .expect("the refused streams' DATA kept their connection's window");
-    assert!(back == data);
-    let (_, body) = p.stats_get("/stats/prometheus").await;
-    assert_eq!(overload_close(&body), (refusals + 1) as f64);
-    drop((io, refused));
     integration_tests::eventually(
         "the closed connections to give their windows back",
         Duration::from_secs(30),
@@ -578,30 +523,4 @@ async fn the_memory_budget_covers_every_connections_windows() {
         },
     )
     .await;
-}
-
-/// Opens a CONNECT stream to `authority` and sends a connection window's
-/// worth of data on it at once, as a client may before it hears back;
-/// returns the error the stream ended with (it must not be answered).
-async fn refused_with_data(
-    send: &h2::client::SendRequest<bytes::Bytes>,
-    authority: &str,
-) -> h2::Error {
-    let mut send = send.clone().ready().await.unwrap();
-    let req = http::Request::builder()
-        .method(http::Method::CONNECT)
-        .uri(authority)
-        .body(())
-        .unwrap();
-    let (resp, mut stream) = send.send_request(req, false).unwrap();
-    stream
-        .send_data(bytes::Bytes::from(vec![7u8; 65_535]), false)
-        .unwrap();
-    match tokio::time::timeout(Duration::from_secs(30), resp)
-        .await
-        .expect("no answer to a CONNECT stream")
-    {
-        Ok(r) => panic!("CONNECT answered {} while the budget is spent", r.status()),
-        Err(e) => e,
-    }
 }
