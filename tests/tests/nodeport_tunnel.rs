@@ -394,7 +394,16 @@ async fn oversize_http2_headers_are_refused_and_the_connection_serves_on() {
 async fn stalled_streams_do_not_stop_the_others_on_their_connection() {
     const STALLED: &str = "stalled.cluster-a.svc.cluster.local:7001";
     let sink = dest::sink().await;
-    let s = setup_with(&[("stalled", 7001, sink)], |_| {}).await;
+    // Isolation holds while the connection's budget has room (64 MiB by
+    // default): past it, stalled streams stop their connection's others by
+    // design. A stream window, once grown, stays, and the uploads fill the
+    // sink's socket fast enough for their windows to grow to 8 MiB each
+    // first in some runs (8 x 8 MiB held = the whole budget; it failed about
+    // one run in ten). So their windows stay at most 4 MiB here: 32 MiB held.
+    let s = setup_with(&[("stalled", 7001, sink)], |c| {
+        c.tunnel_windows.max = 4 << 20;
+    })
+    .await;
     let p = &s.p;
     let send = h2_client(p.tunnel).await;
     // Eight uploads into the sink: each stops once the sink's socket and
@@ -483,9 +492,12 @@ async fn the_memory_budget_covers_every_connections_windows() {
         }
     }
     // Under pressure and never past the bound meanwhile: the first
-    // connection's two 256 KiB stream windows full, and the others' 64 KiB
-    // at least half (a peer is granted more once we gave back half).
-    let pressure = f64::from((512u32 << 10) + 7 * (32 << 10));
+    // connection's two 256 KiB stream windows three quarters full at least.
+    // What a stream's forwarder has taken to write is not held (32 KiB in
+    // some runs), and so may be most of another connection's 64 KiB: a
+    // threshold counting on every window full failed about one run in three
+    // when the test binary ran whole.
+    let pressure = f64::from(384u32 << 10);
     integration_tests::eventually(
         "the stalled tunnels to fill their windows",
         Duration::from_secs(60),
