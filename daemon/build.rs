@@ -19,16 +19,17 @@ fn main() {
     // the files: in a worktree `.git` is a file, and a path that does not
     // exist would make every build rerun this and rebuild every crate
     // depending on this one.
-    for f in ["HEAD", "refs/heads", "packed-refs"] {
-        let path = std::process::Command::new("git")
-            .args(["rev-parse", "--path-format=absolute", "--git-path", f])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-        if let Some(path) = path.filter(|p| std::path::Path::new(p).exists()) {
-            println!("cargo:rerun-if-changed={path}");
-        }
+    let paths = std::process::Command::new("git")
+        .args(["rev-parse", "--path-format=absolute"])
+        .args(["--git-path", "HEAD", "--git-path", "refs/heads"])
+        .args(["--git-path", "packed-refs"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for path in paths.lines().filter(|p| std::path::Path::new(p).exists()) {
+        println!("cargo:rerun-if-changed={path}");
     }
     println!(
         "cargo:rustc-env=DAEMON_GIT_COMMIT={}",

@@ -445,9 +445,11 @@ fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
     match kind {
         TCP_PROXY => {
             c.only(TCP_PROXY_FIELDS).map_err(|e| invalid(&path, e))?;
-            let (Some(cluster), Some(tunneling)) = (&c.cluster, &c.tunneling_config) else {
-                return Err(invalid(&path, "missing field `cluster`"));
-            };
+            // `only` saw both fields; these name them should it ever not.
+            let missing = |f: &str| invalid(&path, format!("missing field `{f}`"));
+            let cluster = c.cluster.as_ref().ok_or_else(|| missing("cluster"))?;
+            let tunneling =
+                (c.tunneling_config.as_ref()).ok_or_else(|| missing("tunneling_config"))?;
             let authority = ConnectAuthority::parse(&tunneling.hostname)
                 .map_err(|e| invalid(format!("{path}.tunneling_config.hostname"), e.to_string()))?;
             Ok(Role::Tunnel {
@@ -457,10 +459,9 @@ fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
         }
         HCM => {
             c.only(HCM_FIELDS).map_err(|e| invalid(&path, e))?;
-            let (Some(route_config), Some(http_filters)) = (&c.route_config, &c.http_filters)
-            else {
-                return Err(invalid(&path, "missing field `route_config`"));
-            };
+            let missing = |f: &str| invalid(&path, format!("missing field `{f}`"));
+            let route_config = (c.route_config.as_ref()).ok_or_else(|| missing("route_config"))?;
+            let http_filters = (c.http_filters.as_ref()).ok_or_else(|| missing("http_filters"))?;
             match http_filters.as_slice() {
                 [f] if f.typed_config.kind == ROUTER => {}
                 _ => {
