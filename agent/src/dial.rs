@@ -152,6 +152,24 @@ pub async fn dial(
     timeout: Duration,
     policy: &DestinationPolicy,
 ) -> Result<TcpStream, DialError> {
+    let deadline = Instant::now() + timeout;
+    let addrs = allowed_addresses(protocol, address, deadline, policy).await?;
+    connect_first(protocol, address, &addrs, deadline, |a| async move {
+        let s = TcpStream::connect(a).await?;
+        let _ = s.set_nodelay(true);
+        Ok(s)
+    })
+    .await
+}
+
+/// What a dial may try, in order: the network and address checked, the host
+/// resolved before `deadline`, and what `policy` refuses taken out.
+pub(crate) async fn allowed_addresses(
+    protocol: &str,
+    address: &str,
+    deadline: Instant,
+    policy: &DestinationPolicy,
+) -> Result<Vec<SocketAddr>, DialError> {
     if !matches!(protocol, "tcp" | "tcp4" | "tcp6") {
         let protocol: String = protocol.chars().take(32).collect();
         // Go's OpError: "dial" and the network, if any, then the cause.
@@ -171,7 +189,6 @@ pub async fn dial(
             false,
         ));
     }
-    let deadline = Instant::now() + timeout;
     let (host, port) =
         split_host_port(address).map_err(|e| err(format!("dial {protocol}: {e}"), false))?;
     let addrs = match tokio::time::timeout_at(deadline, resolve(host, port)).await {
@@ -202,13 +219,26 @@ pub async fn dial(
             denied: true,
         });
     }
+    Ok(addrs)
+}
+
+/// Tries `connect` on each address until one answers or `deadline` passes;
+/// a failure is worded after the first address that failed, as Go does.
+pub(crate) async fn connect_first<S, F, Fut>(
+    protocol: &str,
+    address: &str,
+    addrs: &[SocketAddr],
+    deadline: Instant,
+    connect: F,
+) -> Result<S, DialError>
+where
+    F: Fn(SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = io::Result<S>>,
+{
     let mut first: Option<DialError> = None;
-    for addr in &addrs {
-        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => {
-                let _ = s.set_nodelay(true);
-                return Ok(s);
-            }
+    for addr in addrs {
+        match tokio::time::timeout_at(deadline, connect(*addr)).await {
+            Ok(Ok(s)) => return Ok(s),
             Ok(Err(e)) => {
                 first.get_or_insert_with(|| {
                     err(

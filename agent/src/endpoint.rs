@@ -13,9 +13,10 @@ use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use crate::destination::Destination;
 
 /// The stream-facing handle of a connection.
 pub struct ConnHandle {
@@ -72,7 +73,7 @@ pub struct Link<'a> {
 /// Pumps bytes both ways until either side ends or `close` fires. Returns when
 /// the connection is over; the caller sends CLOSE_RSP.
 pub async fn pump(
-    mut stream: TcpStream,
+    mut stream: Destination,
     link: Link<'_>,
     mut to_remote: mpsc::UnboundedReceiver<Bytes>,
     close: &CloseSignal,

@@ -1,8 +1,10 @@
 //! Entry point for the fuzz target (agent/fuzz) and the corpus replay in the
 //! normal tests: drives one session's packet handling from arbitrary bytes.
-//! Dials only ever reach loopback listeners of its own or names under
-//! `.invalid`, which are never looked up.
+//! Destinations are in-memory pipes behind the same address checks and
+//! policy as TCP (see `destination.rs`): nothing leaves the process, and an
+//! execution is not spent in the kernel's TCP handshake.
 
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,15 +13,20 @@ use daemon::drain::Drain;
 use konnectivity_proto::ids::ServerId;
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use parking_lot::Mutex;
+use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 
+use crate::destination::Dialer;
 use crate::metrics::Metrics;
 use crate::session::{Links, Session, SessionConfig};
 
-/// Loopback destinations shared by every input: an echo, one that speaks
-/// and closes, one that never reads, and a port that refuses.
+/// Small, so a destination that stops reading fills it within a few packets
+/// and the session's backpressure paths run.
+const PIPE_BYTES: usize = 16 * 1024;
+
+/// Destinations shared by every input: an echo, one that speaks and
+/// closes, one that never reads, and one that refuses.
 struct Dests {
     echo: SocketAddr,
     closer: SocketAddr,
@@ -27,58 +34,52 @@ struct Dests {
     refused: SocketAddr,
 }
 
-async fn dests() -> Option<Dests> {
-    let bind = || TcpListener::bind("127.0.0.1:0");
-    let (echo, closer, sink) = (bind().await.ok()?, bind().await.ok()?, bind().await.ok()?);
-    let refused = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
-        l.local_addr().ok()?
-    };
-    let addrs = Dests {
-        echo: echo.local_addr().ok()?,
-        closer: closer.local_addr().ok()?,
-        sink: sink.local_addr().ok()?,
-        refused,
-    };
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = echo.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
+const DESTS: Dests = Dests {
+    echo: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1),
+    closer: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 2),
+    sink: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 3),
+    refused: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 4),
+};
+
+/// Connects to one of [`DESTS`]; the far end runs on the current runtime.
+fn connect(addr: SocketAddr, held: &Mutex<Vec<DuplexStream>>) -> io::Result<DuplexStream> {
+    let (near, mut far) = tokio::io::duplex(PIPE_BYTES);
+    if addr == DESTS.echo {
+        tokio::spawn(async move {
+            let (mut r, mut w) = tokio::io::split(&mut far);
+            let _ = tokio::io::copy(&mut r, &mut w).await;
+        });
+    } else if addr == DESTS.closer {
+        tokio::spawn(async move {
+            let _ = far.write_all(b"bye").await;
+        });
+    } else if addr == DESTS.sink {
+        let mut held = held.lock();
+        held.push(far);
+        if held.len() > 64 {
+            held.remove(0);
         }
-    });
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = closer.accept().await {
-            let _ = s.write_all(b"bye").await;
-        }
-    });
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = sink.accept().await {
-            held.push(s);
-            held.truncate(64);
-        }
-    });
-    Some(addrs)
+    } else {
+        return Err(io::Error::from_raw_os_error(libc::ECONNREFUSED));
+    }
+    Ok(near)
 }
 
 /// Runs one input; panics if the session leaves a connection or a dial
 /// behind once its stream is over.
 pub fn packets(data: &[u8]) {
     thread_local! {
-        static SHARED: Option<(tokio::runtime::Runtime, Arc<Metrics>, Dests)> = {
+        static SHARED: Option<(tokio::runtime::Runtime, Arc<Metrics>)> = {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-            let d = rt.block_on(dests())?;
-            Some((rt, Arc::new(Metrics::new()), d))
+            Some((rt, Arc::new(Metrics::new())))
         };
     }
     SHARED.with(|shared| {
-        let Some((rt, metrics, d)) = shared else {
+        let Some((rt, metrics)) = shared else {
             return;
         };
         rt.block_on(async {
-            let run = run(data, metrics.clone(), d);
+            let run = run(data, metrics.clone());
             assert!(
                 tokio::time::timeout(Duration::from_secs(30), run)
                     .await
@@ -89,7 +90,11 @@ pub fn packets(data: &[u8]) {
     });
 }
 
-async fn run(data: &[u8], metrics: Arc<Metrics>, d: &Dests) {
+async fn run(data: &[u8], metrics: Arc<Metrics>) {
+    let d = &DESTS;
+    // Dropped with the input: no destination outlives it.
+    let sinks = Arc::new(Mutex::new(Vec::new()));
+    let dialer = Dialer::Memory(Arc::new(move |a| connect(a, &sinks)));
     let (out_tx, mut out) = mpsc::channel(4);
     let (ctl_tx, mut ctl) = mpsc::unbounded_channel();
     let drain = Drain::new();
@@ -116,6 +121,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>, d: &Dests) {
             flow: konnectivity_proto::flow::FlowPool::new(
                 konnectivity_proto::flow::FlowSettings::default(),
             ),
+            dialer,
         },
         drain.clone(),
     );

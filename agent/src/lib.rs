@@ -9,6 +9,7 @@ mod clientset;
 pub mod connect;
 #[cfg(test)]
 mod corpus_tests;
+pub mod destination;
 pub mod dial;
 mod endpoint;
 #[cfg(any(test, feature = "fuzzing"))]

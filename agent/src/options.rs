@@ -246,6 +246,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
                     .map_err(|e| format!("--allowed-destinations: {e}"))?,
             ),
             flow,
+            dialer: Default::default(),
         },
     };
     let addrs = Addresses {

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tracing::Instrument;
 
-use crate::dial;
+use crate::destination::Dialer;
 use crate::endpoint::{self, CloseSignal, ConnHandle, Link};
 use crate::metrics::{Metrics, Segment};
 
@@ -38,6 +38,8 @@ pub struct SessionConfig {
     pub policy: Arc<crate::policy::DestinationPolicy>,
     /// Flow-control settings, the process budget and the window totals.
     pub flow: Arc<FlowPool>,
+    /// TCP, or in-memory pipes in the fuzz target.
+    pub dialer: Dialer,
 }
 
 /// Where a session's packets to the server go.
@@ -341,7 +343,7 @@ impl Session {
         debug.set("dial_id", dial_id);
         debug.set_state("dialing");
         let dialed = tokio::select! {
-            r = dial::dial(&req.protocol, &req.address, self.cfg.dial_timeout, &self.cfg.policy) => Some(r),
+            r = self.cfg.dialer.dial(&req.protocol, &req.address, self.cfg.dial_timeout, &self.cfg.policy) => Some(r),
             _ = cancel.cancelled() => None,
         };
         self.dials.lock().remove(&dial_id);
@@ -367,7 +369,7 @@ impl Session {
         self.metrics
             .dial_duration
             .record(started.elapsed().as_secs_f64());
-        if let Ok(peer) = stream.peer_addr() {
+        if let Some(peer) = stream.peer_addr() {
             debug.set_upstream(peer);
         }
         debug.set("connect_id", connect);

@@ -391,6 +391,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             stall_timeout: opts.stall_timeout,
             policy: Arc::new(opts.policy.clone()),
             flow,
+            dialer: Default::default(),
         },
     };
     let agent = Agent::new(config);
