@@ -224,6 +224,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             stall_timeout: Duration::from_secs(10),
             policy: Default::default(),
             flow,
+            dialer: Default::default(),
         },
     });
     let agent_handle = agent.handle();
