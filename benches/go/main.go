@@ -39,7 +39,7 @@ var (
 	flagDestKey   = flag.String("dest-key", "", "internal: with --dest-only, the TLS listener's key (PEM file)")
 	flagNPMem     = flag.String("np-mem-sizes", "", "np-mem: comma list of concurrent connection counts (default 1000,5000,10000; quick 200,500)")
 	flagScale     = flag.Int("scale-tunnels", 0, "konn-scale idle tunnels (default 50000, quick 500)")
-	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")
+	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes (of every subject with BENCH_PERF_ALL=1) during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")
 )
 
 var (
@@ -373,7 +373,7 @@ func compare(tag string, subs []*subject, warm, once sampleFn) ([][]float64, []u
 			s := subs[i]
 			var v float64
 			var stopPerf func()
-			if *flagPerf && r == 0 && (i == 0 || os.Getenv("BENCH_PERF_STAT") != "") {
+			if *flagPerf && r == 0 && (i == 0 || os.Getenv("BENCH_PERF_STAT") != "" || os.Getenv("BENCH_PERF_ALL") != "") {
 				stopPerf = startPerf(tag+" "+s.name, s)
 			}
 			err := timed(s, &use[i], func() (int64, error) {
@@ -857,9 +857,29 @@ func nodeportGroup() []*row {
 	sniN := via(n, "nginx", withTLS(tcpTo(goharness.Loopback(ns)), ctls))
 	sni := []*subject{sniOurs, sniH, sniN}
 	td := dest.tlsAddr()
+	// Debugging aids: BENCH_NP_ROWS=P7,NP (of P7, P7-rate, NP, NP-rate,
+	// P8) runs only those rows; BENCH_NP_BASE=<dir> adds the nodeport-proxy
+	// in <dir> (an older build) as one more anchor of the P7 and NP rows,
+	// interleaved with the others: a before/after in one run.
+	want := func(id string) bool {
+		v := os.Getenv("BENCH_NP_ROWS")
+		return v == "" || slices.Contains(strings.Split(v, ","), id)
+	}
+	var base *subject
+	var bp npPorts
+	if d := os.Getenv("BENCH_NP_BASE"); d != "" {
+		if base, bp, err = startNodeportProxyAt(filepath.Join(d, "nodeport-proxy"), dest.tlsAddr(), dest.plainAddr()); err != nil {
+			return []*row{errRow(row{id: "P7", workload: "nodeport-proxy base"}, err)}
+		}
+		defer base.stop()
+		sni = append(sni, via(base, "nodeport-proxy base", withTLS(tcpTo(goharness.Loopback(bp.sni)), ctls)))
+	}
 
 	var rows []*row
 	for _, dir := range []byte{opDownload, opUpload} {
+		if !want("P7") {
+			break
+		}
 		rows = append(rows, run(row{id: "P7", workload: "SNI passthrough, 1 TLS stream, " + dirName(dir), unit: "MiB/s", aim: "≥ 1.0×", ratioMin: 1, aimFor: "HAProxy", cpuAim: "CPU ≤ 1.0×", cpuRatioMax: 1},
 			sni, warmBulk(td, 1, cfg.bulk, dir), bulkFn(td, 1, cfg.bulk, dir), true)...)
 	}
@@ -869,12 +889,20 @@ func nodeportGroup() []*row {
 	warmRate := func(s *subject) (float64, int64, error) {
 		return dialRate(s, td, cfg.rateWorkers, cfg.rateDur/4, cfg.rateMax, 64)
 	}
-	rows = append(rows, run(row{id: "P7", workload: fmt.Sprintf("SNI passthrough, new TLS connections/s (full handshake, 64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s", aim: "≥ 1.2×", ratioMin: 1.2, aimFor: "HAProxy", perOp: rateOpBytes},
-		sni, warmRate, rate, false)...)
+	if want("P7-rate") {
+		rows = append(rows, run(row{id: "P7", workload: fmt.Sprintf("SNI passthrough, new TLS connections/s (full handshake, 64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s", aim: "≥ 1.2×", ratioMin: 1.2, aimFor: "HAProxy", perOp: rateOpBytes},
+			sni, warmRate, rate, false)...)
+	}
 
 	pd := dest.plainAddr()
 	plain := []*subject{via(np, "ours", tcpTo(goharness.Loopback(pp.nodePort))), via(h, "HAProxy", tcpTo(goharness.Loopback(hp))), via(n, "nginx", tcpTo(goharness.Loopback(npl)))}
+	if base != nil {
+		plain = append(plain, via(base, "nodeport-proxy base", tcpTo(goharness.Loopback(bp.nodePort))))
+	}
 	for _, dir := range []byte{opDownload, opUpload} {
+		if !want("NP") {
+			break
+		}
 		rows = append(rows, run(row{id: "NP", workload: "NodePort plain TCP relay, 1 stream, " + dirName(dir), unit: "MiB/s", cpuAim: "CPU ≤ 1.0×", cpuRatioMax: 1},
 			plain, warmBulk(pd, 1, cfg.bulk, dir), bulkFn(pd, 1, cfg.bulk, dir), true)...)
 	}
@@ -884,8 +912,13 @@ func nodeportGroup() []*row {
 	pwarm := func(s *subject) (float64, int64, error) {
 		return dialRate(s, pd, cfg.rateWorkers, cfg.rateDur/4, cfg.rateMax, 64)
 	}
-	rows = append(rows, run(row{id: "NP", workload: fmt.Sprintf("NodePort plain TCP relay, new connections/s (64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s", perOp: rateOpBytes},
-		plain, pwarm, prate, false)...)
+	if want("NP-rate") {
+		rows = append(rows, run(row{id: "NP", workload: fmt.Sprintf("NodePort plain TCP relay, new connections/s (64-byte echo, close), %d workers", cfg.rateWorkers), unit: "conn/s", perOp: rateOpBytes},
+			plain, pwarm, prate, false)...)
+	}
+	if !want("P8") {
+		return rows
+	}
 
 	// P8: 64 tunnels over one HTTP/2 connection (tunnel-agent ->
 	// nodeport-proxy) against 64 SNI connections to the same TLS destination.

@@ -518,6 +518,12 @@ const (
 // and a plain one (NodePort + tunneling), with default flags otherwise
 // (extra flags follow the ports).
 func startNodeportProxy(tlsBackend, plainBackend string, extra ...string) (*subject, npPorts, error) {
+	return startNodeportProxyAt(bin(ours, "nodeport-proxy"), tlsBackend, plainBackend, extra...)
+}
+
+// startNodeportProxyAt is startNodeportProxy with the binary given (an
+// older build as the anchor of a before/after run, BENCH_NP_BASE).
+func startNodeportProxyAt(binary, tlsBackend, plainBackend string, extra ...string) (*subject, npPorts, error) {
 	pp := npPorts{sni: pickPort(), tunnel: pickPort(), stats: pickPort(), nodePort: pickPort()}
 	tlsHost, tlsPort := splitHostPort(tlsBackend)
 	plainHost, plainPort := splitHostPort(plainBackend)
@@ -565,7 +571,7 @@ endpointSlices:
 	if err := os.WriteFile(cfg, []byte(table), 0o644); err != nil {
 		return nil, pp, err
 	}
-	p, err := startProc("nodeport-proxy", bin(ours, "nodeport-proxy"), append([]string{
+	p, err := startProc("nodeport-proxy", binary, append([]string{
 		"-config", cfg,
 		"-bind-address", "127.0.0.1",
 		"-envoy-sni-port", strconv.Itoa(pp.sni),

@@ -437,23 +437,28 @@ fn serve_frontend<L: Listener>(
                 d.clone(),
                 core.clone(),
             );
+            // Each kind's connection future is boxed: inline, every
+            // connection's task would be as large as the largest kind's,
+            // whichever kind it serves (16 KiB per idle gRPC tunnel;
+            // BENCHMARKS.md, P5).
             async move {
                 match (mode, tls) {
                     (Mode::Grpc, None) => {
                         let io = frontend::FixAuthority::new(frontend::HoldPreface::new(io));
-                        serve_h2(io, svc, &settings, &d).await
+                        Box::pin(serve_h2(io, svc, &settings, &d)).await
                     }
                     (Mode::Grpc, Some(tls)) => {
-                        if let Some(io) = tls_handshake(&tls, io).await {
-                            serve_h2(frontend::HoldPreface::new(io), svc, &settings, &d).await
+                        if let Some(io) = Box::pin(tls_handshake(&tls, io)).await {
+                            let io = frontend::HoldPreface::new(io);
+                            Box::pin(serve_h2(io, svc, &settings, &d)).await
                         }
                     }
                     (Mode::HttpConnect, None) => {
-                        frontend::http_connect::serve_conn(core, io, source, d).await
+                        Box::pin(frontend::http_connect::serve_conn(core, io, source, d)).await
                     }
                     (Mode::HttpConnect, Some(tls)) => {
-                        if let Some(io) = tls_handshake(&tls, io).await {
-                            frontend::http_connect::serve_conn(core, io, source, d).await
+                        if let Some(io) = Box::pin(tls_handshake(&tls, io)).await {
+                            Box::pin(frontend::http_connect::serve_conn(core, io, source, d)).await
                         }
                     }
                 }
