@@ -279,6 +279,8 @@ pub struct Meter {
     heard: AtomicU64,
     born: Instant,
     want_wake: AtomicBool,
+    /// The controller wants waking once `taken` reaches this.
+    wake_at: AtomicU64,
     waker: AtomicWaker,
     streams: Mutex<Streams>,
 }
@@ -304,6 +306,7 @@ impl Meter {
             heard: AtomicU64::new(0),
             born: Instant::now(),
             want_wake: AtomicBool::new(false),
+            wake_at: AtomicU64::new(0),
             waker: AtomicWaker::new(),
             streams: Mutex::default(),
         })
@@ -311,9 +314,23 @@ impl Meter {
 
     /// A reader took `len` bytes off the connection.
     pub fn record(&self, len: usize) {
-        self.taken.fetch_add(len as u64, Ordering::Relaxed);
-        if self.want_wake.load(Ordering::Relaxed) && self.want_wake.swap(false, Ordering::AcqRel) {
+        let taken = self.taken.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+        if self.want_wake.load(Ordering::Relaxed)
+            && taken >= self.wake_at.load(Ordering::Relaxed)
+            && self.want_wake.swap(false, Ordering::AcqRel)
+        {
             self.waker.wake();
+        }
+    }
+
+    /// Wakes `cx`'s task once readers have taken `at` bytes in all.
+    fn wake_when(&self, cx: &mut Context<'_>, at: u64) {
+        self.waker.register(cx.waker());
+        self.wake_at.store(at, Ordering::Relaxed);
+        self.want_wake.store(true, Ordering::Release);
+        // Data that came in between counts as well.
+        if self.taken() >= at {
+            cx.waker().wake_by_ref();
         }
     }
 
@@ -630,7 +647,8 @@ impl Controller {
             }
         }
         if self.in_flight.is_none() {
-            if taken > self.taken_at_pong && now >= self.next_bdp && self.wants_bdp() {
+            let due = now >= self.next_bdp || self.burst_due(taken, now);
+            if taken > self.taken_at_pong && due && self.wants_bdp() {
                 self.send(PingKind::Bdp, taken, now);
             } else if let Some(k) = self.keepalive
                 && now >= self.keepalive_due(k)
@@ -656,6 +674,27 @@ impl Controller {
     /// When a keepalive PING is due (none in flight).
     fn keepalive_due(&self, k: Keepalive) -> Instant {
         (self.last_heard + k.interval).max(self.last_ping + k.min_gap)
+    }
+
+    /// Readers took a window's worth (two thirds, the mark a round trip must
+    /// carry to count as limited) since the last PONG, so the link may now be
+    /// limited even if the last samples said otherwise: a quiet spell before
+    /// a transfer must not keep the window small for the up to
+    /// [`MAX_BDP_PAUSE`] the backoff reached (with one tunnel uploading 256
+    /// MiB at 10 ms from upstream's server the window stayed at 1 MiB for the
+    /// whole transfer: 68 MiB/s). At most one such PING per
+    /// [`Controller::burst_gap`].
+    fn burst_due(&self, taken: u64, now: Instant) -> bool {
+        taken >= self.burst_mark() && now >= self.last_ping + self.burst_gap()
+    }
+
+    fn burst_mark(&self) -> u64 {
+        self.taken_at_pong + u64::from(self.target) * 2 / 3
+    }
+
+    /// The least pause after a sample that was not the limit (see `sampled`).
+    fn burst_gap(&self) -> Duration {
+        (self.min_rtt.unwrap_or_default() * 4).max(Duration::from_millis(50))
     }
 
     /// Whether a BDP PING could still change anything.
@@ -686,10 +725,10 @@ impl Controller {
             self.next_bdp = Instant::now();
             return self.resize(want);
         }
-        // Not the limit: look again later, less and less often.
+        // Not the limit: look again later, less and less often (or when a
+        // window's worth arrives, `burst_due`).
         self.bdp_pause = (self.bdp_pause * 2)
-            .max(self.min_rtt.unwrap_or_default() * 4)
-            .max(Duration::from_millis(50))
+            .max(self.burst_gap())
             .min(MAX_BDP_PAUSE);
         self.next_bdp = Instant::now() + self.bdp_pause;
         None
@@ -814,13 +853,14 @@ impl Controller {
             if self.wants_bdp() {
                 if taken > self.taken_at_pong {
                     wake = wake.min(self.next_bdp);
-                } else {
-                    self.meter.waker.register(cx.waker());
-                    self.meter.want_wake.store(true, Ordering::Release);
-                    // Data that came in between counts as well.
-                    if self.meter.taken() != taken {
-                        cx.waker().wake_by_ref();
+                    let mark = self.burst_mark();
+                    if taken >= mark {
+                        wake = wake.min(self.last_ping + self.burst_gap());
+                    } else {
+                        self.meter.wake_when(cx, mark);
                     }
+                } else {
+                    self.meter.wake_when(cx, taken + 1);
                 }
             }
         }
@@ -1064,6 +1104,48 @@ mod tests {
         let (peak, read, _server, _client) = upload(&cfg, Duration::ZERO, 24 << 20, None).await;
         assert_eq!(read, 24 << 20);
         assert!(peak <= i64::from(2 * MIB), "peak window {peak}");
+    }
+
+    /// A link that carried only a trickle for a while (every BDP sample
+    /// said "not the limit", so PINGs backed off towards `MAX_BDP_PAUSE`)
+    /// still grows its window as soon as a transfer fills it.
+    #[tokio::test(start_paused = true)]
+    async fn a_transfer_after_a_quiet_spell_grows_the_window_at_once() {
+        let cfg = config(16 * MIB, 1 << 30, None);
+        let (client_io, server_io, _frozen) = delayed_link(Duration::from_millis(10));
+        let (read_tx, mut read) = tokio::sync::watch::channel(0u64);
+        let drain = crate::drain::Drain::new();
+        let (svc, c) = (Sink(Arc::new(read_tx)), cfg.clone());
+        let _server = tokio::spawn(async move { serve(server_io, svc, &c, &drain).await });
+        let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::post("http://test/").body(()).unwrap();
+        let (_resp, mut send) = client.send_request(req, false).unwrap();
+        let mut sent = 0u64;
+        // The quiet spell: 16 KiB every 200 ms for 10 s.
+        for _ in 0..50 {
+            send.send_data(Bytes::from(vec![7u8; 16 << 10]), false)
+                .unwrap();
+            sent += 16 << 10;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        read.wait_for(|n| *n >= sent).await.unwrap();
+        assert_eq!(cfg.stats.connection_windows(), i64::from(MIB));
+        // The transfer: 96 MiB, a second at 1 MiB per 10 ms.
+        let chunk = Bytes::from(vec![7u8; 256 << 10]);
+        let end = sent + (96 << 20);
+        let mut peak = 0;
+        while sent < end {
+            send.reserve_capacity(chunk.len());
+            if let Some(Ok(n)) = std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                let n = n.min(chunk.len());
+                send.send_data(chunk.slice(..n), false).unwrap();
+                sent += n as u64;
+            }
+            peak = peak.max(cfg.stats.connection_windows());
+        }
+        read.wait_for(|n| *n >= sent).await.unwrap();
+        assert!(peak >= i64::from(8 * MIB), "peak window {peak}");
     }
 
     /// A tunneling connection's start (256 KiB streams, 1 MiB connection):
