@@ -522,10 +522,10 @@ func releaseSinks() {
 // gauges every 100 ms while a transfer runs and logs their largest values
 // when the returned stop is called.
 func traceWindows(s *subject) func() {
-	if os.Getenv("BENCH_P10_TRACE") == "" || s.serverAdmin == "" {
+	if os.Getenv("BENCH_P10_TRACE") == "" || (s.serverAdmin == "" && s.agentAdmin == "") {
 		return func() {}
 	}
-	names := []struct{ addr, name string }{
+	all := []struct{ addr, name string }{
 		{s.serverAdmin, "konnectivity_network_proxy_server_flow_control_window_bytes"},
 		{s.serverAdmin, "konnectivity_network_proxy_server_http2_window_bytes"},
 		{s.serverAdmin, "konnectivity_network_proxy_server_flow_control_parked_bytes"},
@@ -534,6 +534,13 @@ func traceWindows(s *subject) func() {
 		{s.agentAdmin, "konnectivity_network_proxy_agent_http2_window_bytes"},
 		{s.agentAdmin, "konnectivity_network_proxy_agent_flow_control_parked_bytes"},
 		{s.agentAdmin, "konnectivity_network_proxy_agent_flow_control_reserved_bytes"},
+	}
+	// Only our processes have these gauges (either side may be upstream's).
+	var names []struct{ addr, name string }
+	for _, n := range all {
+		if n.addr != "" {
+			names = append(names, n)
+		}
 	}
 	peak := make([]float64, len(names))
 	var series [][]float64
