@@ -384,7 +384,6 @@ pub async fn slowloris(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         ("6443 (SNI)", Kind::Sni, rig.addrs.sni),
         ("8088 (tunneling)", Kind::Connect, rig.addrs.tunnel),
     ] {
-        let before = status_kib(pid, "VmRSS");
         let flood = silent(addr, limit).await;
         let full = status_kib(pid, "VmRSS");
         // The attacker goes on opening half-open connections.
@@ -466,10 +465,13 @@ pub async fn slowloris(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         report.figure(
             section,
             format!("{name}: nodeport-proxy RSS with {limit} half-open connections"),
+            // Against the RSS before any flood: the second flood reuses what
+            // the allocator kept from the first, so "just before it" said 0.
             format!(
-                "{} ({:.1} KiB each)",
+                "{} ({:.1} KiB each over the idle {})",
                 mib(full),
-                full.saturating_sub(before) as f64 / limit as f64
+                full.saturating_sub(idle) as f64 / limit as f64,
+                mib(idle)
             ),
             String::new(),
         );
