@@ -113,7 +113,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             // run's time: every path is the same at any length.
             dial_timeout: Duration::from_millis(200),
             conn_queue: 2,
-            stall_timeout: Duration::from_millis(5),
+            stall_timeout: Duration::from_millis(1),
             // 127.0.0.2 is outside: dials there are refused before connecting.
             policy: Arc::new(
                 crate::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
