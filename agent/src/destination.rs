@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use tokio::io::{AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::net::{TcpStream, tcp};
-use tokio::time::Instant;
 use tokio_util::either::Either;
 
 use crate::dial::{self, DialError};
@@ -54,13 +53,10 @@ impl Dialer {
                 .await
                 .map(Destination::Tcp),
             Dialer::Memory(connect) => {
-                let deadline = Instant::now() + timeout;
-                let addrs = dial::allowed_addresses(protocol, address, deadline, policy).await?;
-                dial::connect_first(protocol, address, &addrs, deadline, |a| {
-                    std::future::ready(connect(a).map(|pipe| (pipe, a)))
+                dial::dial_via(protocol, address, timeout, policy, |a| {
+                    std::future::ready(connect(a).map(|pipe| Destination::Memory(pipe, a)))
                 })
                 .await
-                .map(|(pipe, a)| Destination::Memory(pipe, a))
             }
         }
     }

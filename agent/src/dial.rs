@@ -152,9 +152,7 @@ pub async fn dial(
     timeout: Duration,
     policy: &DestinationPolicy,
 ) -> Result<TcpStream, DialError> {
-    let deadline = Instant::now() + timeout;
-    let addrs = allowed_addresses(protocol, address, deadline, policy).await?;
-    connect_first(protocol, address, &addrs, deadline, |a| async move {
+    dial_via(protocol, address, timeout, policy, |a| async move {
         let s = TcpStream::connect(a).await?;
         let _ = s.set_nodelay(true);
         Ok(s)
@@ -162,9 +160,27 @@ pub async fn dial(
     .await
 }
 
+/// [`dial`] with `connect` in place of TCP's: the same checks, policy,
+/// deadline and wording whatever the transport.
+pub(crate) async fn dial_via<S, F, Fut>(
+    protocol: &str,
+    address: &str,
+    timeout: Duration,
+    policy: &DestinationPolicy,
+    connect: F,
+) -> Result<S, DialError>
+where
+    F: Fn(SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = io::Result<S>>,
+{
+    let deadline = Instant::now() + timeout;
+    let addrs = allowed_addresses(protocol, address, deadline, policy).await?;
+    connect_first(protocol, address, &addrs, deadline, connect).await
+}
+
 /// What a dial may try, in order: the network and address checked, the host
 /// resolved before `deadline`, and what `policy` refuses taken out.
-pub(crate) async fn allowed_addresses(
+async fn allowed_addresses(
     protocol: &str,
     address: &str,
     deadline: Instant,
@@ -224,7 +240,7 @@ pub(crate) async fn allowed_addresses(
 
 /// Tries `connect` on each address until one answers or `deadline` passes;
 /// a failure is worded after the first address that failed, as Go does.
-pub(crate) async fn connect_first<S, F, Fut>(
+async fn connect_first<S, F, Fut>(
     protocol: &str,
     address: &str,
     addrs: &[SocketAddr],

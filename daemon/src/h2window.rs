@@ -993,6 +993,28 @@ mod tests {
         }
     }
 
+    /// A client connection to `cfg` served at the far end of a link of
+    /// `rtt`: the client, the bytes the server read so far, the server's
+    /// task and the link's freeze switch.
+    async fn connect(
+        cfg: &H2Config,
+        rtt: Duration,
+    ) -> (
+        h2::client::SendRequest<Bytes>,
+        tokio::sync::watch::Receiver<u64>,
+        tokio::task::JoinHandle<()>,
+        Arc<AtomicBool>,
+    ) {
+        let (client_io, server_io, frozen) = delayed_link(rtt);
+        let (read_tx, read) = tokio::sync::watch::channel(0u64);
+        let drain = crate::drain::Drain::new();
+        let (svc, c) = (Sink(Arc::new(read_tx)), cfg.clone());
+        let server = tokio::spawn(async move { serve(server_io, svc, &c, &drain).await });
+        let (client, conn) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(conn);
+        (client, read, server, frozen)
+    }
+
     /// Serves `cfg` at the far end of a link of `rtt`; the client uploads
     /// `total` bytes on one stream (or freezes the link after
     /// `freeze_after`). Returns the largest connection window seen while the
@@ -1009,13 +1031,7 @@ mod tests {
         tokio::task::JoinHandle<()>,
         h2::client::SendRequest<Bytes>,
     ) {
-        let (client_io, server_io, frozen) = delayed_link(rtt);
-        let (read_tx, mut read) = tokio::sync::watch::channel(0u64);
-        let drain = crate::drain::Drain::new();
-        let (svc, c) = (Sink(Arc::new(read_tx)), cfg.clone());
-        let server = tokio::spawn(async move { serve(server_io, svc, &c, &drain).await });
-        let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
-        tokio::spawn(conn);
+        let (mut client, mut read, server, frozen) = connect(cfg, rtt).await;
         let stats = cfg.stats.clone();
         let peak = Arc::new(AtomicI64::new(0));
         let watch = {
@@ -1112,13 +1128,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_transfer_after_a_quiet_spell_grows_the_window_at_once() {
         let cfg = config(16 * MIB, 1 << 30, None);
-        let (client_io, server_io, _frozen) = delayed_link(Duration::from_millis(10));
-        let (read_tx, mut read) = tokio::sync::watch::channel(0u64);
-        let drain = crate::drain::Drain::new();
-        let (svc, c) = (Sink(Arc::new(read_tx)), cfg.clone());
-        let _server = tokio::spawn(async move { serve(server_io, svc, &c, &drain).await });
-        let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
-        tokio::spawn(conn);
+        let (mut client, mut read, _server, _frozen) =
+            connect(&cfg, Duration::from_millis(10)).await;
         let req = http::Request::post("http://test/").body(()).unwrap();
         let (_resp, mut send) = client.send_request(req, false).unwrap();
         let mut sent = 0u64;

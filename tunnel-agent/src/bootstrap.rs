@@ -442,11 +442,11 @@ fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
         .kind
         .as_deref()
         .ok_or_else(|| invalid(&path, "no \"@type\""))?;
+    // `only` saw the required fields; these name one should it ever not.
+    let missing = |f: &str| invalid(&path, format!("missing field `{f}`"));
     match kind {
         TCP_PROXY => {
             c.only(TCP_PROXY_FIELDS).map_err(|e| invalid(&path, e))?;
-            // `only` saw both fields; these name them should it ever not.
-            let missing = |f: &str| invalid(&path, format!("missing field `{f}`"));
             let cluster = c.cluster.as_ref().ok_or_else(|| missing("cluster"))?;
             let tunneling =
                 (c.tunneling_config.as_ref()).ok_or_else(|| missing("tunneling_config"))?;
@@ -459,7 +459,6 @@ fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
         }
         HCM => {
             c.only(HCM_FIELDS).map_err(|e| invalid(&path, e))?;
-            let missing = |f: &str| invalid(&path, format!("missing field `{f}`"));
             let route_config = (c.route_config.as_ref()).ok_or_else(|| missing("route_config"))?;
             let http_filters = (c.http_filters.as_ref()).ok_or_else(|| missing("http_filters"))?;
             match http_filters.as_slice() {

@@ -84,6 +84,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for HoldPreface<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.holding() {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
         let before = buf.filled().len();
         let r = ready!(Pin::new(&mut self.inner).poll_read(cx, buf));
         let n = buf.filled().len() - before;
@@ -175,12 +178,11 @@ mod tests {
 
     impl AsyncWrite for Recorder {
         fn poll_write(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
             buf: &[u8],
         ) -> Poll<io::Result<usize>> {
-            self.writes.push(buf.to_vec());
-            Poll::Ready(Ok(buf.len()))
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
         }
         fn poll_write_vectored(
             mut self: Pin<&mut Self>,
