@@ -156,6 +156,21 @@ func distanceGroup() []*row {
 	med := map[key][]float64{}
 	// Debugging aid: BENCH_P10_SKIP=matrix,tunnels,stalled leaves those parts out.
 	skip := os.Getenv("BENCH_P10_SKIP")
+	// Debugging aids: BENCH_P10_PAIRINGS=1,3 keeps those pairings (indexes
+	// into pairings; keep 3, the anchor, last); BENCH_P10_CELLS=16up,1do
+	// keeps those tunnel counts and directions (do: download, up: upload).
+	if v := os.Getenv("BENCH_P10_PAIRINGS"); v != "" {
+		var keep []pairing
+		for _, f := range strings.Split(v, ",") {
+			if i, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && i >= 0 && i < len(pairings) {
+				keep = append(keep, pairings[i])
+			}
+		}
+		if len(keep) > 1 {
+			pairings = keep
+		}
+	}
+	cells := os.Getenv("BENCH_P10_CELLS")
 	matrix := dc.rtts
 	if strings.Contains(skip, "matrix") {
 		matrix = nil
@@ -194,6 +209,9 @@ func distanceGroup() []*row {
 				size = dc.many
 			}
 			for _, dir := range []byte{opDownload, opUpload} {
+				if cells != "" && !strings.Contains(","+cells+",", fmt.Sprintf(",%d%s,", conns, dirName(dir)[:2])) {
+					continue
+				}
 				what := fmt.Sprintf("%d tunnel%s bulk %s, %s RTT on the server↔agent link (relay; ping-pong %s), HTTP-CONNECT over UDS",
 					conns, plural(conns), dirName(dir), rtt, goharness.FormatRTT(measured[rtt]))
 				tmpl := row{id: "P10", workload: what, unit: "MiB/s", aim: "≥ 1.0×", ratioMin: 1}
