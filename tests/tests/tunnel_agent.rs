@@ -602,3 +602,161 @@ async fn debug_connections_lists_live_and_closed_tunnels() {
     drop(c);
     agent.shutdown().await;
 }
+
+/// A rolling update of nodeport-proxy: the old pod drains (GOAWAY, its
+/// long-lived tunnels run on for the drain period) while a new pod serves
+/// the same address. New local connections must go to the new pod at once,
+/// as Envoy's connection pool does after a GOAWAY, not wait out the old
+/// pod's drain on a connection that takes no new streams.
+#[tokio::test]
+async fn a_draining_seed_is_replaced_for_new_tunnels_while_old_ones_run_on() {
+    let echo = dest::echo().await;
+    let inv = inventory(
+        vec![service(
+            "cluster-a",
+            "openvpn-server",
+            "Tunneling",
+            "ClusterIP",
+            &[("secure", 1194, 0)],
+        )],
+        vec![slices(
+            "cluster-a",
+            "openvpn-server",
+            "secure",
+            &[(echo, true)],
+        )],
+    );
+    let mut old_cfg = test_config();
+    // Longer than this test waits for the new pod to serve.
+    old_cfg.drain_timeout = Duration::from_secs(60);
+    let old = start_proxy(&inv, vec![], old_cfg).await;
+    let local = loopback().await;
+    let addr = local.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: old.tunnel.port(),
+        listeners: vec![spec(&local, "openvpn-server.cluster-a.svc.cluster.local:1194")],
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = agent_on(config, local).await;
+    async fn exchange(s: &mut TcpStream, msg: &[u8]) {
+        s.write_all(msg).await.unwrap();
+        let mut back = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(15), s.read_exact(&mut back))
+            .await
+            .expect("no echo within 15 s")
+            .unwrap();
+        assert_eq!(back, msg);
+    }
+    let mut held = TcpStream::connect(addr).await.unwrap();
+    exchange(&mut held, b"held open").await;
+
+    // The old pod starts draining; once its listener is gone, the new pod
+    // takes the address.
+    let tunnel_port = old.tunnel.port();
+    let old = std::sync::Arc::new(old);
+    let draining = {
+        let old = old.clone();
+        tokio::spawn(async move { old.proxy.shutdown().await })
+    };
+    let again = integration_tests::eventually_some(
+        "the old pod's tunnel listener closed",
+        Duration::from_secs(10),
+        || async { TcpListener::bind(("127.0.0.1", tunnel_port)).await.ok() },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.json");
+    std::fs::write(&file, inv.to_string()).unwrap();
+    let mut cfg = test_config();
+    cfg.source = nodeport_proxy::TableSource::File(file);
+    let new = nodeport_proxy::NodePortProxy::start(
+        cfg,
+        nodeport_proxy::Listeners {
+            tunneling: Some(again),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+
+    // A new connection is served by the new pod, well before the old pod's
+    // drain ends.
+    let mut fresh = TcpStream::connect(addr).await.unwrap();
+    exchange(&mut fresh, b"served by the new pod").await;
+    assert!(!draining.is_finished(), "the old pod stopped draining early");
+    let served = new.metrics_text();
+    assert!(
+        served.contains(
+            "envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix=\"ingress_http\"} 1\n"
+        ),
+        "the new pod must have served the new tunnel: {served}"
+    );
+    // The tunnel opened before the drain runs on, on the old pod.
+    exchange(&mut held, b"still served by the old pod").await;
+    drop((held, fresh));
+    assert!(draining.await.unwrap(), "the old pod's drain did not end cleanly");
+    assert!(agent.shutdown().await);
+    new.shutdown().await;
+}
+
+/// A stream the seed refuses with REFUSED_STREAM (it did not process it) is
+/// opened once more, and the local connection is served by the second.
+#[tokio::test]
+async fn a_refused_stream_is_opened_again() {
+    let seed = loopback().await;
+    let seed_port = seed.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (io, _) = seed.accept().await.unwrap();
+        let mut conn = h2::server::handshake(io).await.unwrap();
+        let mut first = true;
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            if std::mem::take(&mut first) {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+                continue;
+            }
+            // Echo the tunnel's bytes back.
+            tokio::spawn(async move {
+                let mut send = respond
+                    .send_response(http::Response::new(()), false)
+                    .unwrap();
+                let mut body = req.into_body();
+                while let Some(Ok(data)) = body.data().await {
+                    let _ = body.flow_control().release_capacity(data.len());
+                    send.reserve_capacity(data.len());
+                    if send.send_data(data, false).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let local = loopback().await;
+    let addr = local.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: seed_port,
+        listeners: vec![spec(&local, "x.ns.svc.cluster.local:1")],
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = agent_on(config, local).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"once more").await.unwrap();
+    let mut back = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(15), s.read_exact(&mut back))
+        .await
+        .expect("no echo within 15 s")
+        .unwrap();
+    assert_eq!(&back, b"once more");
+    let metrics = agent.metrics_text();
+    for series in [
+        "envoy_cluster_upstream_rq_retry{envoy_cluster_name=\"proxy_cluster\"} 1\n",
+        "envoy_cluster_upstream_rq_total{envoy_cluster_name=\"proxy_cluster\"} 2\n",
+    ] {
+        assert!(metrics.contains(series), "{series}: {metrics}");
+    }
+    drop(s);
+    agent.shutdown().await;
+}

@@ -61,6 +61,24 @@ enum TunnelError {
     Refused(StatusCode, ConnectAuthority),
 }
 
+impl TunnelError {
+    /// Whether the seed left the stream unprocessed, so that opening it
+    /// again is safe: `Some(true)` when the connection is going away
+    /// (GOAWAY), `Some(false)` when only the stream was refused.
+    fn unprocessed(&self) -> Option<bool> {
+        let (Self::Open(e) | Self::Answer(e)) = self else {
+            return None;
+        };
+        if e.is_go_away() && e.is_remote() {
+            Some(true)
+        } else if e.is_remote() && e.reason() == Some(h2::Reason::REFUSED_STREAM) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+}
+
 /// One running tunnel listener.
 struct Running {
     authority: watch::Sender<ConnectAuthority>,
@@ -374,28 +392,39 @@ async fn tunnel(
         )),
     }
     let timeout = config.connect_timeout;
-    let mut current = inner.current.clone();
-    let seed = seed::ready(&mut current, timeout)
-        .await
-        .ok_or(TunnelError::NoSeed(timeout))?;
-    let mut send = seed.send;
-    let mut req = Request::new(());
-    *req.method_mut() = Method::CONNECT;
-    *req.uri_mut() = http::Uri::try_from(authority.to_string())
+    let uri = http::Uri::try_from(authority.to_string())
         .map_err(|_| TunnelError::Refused(StatusCode::BAD_REQUEST, authority.clone()))?;
-    let (answer, stream) = send.send_request(req, false).map_err(TunnelError::Open)?;
-    drop(send);
-    inner.metrics.rq_total.increment(1);
-    let resp = tokio::time::timeout(timeout, answer)
-        .await
-        .map_err(|_| TunnelError::AnswerTimeout(timeout))?
-        .map_err(TunnelError::Answer)?;
+    let mut current = inner.current.clone();
+    // A stream the seed did not process (opened after its GOAWAY, or
+    // refused with REFUSED_STREAM) is opened once more, on a new
+    // connection if the old one is going away, as Envoy retries such
+    // streams. Anything else fails the local connection.
+    let mut retried = false;
+    let (resp, stream, meter) = loop {
+        let seed = seed::ready(&mut current, timeout)
+            .await
+            .ok_or(TunnelError::NoSeed(timeout))?;
+        match open(&seed, uri.clone(), timeout, inner).await {
+            Ok((resp, stream)) => break (resp, stream, seed.meter.clone()),
+            Err(e) => match e.unprocessed() {
+                Some(go_away) if !retried => {
+                    if go_away {
+                        seed.going_away();
+                    }
+                    retried = true;
+                    inner.metrics.rq_retry.increment(1);
+                    tracing::debug!(%authority, error = %e, "opening the CONNECT stream again");
+                }
+                _ => return Err(e),
+            },
+        }
+    };
     if resp.status() != StatusCode::OK {
         return Err(TunnelError::Refused(resp.status(), authority.clone()));
     }
     inner.metrics.rq_active.increment(1.0);
     conn.set_state("established");
-    let io = H2Io::metered(stream, resp.into_body(), &seed.meter);
+    let io = H2Io::metered(stream, resp.into_body(), &meter);
     let options = RelayOptions {
         buffer_size: config.buffer_size,
         idle_timeout: Some(config.idle_timeout).filter(|d| !d.is_zero()),
@@ -412,6 +441,30 @@ async fn tunnel(
     inner.metrics.rq_active.decrement(1.0);
     tracing::debug!(%authority, reason = end.reason(), from_client = bytes.from_client, from_upstream = bytes.from_upstream, "tunnel closed");
     Ok(())
+}
+
+/// Opens one CONNECT stream on `seed` and waits up to `timeout` for its
+/// answer.
+async fn open(
+    seed: &seed::Seed,
+    uri: http::Uri,
+    timeout: std::time::Duration,
+    inner: &Inner,
+) -> Result<(http::Response<h2::RecvStream>, h2::SendStream<bytes::Bytes>), TunnelError> {
+    let mut req = Request::new(());
+    *req.method_mut() = Method::CONNECT;
+    *req.uri_mut() = uri;
+    let (answer, stream) = seed
+        .send
+        .clone()
+        .send_request(req, false)
+        .map_err(TunnelError::Open)?;
+    inner.metrics.rq_total.increment(1);
+    let resp = tokio::time::timeout(timeout, answer)
+        .await
+        .map_err(|_| TunnelError::AnswerTimeout(timeout))?
+        .map_err(TunnelError::Answer)?;
+    Ok((resp, stream))
 }
 
 /// Serves until `shutdown` resolves, then shuts down gracefully.

@@ -22,6 +22,7 @@ pub struct AgentMetrics {
     pub cx_connect_fail: Counter,
     pub cx_destroy_keepalive: Counter,
     pub rq_total: Counter,
+    pub rq_retry: Counter,
     pub rq_active: Gauge,
     pub rq_failed: Counter,
     pub upstream_rx_bytes: Counter,
@@ -71,6 +72,10 @@ impl AgentMetrics {
             "Seed connections dropped by the PING keepalive.",
         );
         r.describe_counter("envoy_cluster_upstream_rq_total", "CONNECT streams opened.");
+        r.describe_counter(
+            "envoy_cluster_upstream_rq_retry",
+            "CONNECT streams opened again because the seed refused or did not process them (GOAWAY, REFUSED_STREAM).",
+        );
         r.describe_gauge("envoy_cluster_upstream_rq_active", "Open CONNECT streams.");
         r.describe_counter(
             "envoy_cluster_upstream_rq_pending_failure_eject",
@@ -134,6 +139,7 @@ impl AgentMetrics {
             cx_connect_fail: r.counter("envoy_cluster_upstream_cx_connect_fail", &c),
             cx_destroy_keepalive: r.counter("envoy_cluster_upstream_cx_destroy_with_active_rq", &c),
             rq_total: r.counter("envoy_cluster_upstream_rq_total", &c),
+            rq_retry: r.counter("envoy_cluster_upstream_rq_retry", &c),
             rq_active: r.gauge("envoy_cluster_upstream_rq_active", &c),
             rq_failed: r.counter("envoy_cluster_upstream_rq_pending_failure_eject", &c),
             upstream_rx_bytes: r.counter("envoy_cluster_upstream_cx_rx_bytes_total", &c),

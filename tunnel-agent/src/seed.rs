@@ -3,7 +3,12 @@
 //! resolved and dialled again after every loss with exponential back-off and
 //! jitter. A new configuration naming another seed (or other PING or window
 //! settings) starts a new connection; tunnels on the old one run on until
-//! they end. Its receive windows follow the link (`daemon::h2window`).
+//! they end. So does a GOAWAY from the seed (a nodeport-proxy pod draining
+//! in a rolling update): h2's client shows it only as an error when the next
+//! stream is opened, and the connection stays open while its streams run, so
+//! the first tunnel to meet the error asks for a new connection (Envoy's
+//! connection pool does the same on GOAWAY). Its receive windows follow the
+//! link (`daemon::h2window`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +18,7 @@ use daemon::drain::Drain;
 use daemon::h2window::{Action, Controller, Keepalive, Meter, Pool, Start};
 use h2::client::SendRequest;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::config::AgentConfig;
 use crate::http_proxy::{HttpProxy, ProxyError, SeedIo};
@@ -48,6 +53,15 @@ pub enum SeedError {
 pub struct Seed {
     pub send: SendRequest<Bytes>,
     pub meter: Arc<Meter>,
+    going_away: Arc<Notify>,
+}
+
+impl Seed {
+    /// This connection takes no new streams (the seed sent GOAWAY): new
+    /// tunnels get a new connection while open ones finish on this one.
+    pub fn going_away(&self) {
+        self.going_away.notify_one();
+    }
 }
 
 /// The current connection, if any; tunnels wait on it.
@@ -104,11 +118,23 @@ pub async fn maintain(
                     }
                 }
                 let meter = Meter::new();
+                let going_away = Arc::new(Notify::new());
                 current.send_replace(Some(Seed {
                     send,
                     meter: meter.clone(),
+                    going_away: going_away.clone(),
                 }));
-                let end = drive(conn, meter, start, &cfg, &mut config, &metrics, &drain).await;
+                let end = drive(
+                    conn,
+                    meter,
+                    &going_away,
+                    start,
+                    &cfg,
+                    &mut config,
+                    &metrics,
+                    &drain,
+                )
+                .await;
                 current.send_replace(None);
                 if drain.is_stopping() {
                     metrics.cx_active.decrement(1.0);
@@ -117,7 +143,8 @@ pub async fn maintain(
                 match end.retired {
                     Some(conn) => {
                         tracing::info!(
-                            "seed proxy settings changed; new tunnels use a new connection, open ones finish on the old"
+                            reason = %end.reason,
+                            "new tunnels use a new connection to the seed proxy, open ones finish on the old"
                         );
                         tokio::spawn(retire(conn, metrics.clone(), drain.clone()));
                         backoff = cfg.backoff_initial;
@@ -227,9 +254,11 @@ struct End {
 /// Runs the connection until it fails, a PING times out, the seed settings
 /// change, or the agent stops. However long it idles, it is kept. PINGs
 /// (keepalive, and to size the windows) and window changes are driven here.
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     mut conn: Connection,
     meter: Arc<Meter>,
+    going_away: &Notify,
     start: Start,
     cfg: &AgentConfig,
     config: &mut watch::Receiver<Arc<AgentConfig>>,
@@ -281,6 +310,7 @@ async fn drive(
                 }
             },
             _ = &mut replaced => break ("seed settings changed".into(), true),
+            _ = going_away.notified() => break ("the seed proxy sent GOAWAY".into(), true),
             _ = drain.stopping() => break ("agent stopping".into(), false),
         }
     };
@@ -295,16 +325,24 @@ async fn drive(
 pub async fn ready(current: &mut Current, timeout: Duration) -> Option<Seed> {
     tokio::time::timeout(timeout, async {
         loop {
-            let seed = current.wait_for(Option::is_some).await.ok()?.clone()?;
-            match seed.send.ready().await {
+            let Seed {
+                send,
+                meter,
+                going_away,
+            } = current.wait_for(Option::is_some).await.ok()?.clone()?;
+            match send.ready().await {
                 Ok(send) => {
                     return Some(Seed {
                         send,
-                        meter: seed.meter,
+                        meter,
+                        going_away,
                     });
                 }
-                // This connection is going away; wait for the next one.
-                Err(_) => {
+                // This connection takes no new streams; wait for the next.
+                Err(e) => {
+                    if e.is_go_away() {
+                        going_away.notify_one();
+                    }
                     let _ = current.changed().await;
                 }
             }
