@@ -49,6 +49,11 @@ func distanceCfg() distanceSizes {
 			}
 		}
 	}
+	// BENCH_P10_REPEATS=5: more interleaved repeats, for cells whose
+	// pairings are within noise of each other.
+	if v, err := strconv.Atoi(os.Getenv("BENCH_P10_REPEATS")); err == nil && v > 0 {
+		dc.repeats = v
+	}
 	// Debugging aid (and for a shared machine): BENCH_P10_SCALE=2 halves
 	// every transfer.
 	if v, err := strconv.Atoi(os.Getenv("BENCH_P10_SCALE")); err == nil && v > 1 {
