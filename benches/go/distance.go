@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strconv"
@@ -475,9 +476,34 @@ func stalledOnce(s *subject, dc distanceSizes) (float64, string, error) {
 		besideNote = fmt.Sprintf("only %.0f of %d MiB within %s", float64(moved)/mib, dc.othersSize/mib, dc.othersLimit)
 	}
 	wg.Wait()
-	note := fmt.Sprintf("solo %.0f MiB/s, beside the stalled %s; the stalled tunnels took %.0f MiB from their clients; RSS growth while stalled %.0f MiB (%s)%s",
-		solo, besideNote, float64(last)/mib, float64(stalledAt-base)/1024, strings.Join(growth, ", "), parked)
+	closeAll(conns)
+	note := fmt.Sprintf("solo %.0f MiB/s, beside the stalled %s; the stalled tunnels took %.0f MiB from their clients; RSS growth while stalled %.0f MiB (%s)%s; %s",
+		solo, besideNote, float64(last)/mib, float64(stalledAt-base)/1024, strings.Join(growth, ", "), parked, givenBack(s, perProc))
 	return 100 * beside / solo, note, nil
+}
+
+// givenBack is each process's lowest RSS over base within 15 s after the
+// stalled tunnels closed: whether what the load took is given back
+// (jemalloc returns freed pages after its 10 s decay).
+func givenBack(s *subject, base []int64) string {
+	low := make([]int64, len(s.procs))
+	for i := range low {
+		low[i] = math.MaxInt64
+	}
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		for i, p := range s.procs {
+			if r, _ := memKiB(goharness.Tree(p.Pid())); r > 0 {
+				low[i] = min(low[i], r)
+			}
+		}
+	}
+	var parts []string
+	for i, p := range s.procs {
+		if low[i] != math.MaxInt64 {
+			parts = append(parts, fmt.Sprintf("%s %+.0f MiB", p.Name, float64(low[i]-base[i])/1024))
+		}
+	}
+	return "after they closed, lowest RSS within 15 s over that before them: " + strings.Join(parts, ", ")
 }
 
 // parkedBytes reads our flow-control metrics (ours only; upstream has none).
