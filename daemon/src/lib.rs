@@ -19,6 +19,7 @@ pub mod gometrics;
 pub mod h2grpc;
 pub mod h2io;
 pub mod h2window;
+pub mod hangup;
 pub mod keepalive;
 #[cfg(feature = "kubernetes")]
 pub mod lease;

@@ -171,7 +171,7 @@ impl<IO: Reset> Reset for tokio_rustls::server::TlsStream<IO> {
 
 /// Something that accepts connections.
 pub trait Listener: Send + Sync + 'static {
-    type Io: AsyncRead + AsyncWrite + Reset + Send + Unpin + 'static;
+    type Io: AsyncRead + AsyncWrite + Reset + crate::hangup::SplitConn + Send + Unpin + 'static;
     fn accept(&self) -> impl Future<Output = io::Result<(Self::Io, String)>> + Send;
     /// The bound address, for logs.
     fn local(&self) -> String;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use integration_tests::certs::Pki;
-use integration_tests::client::{grpc_dial, open_stream};
+use integration_tests::client::{grpc_dial, http_connect, open_stream};
 use integration_tests::dest;
 use integration_tests::h2raw;
 use integration_tests::konnectivity::{ServerOpts, Stack, init_logging, raw_agent, start_server};
@@ -402,4 +402,56 @@ async fn header_bombs_on_the_unix_socket_get_http2_errors() {
         }
     }
     still_serves(&stack).await;
+}
+
+/// A client that goes away while its upload is held back (the destination
+/// stopped reading, so the server stopped reading the client, whose end of
+/// stream now sits behind unread bytes) is noticed on the Unix socket: the
+/// tunnel ends and the agent closes the destination, instead of both being
+/// held, with their windows, until the agent's connection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_behind_a_held_back_upload_ends_its_tunnel() {
+    let stack = Stack::start(ServerOpts {
+        mode: proxy_server::Mode::HttpConnect,
+        ..Default::default()
+    })
+    .await;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = tokio::spawn(async move { l.accept().await.unwrap().0 });
+    let r = http_connect(&stack.server.frontend, &addr.to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    let mut client = r.stream;
+    // Not read until the tunnel has ended.
+    let mut dest = accepted.await.unwrap();
+    let chunk = vec![7u8; 64 << 10];
+    let mut sent = 0usize;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), client.write_all(&chunk)).await {
+            Ok(r) => r.unwrap(),
+            Err(_) => break,
+        }
+        sent += chunk.len();
+        assert!(sent < 1 << 30, "the upload was never held back");
+    }
+    assert_eq!(stack.server.handle.established(), 1);
+    drop(client);
+    integration_tests::eventually("the tunnel ended", Duration::from_secs(15), || async {
+        stack.server.handle.established() == 0
+    })
+    .await;
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), dest.read_to_end(&mut got))
+        .await
+        .expect("the agent did not close the destination")
+        .unwrap();
+    assert!(got.len() <= sent + chunk.len());
+    // The agent's other tunnels are served.
+    let echo = dest::echo().await;
+    let mut r = http_connect(&stack.server.frontend, &echo.to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    r.stream.write_all(b"alive").await.unwrap();
+    let mut back = [0u8; 5];
+    r.stream.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"alive");
 }

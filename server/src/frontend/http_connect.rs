@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use daemon::chunks::ChunkReader;
 use daemon::drain::Drain;
+use daemon::hangup::{Hangup, SplitConn, hung_up};
 use daemon::listen::Reset;
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
@@ -25,6 +26,11 @@ use crate::core::{Core, DialRefused};
 use crate::frontend::connect_head::{Head, HeadError, method_not_allowed, parse_head};
 use crate::limits::{MAX_CONNECT_HEAD as MAX_HEAD, MAX_EARLY_DATA};
 use crate::tunnel::{Abort, FrontendQueue, Tunnel, TunnelState};
+
+/// How long a tunnel is held back before its client's connection is watched
+/// for a hang-up: a wait this long is a stalled destination, not a round
+/// trip, and the watch costs a descriptor and a registration.
+const HANGUP_WATCH_AFTER: Duration = Duration::from_secs(1);
 
 /// How long a client may take to send its request head (Go's ReadHeaderTimeout).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -98,7 +104,7 @@ pub async fn serve_conn<IO>(
     source: Option<std::net::SocketAddr>,
     drain: Drain,
 ) where
-    IO: AsyncRead + AsyncWrite + Reset + Unpin + Send,
+    IO: SplitConn + Reset,
 {
     let gauge = core.metrics.http_connections.clone();
     gauge.increment(1.0);
@@ -168,7 +174,7 @@ async fn serve_inner<IO>(
     drain: &Drain,
 ) -> Ending
 where
-    IO: AsyncRead + AsyncWrite + Unpin + Send,
+    IO: SplitConn,
 {
     // Only the bytes received so far are held while a client sends its head.
     let mut buf = BytesMut::new();
@@ -238,9 +244,9 @@ async fn run_tunnel<IO>(
     drain: &Drain,
 ) -> Ending
 where
-    IO: AsyncRead + AsyncWrite + Unpin + Send,
+    IO: SplitConn,
 {
-    let (rd, wr) = tokio::io::split(io);
+    let (rd, wr) = io.split_conn();
     let (est_tx, est_rx) = watch::channel(None);
     tokio::select! {
         e = write_loop(core, tunnel, queue, wr, est_tx) => e,
@@ -354,7 +360,7 @@ async fn read_loop<R>(
     early: BytesMut,
     mut est_rx: watch::Receiver<Option<(Arc<Backend>, ConnectId)>>,
 ) where
-    R: AsyncRead + Unpin,
+    R: AsyncRead + Hangup + Unpin,
 {
     let mut reader = ChunkReader::new();
     let mut early = early;
@@ -384,10 +390,39 @@ async fn read_loop<R>(
             Ok(c) if !c.is_empty() => c,
             _ => return,
         };
-        if !send(core, tunnel, &backend, connect, chunk).await {
+        let sending = send(core, tunnel, &backend, connect, chunk);
+        tokio::pin!(sending);
+        // Held back this long, the tunnel watches its client for a hang-up
+        // (`daemon::hangup`): a client gone behind its unread bytes would
+        // otherwise keep the tunnel until the agent's connection ends.
+        let sent = tokio::select! {
+            biased;
+            sent = &mut sending => sent,
+            () = tokio::time::sleep(HANGUP_WATCH_AFTER) => {
+                let watch = rd.hangup_watch();
+                tokio::select! {
+                    biased;
+                    sent = &mut sending => sent,
+                    () = hung_up_or_never(watch) => {
+                        tracing::debug!("the client closed its connection while its tunnel was held back");
+                        false
+                    }
+                }
+            }
+        };
+        if !sent {
             return;
         }
     }
+}
+
+async fn hung_up_or_never(watch: Option<std::os::fd::OwnedFd>) {
+    if let Some(fd) = watch
+        && hung_up(fd).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 async fn send(
