@@ -635,7 +635,10 @@ async fn a_draining_seed_is_replaced_for_new_tunnels_while_old_ones_run_on() {
     let config = AgentConfig {
         proxy_host: "127.0.0.1".into(),
         proxy_port: old.tunnel.port(),
-        listeners: vec![spec(&local, "openvpn-server.cluster-a.svc.cluster.local:1194")],
+        listeners: vec![spec(
+            &local,
+            "openvpn-server.cluster-a.svc.cluster.local:1194",
+        )],
         drain_timeout: Duration::from_secs(1),
         ..AgentConfig::default()
     };
@@ -685,7 +688,10 @@ async fn a_draining_seed_is_replaced_for_new_tunnels_while_old_ones_run_on() {
     // drain ends.
     let mut fresh = TcpStream::connect(addr).await.unwrap();
     exchange(&mut fresh, b"served by the new pod").await;
-    assert!(!draining.is_finished(), "the old pod stopped draining early");
+    assert!(
+        !draining.is_finished(),
+        "the old pod stopped draining early"
+    );
     let served = new.metrics_text();
     assert!(
         served.contains(
@@ -696,7 +702,10 @@ async fn a_draining_seed_is_replaced_for_new_tunnels_while_old_ones_run_on() {
     // The tunnel opened before the drain runs on, on the old pod.
     exchange(&mut held, b"still served by the old pod").await;
     drop((held, fresh));
-    assert!(draining.await.unwrap(), "the old pod's drain did not end cleanly");
+    assert!(
+        draining.await.unwrap(),
+        "the old pod's drain did not end cleanly"
+    );
     assert!(agent.shutdown().await);
     new.shutdown().await;
 }
