@@ -24,6 +24,25 @@ fn spec(l: &TcpListener, authority: &str) -> ListenerSpec {
     }
 }
 
+/// cluster-a's openvpn-server, exposed for tunneling only, served by `echo`.
+fn openvpn_to(echo: std::net::SocketAddr) -> serde_json::Value {
+    inventory(
+        vec![service(
+            "cluster-a",
+            "openvpn-server",
+            "Tunneling",
+            "ClusterIP",
+            &[("secure", 1194, 0)],
+        )],
+        vec![slices(
+            "cluster-a",
+            "openvpn-server",
+            "secure",
+            &[(echo, true)],
+        )],
+    )
+}
+
 /// An agent with its one listener bound already, without stats.
 async fn agent_on(config: AgentConfig, local: TcpListener) -> TunnelAgent {
     TunnelAgent::start(
@@ -235,22 +254,7 @@ async fn idle_agent_keeps_one_connection_past_the_head_deadline() {
     // interval; the pair then idles for 2 s, more than six deadlines and
     // twenty PINGs. The real-time check with KKP's settings (≥ 60 s) is in
     // scripts/soak (section kkp).
-    let echo = dest::echo().await;
-    let inv = inventory(
-        vec![service(
-            "cluster-a",
-            "openvpn-server",
-            "Tunneling",
-            "ClusterIP",
-            &[("secure", 1194, 0)],
-        )],
-        vec![slices(
-            "cluster-a",
-            "openvpn-server",
-            "secure",
-            &[(echo, true)],
-        )],
-    );
+    let inv = openvpn_to(dest::echo().await);
     let mut cfg = test_config();
     cfg.request_header_timeout = Duration::from_millis(300);
     let p = start_proxy(&inv, vec![], cfg).await;
@@ -610,22 +614,7 @@ async fn debug_connections_lists_live_and_closed_tunnels() {
 /// pod's drain on a connection that takes no new streams.
 #[tokio::test]
 async fn a_draining_seed_is_replaced_for_new_tunnels_while_old_ones_run_on() {
-    let echo = dest::echo().await;
-    let inv = inventory(
-        vec![service(
-            "cluster-a",
-            "openvpn-server",
-            "Tunneling",
-            "ClusterIP",
-            &[("secure", 1194, 0)],
-        )],
-        vec![slices(
-            "cluster-a",
-            "openvpn-server",
-            "secure",
-            &[(echo, true)],
-        )],
-    );
+    let inv = openvpn_to(dest::echo().await);
     let mut old_cfg = test_config();
     // Longer than this test waits for the new pod to serve.
     old_cfg.drain_timeout = Duration::from_secs(60);
