@@ -43,6 +43,30 @@ fn openvpn_to(echo: std::net::SocketAddr) -> serde_json::Value {
     )
 }
 
+/// A proxy serving `inv` from a file on the tunneling listener `l` only (a
+/// proxy back on its port, a new pod on the old one's address); the file's
+/// directory lives as long as the returned guard.
+async fn tunneling_proxy_on(
+    l: TcpListener,
+    inv: &serde_json::Value,
+) -> (nodeport_proxy::NodePortProxy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.json");
+    std::fs::write(&file, inv.to_string()).unwrap();
+    let mut cfg = test_config();
+    cfg.source = nodeport_proxy::TableSource::File(file);
+    let p = nodeport_proxy::NodePortProxy::start(
+        cfg,
+        nodeport_proxy::Listeners {
+            tunneling: Some(l),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    (p, dir)
+}
+
 /// An agent with its one listener bound already, without stats.
 async fn agent_on(config: AgentConfig, local: TcpListener) -> TunnelAgent {
     TunnelAgent::start(
@@ -166,20 +190,7 @@ async fn agent_tunnels_through_proxy_over_one_connection_and_reconnects() {
     let tunnel_port = p.tunnel.port();
     p.proxy.shutdown().await;
     let again = TcpListener::bind(("127.0.0.1", tunnel_port)).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("t.json");
-    std::fs::write(&file, inv.to_string()).unwrap();
-    let mut cfg = test_config();
-    cfg.source = nodeport_proxy::TableSource::File(file);
-    let _p2 = nodeport_proxy::NodePortProxy::start(
-        cfg,
-        nodeport_proxy::Listeners {
-            tunneling: Some(again),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let (_p2, _dir) = tunneling_proxy_on(again, &inv).await;
     let mut s = TcpStream::connect(vpn_addr).await.unwrap();
     s.write_all(b"after reconnect").await.unwrap();
     let mut back = [0u8; 15];
@@ -658,20 +669,7 @@ async fn a_draining_seed_is_replaced_for_new_tunnels_while_old_ones_run_on() {
         || async { TcpListener::bind(("127.0.0.1", tunnel_port)).await.ok() },
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("t.json");
-    std::fs::write(&file, inv.to_string()).unwrap();
-    let mut cfg = test_config();
-    cfg.source = nodeport_proxy::TableSource::File(file);
-    let new = nodeport_proxy::NodePortProxy::start(
-        cfg,
-        nodeport_proxy::Listeners {
-            tunneling: Some(again),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let (new, _dir) = tunneling_proxy_on(again, &inv).await;
 
     // A new connection is served by the new pod, well before the old pod's
     // drain ends.
