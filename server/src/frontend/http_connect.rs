@@ -8,6 +8,7 @@
 //! Like upstream, `stream_packets_total` counts only gRPC frontends' packets.
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -395,7 +396,11 @@ async fn read_loop<R>(
         // Held back this long, the tunnel watches its client for a hang-up
         // (`daemon::hangup`): a client gone behind its unread bytes would
         // otherwise keep the tunnel until the agent's connection ends.
-        let sent = tokio::select! {
+        // Most sends finish at once: no timer is made for them.
+        let first = std::future::poll_fn(|cx| Poll::Ready(sending.as_mut().poll(cx))).await;
+        let sent = match first {
+            Poll::Ready(sent) => sent,
+            Poll::Pending => tokio::select! {
             biased;
             sent = &mut sending => sent,
             () = tokio::time::sleep(HANGUP_WATCH_AFTER) => {
@@ -409,6 +414,7 @@ async fn read_loop<R>(
                     }
                 }
             }
+            },
         };
         if !sent {
             return;
