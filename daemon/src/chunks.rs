@@ -59,18 +59,43 @@ impl ChunkReader {
         poll_fn(|cx| self.poll_read(cx, Pin::new(&mut *rd))).await
     }
 
+    /// The next chunk of `rd`, of at most `limit` bytes (at least 1 KiB):
+    /// for a caller that will hold the chunk while it waits to pass it on,
+    /// and so reads no more than it can soon pass on.
+    pub async fn read_at_most<R: AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut R,
+        limit: usize,
+    ) -> io::Result<Bytes> {
+        poll_fn(|cx| self.poll_read_at_most(cx, Pin::new(&mut *rd), limit)).await
+    }
+
     pub fn poll_read<R: AsyncRead>(
         &mut self,
         cx: &mut Context<'_>,
         rd: Pin<&mut R>,
     ) -> Poll<io::Result<Bytes>> {
+        self.poll_read_at_most(cx, rd, MAX_CHUNK)
+    }
+
+    pub fn poll_read_at_most<R: AsyncRead>(
+        &mut self,
+        cx: &mut Context<'_>,
+        rd: Pin<&mut R>,
+        limit: usize,
+    ) -> Poll<io::Result<Bytes>> {
+        let cap = limit.clamp(1024, self.max);
         if self.direct > 0 {
-            let want = self.direct;
+            let want = self.direct.min(cap);
             let mut buf = BytesMut::with_capacity(want);
             match tokio_util::io::poll_read_buf(rd, cx, &mut buf) {
                 Poll::Ready(Ok(n)) => {
                     if n >= want {
-                        self.direct = (want * 2).min(self.max);
+                        // A read capped below its size says nothing about
+                        // the size to read next.
+                        if want == self.direct {
+                            self.direct = (want * 2).min(self.max);
+                        }
                     } else if n < want / 2 {
                         self.direct = if n < MIN_CHUNK.min(self.max) {
                             0
@@ -95,7 +120,7 @@ impl ChunkReader {
                 if s.len() < MAX_CHUNK {
                     s.resize(MAX_CHUNK, 0);
                 }
-                let mut rb = ReadBuf::new(&mut s[..self.max]);
+                let mut rb = ReadBuf::new(&mut s[..cap]);
                 match rd.poll_read(cx, &mut rb) {
                     Poll::Ready(Ok(())) => Poll::Ready(Ok(Bytes::copy_from_slice(rb.filled()))),
                     Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
@@ -104,7 +129,7 @@ impl ChunkReader {
             }))?;
             // Data that was there at once and filled a good part of the
             // scratch: a transfer is under way, read directly from now on.
-            if chunk.len() >= self.max / 2 {
+            if chunk.len() >= cap / 2 {
                 self.direct = self.max;
             }
             Poll::Ready(Ok(chunk))
@@ -151,6 +176,43 @@ mod tests {
         drop(w);
         let c = cr.read(&mut r).await.unwrap_or_else(|e| panic!("{e}"));
         assert!(c.is_empty(), "EOF");
+    }
+
+    #[tokio::test]
+    async fn a_capped_read_takes_no_more_than_its_cap_and_keeps_the_pace() {
+        let (mut w, mut r) = tokio::io::duplex(1 << 20);
+        let mut cr = ChunkReader::new();
+        w.write_all(&vec![3u8; 4 * MAX_CHUNK])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Through the scratch: the cap holds, and a full capped read still
+        // shows a transfer under way.
+        let c = cr
+            .read_at_most(&mut r, 16 << 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.len(), 16 << 10);
+        assert!(cr.is_direct());
+        // Direct: the buffer is no larger than the cap either.
+        let c = cr
+            .read_at_most(&mut r, 8 << 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.len(), 8 << 10);
+        assert!(Vec::from(c).capacity() <= 8 << 10);
+        // Below 1 KiB the cap is 1 KiB (a read must make progress).
+        let c = cr
+            .read_at_most(&mut r, 0)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.len(), 1024);
+        // Uncapped again, reads grow back to full chunks.
+        let mut largest = 0;
+        for _ in 0..4 {
+            let c = cr.read(&mut r).await.unwrap_or_else(|e| panic!("{e}"));
+            largest = largest.max(c.len());
+        }
+        assert_eq!(largest, MAX_CHUNK);
     }
 
     #[tokio::test]

@@ -60,6 +60,12 @@ pub const DEFAULT_MAX_WINDOW: i64 = 16 << 20;
 /// Bounds for the window flags and for what a peer may announce.
 pub const MIN_WINDOW: i64 = FLOOR_WINDOW;
 pub const MAX_WINDOW: i64 = 1 << 30;
+/// What a sender with no credit left reads ahead of it, and then holds while
+/// it waits: enough that a read overlaps the wait for credit, small enough
+/// that a thousand tunnels held back by their readers hold little (P10
+/// stalled readers: 64 KiB chunks held by each took the server past its
+/// budget).
+pub const READ_AHEAD: usize = 16 << 10;
 /// How long a window's data may stand still before the window shrinks.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(1);
 /// How often windows are checked for shrinking (and budget freed).
@@ -921,6 +927,14 @@ impl SendGate {
         back
     }
 
+    /// How much a sender that holds what it reads until it may send it
+    /// should read next (at most `max`): the credit in hand, but never less
+    /// than [`READ_AHEAD`].
+    pub fn next_read(&self, max: usize) -> usize {
+        let credit = usize::try_from(self.credit()).unwrap_or(0);
+        credit.max(READ_AHEAD).min(max)
+    }
+
     /// Credit in hand (may be below zero after an oversize packet).
     pub fn credit(&self) -> i64 {
         self.state.lock().credit
@@ -1383,6 +1397,24 @@ mod tests {
         let agreed = WindowConfig::default().agreed(1 << 20);
         assert_eq!(agreed.max, 1 << 20);
         assert_eq!(agreed.initial, DEFAULT_INITIAL_WINDOW);
+    }
+
+    #[tokio::test]
+    async fn the_next_read_follows_the_credit_in_hand_within_its_bounds() {
+        let gate = SendGate::new(1 << 20);
+        const MAX: usize = 64 << 10;
+        assert_eq!(gate.next_read(MAX), MAX, "plenty of credit: a full read");
+        gate.acquire((1 << 20) - 40_000).await;
+        assert_eq!(gate.next_read(MAX), 40_000, "no more than the credit");
+        gate.acquire(40_000).await;
+        assert_eq!(gate.credit(), 0);
+        assert_eq!(gate.next_read(MAX), READ_AHEAD, "none left: read ahead");
+        // An oversize packet took the credit below zero.
+        gate.grant(1 << 19);
+        gate.acquire(1 << 20).await;
+        assert!(gate.credit() < 0);
+        assert_eq!(gate.next_read(MAX), READ_AHEAD);
+        assert_eq!(gate.next_read(4 << 10), 4 << 10, "never past the caller's max");
     }
 
     /// Closing the gate wakes every sender waiting for credit, not one

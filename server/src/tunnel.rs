@@ -196,6 +196,16 @@ impl Tunnel {
         self.flow.get()
     }
 
+    /// How much the frontend should read next (at most `max`): the frontend
+    /// holds what it read while it waits for credit, so it reads no further
+    /// ahead of its credit than [`konnectivity_proto::flow::READ_AHEAD`].
+    /// Upstream agents grant no credit: `max`.
+    pub fn next_read(&self, max: usize) -> usize {
+        self.flow()
+            .and_then(|f| f.send.as_ref())
+            .map_or(max, |g| g.next_read(max))
+    }
+
     /// Queues a control packet (DIAL_RSP, CLOSE_RSP, DIAL_CLS) for the frontend.
     pub fn enqueue(&self, pkt: Packet) -> Delivery {
         if self.finished.is_cancelled() || self.to_frontend.send(pkt).is_err() {

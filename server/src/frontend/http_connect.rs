@@ -387,7 +387,8 @@ async fn read_loop<R>(
         return;
     }
     loop {
-        let chunk = match reader.read(&mut rd).await {
+        let limit = tunnel.next_read(daemon::chunks::MAX_CHUNK);
+        let chunk = match reader.read_at_most(&mut rd, limit).await {
             Ok(c) if !c.is_empty() => c,
             _ => return,
         };
