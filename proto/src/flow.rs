@@ -1414,7 +1414,11 @@ mod tests {
         gate.acquire(1 << 20).await;
         assert!(gate.credit() < 0);
         assert_eq!(gate.next_read(MAX), READ_AHEAD);
-        assert_eq!(gate.next_read(4 << 10), 4 << 10, "never past the caller's max");
+        assert_eq!(
+            gate.next_read(4 << 10),
+            4 << 10,
+            "never past the caller's max"
+        );
     }
 
     /// Closing the gate wakes every sender waiting for credit, not one
