@@ -360,3 +360,26 @@ pub async fn connect_h2(
         Some(daemon::h2io::H2Io::new(stream, resp.into_body())),
     )
 }
+
+/// A loopback listener on a port below the kernel's ephemeral range, as a
+/// real node port (30000-32767) is: a test that frees it to watch a retry
+/// bind it must not see another connection's source port take it first
+/// (a port from `bind(0)` comes from that range, and the soak's
+/// connections took one within the proxy's back-off once).
+pub fn listener_below_ephemeral_ports() -> std::net::TcpListener {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let first = 10_000u16.min(low.saturating_sub(1));
+    let span = low.saturating_sub(first).max(1);
+    // Start where another test process likely does not.
+    let start = u16::try_from(std::process::id() % u32::from(span)).unwrap_or(0);
+    for i in 0..span {
+        let port = first + (start + i) % span;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return l;
+        }
+    }
+    panic!("no free loopback port between {first} and {low}");
+}

@@ -396,7 +396,7 @@ async fn a_broken_file_is_reported_once_and_shown_in_health() {
 #[tokio::test]
 async fn a_taken_node_port_is_retried_and_shown() {
     let echo = dest::echo().await;
-    let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let blocker = integration_tests::nodeport::listener_below_ephemeral_ports();
     let port = blocker.local_addr().unwrap().port();
     let p = start_proxy(&table(port, &[echo], false), Vec::new(), test_config()).await;
     let unbound = |m: &str| metric(m, "nodeport_proxy_node_ports_unbound ");

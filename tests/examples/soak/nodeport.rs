@@ -598,7 +598,7 @@ pub async fn config(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     drop(good);
 
     // A node port another process holds.
-    let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let blocker = integration_tests::nodeport::listener_below_ephemeral_ports();
     let taken = blocker.local_addr().unwrap().port();
     let np2 = (
         service(
