@@ -24,7 +24,7 @@ import (
 )
 
 var (
-	flagQuick     = flag.Bool("quick", false, "tiny sizes (a smoke run of every workload, well under 2 minutes)")
+	flagQuick     = flag.Bool("quick", false, "tiny sizes (a smoke run of every workload, about 5 minutes on 2 cores)")
 	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P10, nodeport, P9, konn-scale, np-mem (default: all)")
 	flagRepeats   = flag.Int("repeats", 0, "timed repeats per workload (default 5, quick 3)")
 	flagOurs      = flag.String("ours-bin", "target/release", "directory with proxy-server, proxy-agent, nodeport-proxy, tunnel-agent")
