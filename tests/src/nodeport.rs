@@ -364,8 +364,9 @@ pub async fn connect_h2(
 /// A loopback listener on a port below the kernel's ephemeral range, as a
 /// real node port (30000-32767) is: a test that frees it to watch a retry
 /// bind it must not see another connection's source port take it first
-/// (a port from `bind(0)` comes from that range, and the soak's
-/// connections took one within the proxy's back-off once).
+/// (a port from `bind(0)` comes from that range; a loopback connection's
+/// source port, or its TIME_WAIT, holding it is the likeliest reason the
+/// soak once waited 60 s for a freed port to be bound).
 pub fn listener_below_ephemeral_ports() -> std::net::TcpListener {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
