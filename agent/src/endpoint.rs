@@ -86,11 +86,8 @@ pub async fn pump(
         let mut reader = ChunkReader::new();
         let mut rd = rd;
         loop {
-            // Out of credit, read no further ahead of it than READ_AHEAD:
-            // what is read is held until it may be sent.
-            let limit = link.send.map_or(daemon::chunks::MAX_CHUNK, |g| {
-                g.next_read(daemon::chunks::MAX_CHUNK)
-            });
+            // What is read is held until it may be sent.
+            let limit = konnectivity_proto::flow::read_size(link.send);
             let data = match reader.read_at_most(&mut rd, limit).await {
                 Ok(d) if !d.is_empty() => d,
                 _ => return,

@@ -859,6 +859,14 @@ impl Drop for RecvWindow {
     }
 }
 
+/// How much a sender that holds what it reads until it may send it reads
+/// next: a full chunk without flow control (an upstream peer grants no
+/// credit), else [`SendGate::next_read`].
+pub fn read_size(send: Option<&SendGate>) -> usize {
+    let max = daemon::chunks::MAX_CHUNK;
+    send.map_or(max, |g| g.next_read(max))
+}
+
 /// The sending side's credit for one connection, granted by the peer.
 pub struct SendGate {
     /// What an oversize packet needs in hand: half the receiver's initial
@@ -1413,6 +1421,12 @@ mod tests {
         gate.acquire(40_000).await;
         assert_eq!(gate.credit(), 0);
         assert_eq!(gate.next_read(MAX), READ_AHEAD, "none left: read ahead");
+        assert_eq!(read_size(Some(&gate)), READ_AHEAD);
+        assert_eq!(
+            read_size(None),
+            daemon::chunks::MAX_CHUNK,
+            "no flow control: full chunks"
+        );
         // An oversize packet took the credit below zero.
         gate.grant(1 << 19);
         gate.acquire(1 << 20).await;

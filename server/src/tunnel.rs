@@ -196,14 +196,10 @@ impl Tunnel {
         self.flow.get()
     }
 
-    /// How much the frontend should read next (at most `max`): the frontend
-    /// holds what it read while it waits for credit, so it reads no further
-    /// ahead of its credit than [`konnectivity_proto::flow::READ_AHEAD`].
-    /// Upstream agents grant no credit: `max`.
-    pub fn next_read(&self, max: usize) -> usize {
-        self.flow()
-            .and_then(|f| f.send.as_ref())
-            .map_or(max, |g| g.next_read(max))
+    /// How much the frontend should read next: it holds what it read while
+    /// it waits for credit ([`konnectivity_proto::flow::read_size`]).
+    pub fn next_read(&self) -> usize {
+        konnectivity_proto::flow::read_size(self.flow().and_then(|f| f.send.as_ref()))
     }
 
     /// Queues a control packet (DIAL_RSP, CLOSE_RSP, DIAL_CLS) for the frontend.

@@ -387,7 +387,7 @@ async fn read_loop<R>(
         return;
     }
     loop {
-        let limit = tunnel.next_read(daemon::chunks::MAX_CHUNK);
+        let limit = tunnel.next_read();
         let chunk = match reader.read_at_most(&mut rd, limit).await {
             Ok(c) if !c.is_empty() => c,
             _ => return,
