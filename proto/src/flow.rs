@@ -24,7 +24,10 @@
 //! [`Budget`]s allow. A window whose data stops moving (idle, or parked
 //! because its reader stalled) halves per sweep back to its initial size,
 //! and asks the sender to give back credit it has not used, so the budget
-//! goes to connections that need it.
+//! goes to connections that need it. While a connection below its fair
+//! share of the stream's budget is refused growth, windows above their fair
+//! share halve per round trip towards it: the stream serves the tunnels in
+//! order of arrival, so each one's share of the link follows its window.
 //!
 //! Every DATA packet costs at least [`MIN_COST`] bytes of credit, so the
 //! number of queued packets is bounded too. A packet may be sent once the
@@ -32,7 +35,8 @@
 //! if the packet is larger (credit may then go below zero), so one oversize
 //! packet can still pass: once everything sent was passed on, the sender
 //! holds at least three quarters of the window (credit goes back in quarter
-//! windows, and a window never shrinks below its initial size). Both ends
+//! windows, and a window never shrinks below its initial size or two of the
+//! largest packets, whichever is less). Both ends
 //! compute the same charge; a peer that sends past what it was granted is
 //! broken and loses that connection.
 
@@ -362,19 +366,41 @@ pub struct LinkFlow {
     pub cfg: WindowConfig,
     pub budget: Arc<Budget>,
     pub stats: Arc<FlowStats>,
-    /// What connections of this stream needed lately: a new one starts
-    /// there instead of ramping up from the initial window again.
-    warm: Arc<Mutex<Warm>>,
-    /// Connections of this stream whose data moves (or that just opened):
-    /// they share what the link carried lately.
-    moving: Arc<AtomicI64>,
-    /// Numbers this stream's connections in the trace log.
-    opened: Arc<AtomicI64>,
+    shared: Arc<LinkShared>,
 }
 
-/// The window `warm` remembers, shared by the `moving` connections.
-fn share(warm: &Mutex<Warm>, moving: &AtomicI64, now: Instant) -> i64 {
-    warm.lock().current(now) / moving.load(Ordering::Relaxed).max(1)
+/// What the connections of one agent stream know of each other.
+#[derive(Debug)]
+struct LinkShared {
+    /// What connections of this stream needed lately: a new one starts
+    /// there instead of ramping up from the initial window again.
+    warm: Mutex<Warm>,
+    /// Connections of this stream whose data moves (or that just opened):
+    /// they share what the link carried lately, and the budget.
+    moving: AtomicI64,
+    /// Connections below their fair share whose window could not grow
+    /// because the budget was used up: while there are any, windows above
+    /// their fair share shrink towards it.
+    starved: AtomicI64,
+    /// Numbers this stream's connections in the trace log.
+    opened: AtomicI64,
+}
+
+impl LinkShared {
+    fn moving(&self) -> i64 {
+        self.moving.load(Ordering::Relaxed).max(1)
+    }
+
+    /// The window `warm` remembers, shared by the moving connections.
+    fn share(&self, now: Instant) -> i64 {
+        self.warm.lock().current(now) / self.moving()
+    }
+
+    /// What each moving connection may hold when all want more than the
+    /// budget has: an equal part of it.
+    fn fair(&self, budget: &Budget) -> i64 {
+        budget.limit() / self.moving()
+    }
 }
 
 /// A window the link recently carried, halving every [`WARM_HOLD`] since.
@@ -409,19 +435,16 @@ impl LinkFlow {
             cfg,
             budget,
             stats,
-            warm: Arc::new(Mutex::new(Warm {
-                window: 0,
-                noted: Instant::now(),
-            })),
-            moving: Arc::default(),
-            opened: Arc::default(),
+            shared: Arc::new(LinkShared {
+                warm: Mutex::new(Warm {
+                    window: 0,
+                    noted: Instant::now(),
+                }),
+                moving: AtomicI64::new(0),
+                starved: AtomicI64::new(0),
+                opened: AtomicI64::new(0),
+            }),
         }
-    }
-
-    /// What one connection may start at or jump to: the window the link
-    /// carried lately, shared by the connections whose data moves.
-    fn share(&self, now: Instant) -> i64 {
-        share(&self.warm, &self.moving, now)
     }
 
     /// The receiving side of a new connection. Its initial window (to be
@@ -608,6 +631,8 @@ struct RecvState {
     revoking: bool,
     /// Counted in the stream's moving connections.
     moving: bool,
+    /// Counted in the stream's starved connections.
+    starved: bool,
 }
 
 /// The receiving side of one flow-controlled connection.
@@ -619,8 +644,7 @@ pub struct RecvWindow {
     cfg: WindowConfig,
     budget: Arc<Budget>,
     stats: Arc<FlowStats>,
-    warm: Arc<Mutex<Warm>>,
-    moving: Arc<AtomicI64>,
+    link: Arc<LinkShared>,
     /// Which of the stream's connections (trace log only).
     seq: i64,
 }
@@ -632,8 +656,8 @@ impl RecvWindow {
         // lately: one tunnel after another starts where the last one left
         // off, and a burst of new ones does not hand the whole window to
         // the first few (P10: 16 tunnels at 100 ms).
-        link.moving.fetch_add(1, Ordering::Relaxed);
-        let warm = link.share(now);
+        link.shared.moving.fetch_add(1, Ordering::Relaxed);
+        let warm = link.shared.share(now);
         let want = link.cfg.initial.max(warm).clamp(FLOOR_WINDOW, link.cfg.max);
         // Initial windows take at most half the budget: connections whose
         // readers never read (they never grow) cannot take it all from
@@ -648,7 +672,7 @@ impl RecvWindow {
         }
         let initial = got.max(FLOOR_WINDOW);
         link.stats.add_windows(initial);
-        let seq = link.opened.fetch_add(1, Ordering::Relaxed);
+        let seq = link.shared.opened.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(
             conn = seq,
             warm,
@@ -671,13 +695,13 @@ impl RecvWindow {
                 last_consumed: now,
                 revoking: false,
                 moving: true,
+                starved: false,
             }),
             initial,
             cfg: link.cfg,
             budget: link.budget.clone(),
             stats: link.stats.clone(),
-            warm: link.warm.clone(),
-            moving: link.moving.clone(),
+            link: link.shared.clone(),
             seq,
         }
     }
@@ -726,18 +750,23 @@ impl RecvWindow {
         let limited = delivered * 3 >= p.window * 2 && parked <= s.target / 2;
         // What this connection carried in a round trip (or its window, when
         // that was the limit) is a fair start for the link's next ones.
-        self.warm
+        self.link
+            .warm
             .lock()
             .note(if limited { s.target } else { delivered }, now);
+        let fair = self.link.fair(&self.budget);
+        let mut short = false;
         if limited && s.target < self.cfg.max {
             // Double, or (one that started small, e.g. at the floor while
             // the budget was half reserved) jump to its share of the link at
             // once: doubling from 16 KiB takes ten round trips, each longer
             // while others' data queues ahead.
-            let want = (s.target * 2)
-                .max(share(&self.warm, &self.moving, now))
-                .min(self.cfg.max)
-                - s.target;
+            let mut to = (s.target * 2).max(self.link.share(now)).min(self.cfg.max);
+            if self.link.starved.load(Ordering::Relaxed) > 0 {
+                // Some wait for budget: none grows past the fair share.
+                to = to.min(fair.max(s.target));
+            }
+            let want = to - s.target;
             // What is already reserved above the window counts first.
             let covered = (s.reserved - s.target).clamp(0, want);
             let got = self.budget.try_reserve(want - covered);
@@ -745,6 +774,19 @@ impl RecvWindow {
             let grown = covered + got;
             s.target += grown;
             self.stats.add_windows(grown);
+            short = grown < want;
+        }
+        self.set_starved(s, short && s.target < fair);
+        if s.target > fair.max(self.least()) && self.link.starved.load(Ordering::Relaxed) > 0 {
+            // A window's share of the link follows its size (the agent
+            // stream serves the tunnels' packets in turn of arrival), so one
+            // that took more than its part of the budget before the others
+            // came gives it back: halving per round trip, down to the fair
+            // share. The reservation follows as its data is passed on.
+            let shrunk = (s.target / 2).max(fair).max(self.least());
+            self.stats.add_windows(shrunk - s.target);
+            s.target = shrunk;
+            self.settle(s);
         }
         tracing::trace!(
             conn = self.seq,
@@ -754,6 +796,8 @@ impl RecvWindow {
             parked,
             limited,
             window = s.target,
+            fair,
+            starved = s.starved,
             budget_used = self.budget.used(),
             "flow window sampled"
         );
@@ -797,6 +841,14 @@ impl RecvWindow {
         }
     }
 
+    /// The smallest this window may shrink to: its initial size, or two of
+    /// the largest packets if that is less. The sender then still comes to
+    /// hold what any packet needs (the packet's cost up to half the initial
+    /// window): three quarters of this once everything sent was passed on.
+    fn least(&self) -> i64 {
+        self.initial.min(2 * MAX_PACKET)
+    }
+
     fn sweep(&self, now: Instant) -> Option<Sweep> {
         let mut s = self.inner.lock();
         let parked = s.received - s.consumed;
@@ -809,8 +861,9 @@ impl RecvWindow {
             return None;
         }
         self.set_moving(&mut s, false);
-        if s.target > self.initial {
-            let shrunk = (s.target / 2).max(self.initial);
+        self.set_starved(&mut s, false);
+        if s.target > self.least() {
+            let shrunk = (s.target / 2).max(self.least());
             self.stats.add_windows(shrunk - s.target);
             s.target = shrunk;
             s.sampled_window = shrunk;
@@ -833,8 +886,18 @@ impl RecvWindow {
     fn set_moving(&self, s: &mut RecvState, moving: bool) {
         if s.moving != moving {
             s.moving = moving;
-            self.moving
+            self.link
+                .moving
                 .fetch_add(if moving { 1 } else { -1 }, Ordering::Relaxed);
+        }
+    }
+
+    fn set_starved(&self, s: &mut RecvState, starved: bool) {
+        if s.starved != starved {
+            s.starved = starved;
+            self.link
+                .starved
+                .fetch_add(if starved { 1 } else { -1 }, Ordering::Relaxed);
         }
     }
 
@@ -851,7 +914,10 @@ impl Drop for RecvWindow {
     fn drop(&mut self) {
         let s = self.inner.get_mut();
         if s.moving {
-            self.moving.fetch_sub(1, Ordering::Relaxed);
+            self.link.moving.fetch_sub(1, Ordering::Relaxed);
+        }
+        if s.starved {
+            self.link.starved.fetch_sub(1, Ordering::Relaxed);
         }
         self.budget.release(s.reserved);
         self.stats.add_windows(-s.target);
@@ -1125,7 +1191,13 @@ mod tests {
         let c = l.open_recv();
         assert_eq!(c.initial(), Some(grown), "no second ramp from 64 KiB");
         // Once `c` stood still, the next one has the link to itself again.
-        assert_eq!(c.sweep(Instant::now() + DEFAULT_IDLE), None);
+        // (`c` itself shrinks to two of the largest packets, if it started
+        // above that, and asks for the credit above it back.)
+        let least = grown.min(2 * MAX_PACKET);
+        assert_eq!(
+            c.sweep(Instant::now() + DEFAULT_IDLE),
+            (grown > least).then_some(Sweep::Revoke(grown - least))
+        );
         let d = l.open_recv();
         assert_eq!(d.initial(), Some(grown));
     }
@@ -1221,7 +1293,145 @@ mod tests {
         drop(gates);
         assert_eq!(l.budget.used(), 0);
         assert_eq!(l.stats.windows(), 0);
-        assert_eq!(l.moving.load(Ordering::Relaxed), 0);
+        assert_eq!(l.shared.moving.load(Ordering::Relaxed), 0);
+    }
+
+    /// Connections whose senders queue everything their credit allows on one
+    /// link that carries `per_rtt` bytes per round trip first come, first
+    /// served (as the agent stream's HTTP/2 window serves the tunnels'
+    /// packets): a connection's share of the link follows its window.
+    /// Returns what each connection delivered.
+    fn simulate_fifo(
+        gates: &[(RecvGate, SendGate)],
+        start: Instant,
+        rtt: Duration,
+        per_rtt: i64,
+        rounds: u32,
+    ) -> Vec<i64> {
+        let chunk = 16 << 10;
+        let step = rtt / 8;
+        let per_step = per_rtt / 8;
+        let mut queue = std::collections::VecDeque::new();
+        let mut in_flight: Vec<(Instant, usize, usize)> = Vec::new();
+        let mut grants: Vec<(Instant, usize, i64)> = Vec::new();
+        let mut delivered = vec![0; gates.len()];
+        let mut now = start;
+        while now < start + rtt * rounds {
+            now += step;
+            for (_, i, g) in grants.iter().filter(|(t, _, _)| *t <= now) {
+                gates[*i].1.grant(*g);
+            }
+            grants.retain(|(t, _, _)| *t > now);
+            for (i, (_, send)) in gates.iter().enumerate() {
+                while send.credit() >= chunk as i64 {
+                    send.state.lock().credit -= chunk as i64;
+                    queue.push_back(i);
+                }
+            }
+            let mut room = per_step;
+            while room >= chunk as i64
+                && let Some(i) = queue.pop_front()
+            {
+                in_flight.push((now + rtt / 2, i, chunk));
+                room -= chunk as i64;
+            }
+            let (arrived, rest): (Vec<_>, Vec<_>) =
+                in_flight.into_iter().partition(|(t, _, _)| *t <= now);
+            in_flight = rest;
+            for (_, i, n) in arrived {
+                let RecvGate::Window(w) = &gates[i].0 else {
+                    panic!("not a window")
+                };
+                assert_eq!(w.admit(n, now), Ok(()));
+                delivered[i] += n as i64;
+                if let Some(g) = w.consumed(n, now) {
+                    grants.push((now + rtt / 2, i, g));
+                }
+            }
+        }
+        delivered
+    }
+
+    /// 16 connections opened at once on a link (budget 64 MiB, windows up
+    /// to 32 MiB) whose connections lately carried `warm` per round trip.
+    fn burst_after(warm: i64) -> (LinkFlow, Vec<(RecvGate, SendGate)>) {
+        let l = link(256 << 10, 32 << 20, 64 << 20);
+        l.shared.warm.lock().note(warm, Instant::now());
+        let gates = (0..16)
+            .map(|_| {
+                let g = l.open_recv();
+                let s = l.open_send(g.initial().unwrap_or_default());
+                (g, s)
+            })
+            .collect();
+        (l, gates)
+    }
+
+    /// What each connection delivered over ten round trips at 100 ms on a
+    /// link that carries 20 MiB per round trip, less than the windows
+    /// together may hold, after thirty to settle.
+    fn settle_and_measure(gates: &[(RecvGate, SendGate)]) -> Vec<i64> {
+        let rtt = Duration::from_millis(100);
+        let start = Instant::now();
+        simulate_fifo(gates, start, rtt, 20 << 20, 30);
+        simulate_fifo(gates, start + rtt * 30, rtt, 20 << 20, 10)
+    }
+
+    #[test]
+    fn windows_above_their_fair_share_yield_to_those_the_budget_holds_back() {
+        // P10, 16 tunnels at 100 ms, after a warm-up of 16 whose windows
+        // carried 4 MiB: each new one started at its share among those open
+        // then (4, 2, 1.3, 1 MiB, ...), all doubled alike until the budget
+        // was used up, and kept those proportions. A tunnel's share of the
+        // link follows its window, so they finished from 1.6 s to 3.7 s and
+        // the last ones ran alone.
+        let (l, gates) = burst_after(4 << 20);
+        let initials: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
+        assert_eq!(initials[..4], [4 << 20, 2 << 20, (4 << 20) / 3, 1 << 20]);
+        let delivered = settle_and_measure(&gates);
+        let windows: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
+        let fair = l.budget.limit() / 16;
+        assert!(
+            windows.iter().all(|w| *w <= fair && *w >= fair / 2),
+            "every window within half of its fair share {fair}: {windows:?}"
+        );
+        let (least, most) = (
+            delivered.iter().min().copied().unwrap_or_default(),
+            delivered.iter().max().copied().unwrap_or_default(),
+        );
+        assert!(
+            most <= least * 2,
+            "each moved about as much as the others: {delivered:?}"
+        );
+        assert!(l.budget.used() <= l.budget.limit());
+        drop(gates);
+        assert_eq!(l.budget.used(), 0);
+        assert_eq!(l.stats.windows(), 0);
+        assert_eq!(l.shared.starved.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_window_that_started_large_yields_down_to_two_of_the_largest_packets() {
+        // One tunnel had grown to the 32 MiB maximum, then 16 started
+        // together: the first at 32 MiB, half the budget, so the other 15
+        // at the floor.
+        let (l, gates) = burst_after(32 << 20);
+        assert_eq!(window(&gates[0].0), 32 << 20);
+        assert!(gates[1..].iter().all(|(g, _)| window(g) == FLOOR_WINDOW));
+        let delivered = settle_and_measure(&gates);
+        let windows: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
+        // It gives back all but 8 MiB (it promised its sender at set-up that
+        // half its initial window, up to a largest packet, would come back
+        // into its hands); the others share the rest.
+        let fair = l.budget.limit() / 16;
+        assert_eq!(windows[0], 2 * MAX_PACKET);
+        assert!(
+            windows[1..].iter().all(|w| *w <= fair && *w >= fair / 2),
+            "{windows:?}"
+        );
+        assert!(windows.iter().sum::<i64>() <= l.budget.limit());
+        let least = delivered.iter().min().copied().unwrap_or_default();
+        assert!(delivered[0] <= least * 4, "{delivered:?}");
     }
 
     #[test]
