@@ -1202,16 +1202,35 @@ mod tests {
         assert_eq!(d.initial(), Some(grown));
     }
 
+    /// How a shared link picks what it carries next.
+    #[derive(Clone, Copy)]
+    enum Order {
+        /// The connections with credit take a chunk each in turn.
+        Turns,
+        /// Senders queue everything their credit allows, served first come,
+        /// first served (as the agent stream's HTTP/2 window serves the
+        /// tunnels' packets): a connection's share follows its window.
+        Arrival,
+    }
+
     /// Connections sharing one link that carries at most `per_rtt` bytes per
-    /// round trip (taken in turn by those with credit), each with a sender
-    /// that always has data and a reader that keeps up.
-    fn simulate_shared(gates: &[(RecvGate, SendGate)], rtt: Duration, per_rtt: i64, rounds: u32) {
-        let start = Instant::now();
+    /// round trip in `order`, each with a sender that always has data and a
+    /// reader that keeps up, from `start` on. Returns what each delivered.
+    fn simulate_link(
+        gates: &[(RecvGate, SendGate)],
+        start: Instant,
+        rtt: Duration,
+        per_rtt: i64,
+        order: Order,
+        rounds: u32,
+    ) -> Vec<i64> {
         let chunk = 16 << 10;
         let step = rtt / 8;
         let per_step = per_rtt / 8;
+        let mut queue = std::collections::VecDeque::new();
         let mut in_flight: Vec<(Instant, usize, usize)> = Vec::new();
         let mut grants: Vec<(Instant, usize, i64)> = Vec::new();
+        let mut delivered = vec![0; gates.len()];
         let mut now = start;
         let mut next = 0;
         while now < start + rtt * rounds {
@@ -1221,19 +1240,37 @@ mod tests {
             }
             grants.retain(|(t, _, _)| *t > now);
             let mut room = per_step;
-            let mut idle = 0;
-            while room >= chunk as i64 && idle < gates.len() {
-                let i = next % gates.len();
-                next += 1;
-                let send = &gates[i].1;
-                if send.credit() < chunk as i64 {
-                    idle += 1;
-                    continue;
+            match order {
+                Order::Turns => {
+                    let mut idle = 0;
+                    while room >= chunk as i64 && idle < gates.len() {
+                        let i = next % gates.len();
+                        next += 1;
+                        let send = &gates[i].1;
+                        if send.credit() < chunk as i64 {
+                            idle += 1;
+                            continue;
+                        }
+                        idle = 0;
+                        send.state.lock().credit -= chunk as i64;
+                        in_flight.push((now + rtt / 2, i, chunk));
+                        room -= chunk as i64;
+                    }
                 }
-                idle = 0;
-                send.state.lock().credit -= chunk as i64;
-                in_flight.push((now + rtt / 2, i, chunk));
-                room -= chunk as i64;
+                Order::Arrival => {
+                    for (i, (_, send)) in gates.iter().enumerate() {
+                        while send.credit() >= chunk as i64 {
+                            send.state.lock().credit -= chunk as i64;
+                            queue.push_back(i);
+                        }
+                    }
+                    while room >= chunk as i64
+                        && let Some(i) = queue.pop_front()
+                    {
+                        in_flight.push((now + rtt / 2, i, chunk));
+                        room -= chunk as i64;
+                    }
+                }
             }
             let (arrived, rest): (Vec<_>, Vec<_>) =
                 in_flight.into_iter().partition(|(t, _, _)| *t <= now);
@@ -1243,11 +1280,13 @@ mod tests {
                     panic!("not a window")
                 };
                 assert_eq!(w.admit(n, now), Ok(()));
+                delivered[i] += n as i64;
                 if let Some(g) = w.consumed(n, now) {
                     grants.push((now + rtt / 2, i, g));
                 }
             }
         }
+        delivered
     }
 
     #[test]
@@ -1283,10 +1322,11 @@ mod tests {
         // The link carries 12 MiB per round trip. After the first round trip
         // of data, every connection that kept its window full holds at least
         // its share of the 16 MiB (not 64 KiB after two doublings).
-        simulate_shared(&gates, rtt, 12 << 20, 3);
+        let start = Instant::now();
+        simulate_link(&gates, start, rtt, 12 << 20, Order::Turns, 3);
         let windows: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
         assert!(windows.iter().all(|w| *w >= 1 << 20), "{windows:?}");
-        simulate_shared(&gates, rtt, 12 << 20, 20);
+        simulate_link(&gates, start + rtt * 3, rtt, 12 << 20, Order::Turns, 20);
         let windows: Vec<_> = gates.iter().map(|(g, _)| window(g)).collect();
         assert!(windows.iter().sum::<i64>() <= budget, "{windows:?}");
         assert!(l.budget.used() <= budget);
@@ -1294,62 +1334,6 @@ mod tests {
         assert_eq!(l.budget.used(), 0);
         assert_eq!(l.stats.windows(), 0);
         assert_eq!(l.shared.moving.load(Ordering::Relaxed), 0);
-    }
-
-    /// Connections whose senders queue everything their credit allows on one
-    /// link that carries `per_rtt` bytes per round trip first come, first
-    /// served (as the agent stream's HTTP/2 window serves the tunnels'
-    /// packets): a connection's share of the link follows its window.
-    /// Returns what each connection delivered.
-    fn simulate_fifo(
-        gates: &[(RecvGate, SendGate)],
-        start: Instant,
-        rtt: Duration,
-        per_rtt: i64,
-        rounds: u32,
-    ) -> Vec<i64> {
-        let chunk = 16 << 10;
-        let step = rtt / 8;
-        let per_step = per_rtt / 8;
-        let mut queue = std::collections::VecDeque::new();
-        let mut in_flight: Vec<(Instant, usize, usize)> = Vec::new();
-        let mut grants: Vec<(Instant, usize, i64)> = Vec::new();
-        let mut delivered = vec![0; gates.len()];
-        let mut now = start;
-        while now < start + rtt * rounds {
-            now += step;
-            for (_, i, g) in grants.iter().filter(|(t, _, _)| *t <= now) {
-                gates[*i].1.grant(*g);
-            }
-            grants.retain(|(t, _, _)| *t > now);
-            for (i, (_, send)) in gates.iter().enumerate() {
-                while send.credit() >= chunk as i64 {
-                    send.state.lock().credit -= chunk as i64;
-                    queue.push_back(i);
-                }
-            }
-            let mut room = per_step;
-            while room >= chunk as i64
-                && let Some(i) = queue.pop_front()
-            {
-                in_flight.push((now + rtt / 2, i, chunk));
-                room -= chunk as i64;
-            }
-            let (arrived, rest): (Vec<_>, Vec<_>) =
-                in_flight.into_iter().partition(|(t, _, _)| *t <= now);
-            in_flight = rest;
-            for (_, i, n) in arrived {
-                let RecvGate::Window(w) = &gates[i].0 else {
-                    panic!("not a window")
-                };
-                assert_eq!(w.admit(n, now), Ok(()));
-                delivered[i] += n as i64;
-                if let Some(g) = w.consumed(n, now) {
-                    grants.push((now + rtt / 2, i, g));
-                }
-            }
-        }
-        delivered
     }
 
     /// 16 connections opened at once on a link (budget 64 MiB, windows up
@@ -1373,8 +1357,8 @@ mod tests {
     fn settle_and_measure(gates: &[(RecvGate, SendGate)]) -> Vec<i64> {
         let rtt = Duration::from_millis(100);
         let start = Instant::now();
-        simulate_fifo(gates, start, rtt, 20 << 20, 30);
-        simulate_fifo(gates, start + rtt * 30, rtt, 20 << 20, 10)
+        simulate_link(gates, start, rtt, 20 << 20, Order::Arrival, 30);
+        simulate_link(gates, start + rtt * 30, rtt, 20 << 20, Order::Arrival, 10)
     }
 
     #[test]
