@@ -779,7 +779,7 @@ impl RecvWindow {
         self.set_starved(s, short && s.target < fair);
         if s.target > fair.max(self.least()) && self.link.starved.load(Ordering::Relaxed) > 0 {
             // A window's share of the link follows its size (the agent
-            // stream serves the tunnels' packets in turn of arrival), so one
+            // stream serves the tunnels' packets in order of arrival), so one
             // that took more than its part of the budget before the others
             // came gives it back: halving per round trip, down to the fair
             // share. The reservation follows as its data is passed on.
