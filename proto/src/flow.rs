@@ -403,6 +403,15 @@ impl LinkShared {
     }
 }
 
+/// Sets a connection's `flag`, keeping `count` (how many of the stream's
+/// connections have it set) in step.
+fn set_counted(flag: &mut bool, to: bool, count: &AtomicI64) {
+    if *flag != to {
+        *flag = to;
+        count.fetch_add(if to { 1 } else { -1 }, Ordering::Relaxed);
+    }
+}
+
 /// A window the link recently carried, halving every [`WARM_HOLD`] since.
 #[derive(Debug)]
 struct Warm {
@@ -884,21 +893,11 @@ impl RecvWindow {
     }
 
     fn set_moving(&self, s: &mut RecvState, moving: bool) {
-        if s.moving != moving {
-            s.moving = moving;
-            self.link
-                .moving
-                .fetch_add(if moving { 1 } else { -1 }, Ordering::Relaxed);
-        }
+        set_counted(&mut s.moving, moving, &self.link.moving);
     }
 
     fn set_starved(&self, s: &mut RecvState, starved: bool) {
-        if s.starved != starved {
-            s.starved = starved;
-            self.link
-                .starved
-                .fetch_add(if starved { 1 } else { -1 }, Ordering::Relaxed);
-        }
+        set_counted(&mut s.starved, starved, &self.link.starved);
     }
 
     fn returned(&self, bytes: i64) {
