@@ -764,6 +764,9 @@ impl RecvWindow {
             .lock()
             .note(if limited { s.target } else { delivered }, now);
         let fair = self.link.fair(&self.budget);
+        // Some connection waits for budget (this one's own flag cannot
+        // matter below: a starved window is under its fair share).
+        let contended = self.link.starved.load(Ordering::Relaxed) > 0;
         let mut short = false;
         if limited && s.target < self.cfg.max {
             // Double, or (one that started small, e.g. at the floor while
@@ -771,8 +774,8 @@ impl RecvWindow {
             // once: doubling from 16 KiB takes ten round trips, each longer
             // while others' data queues ahead.
             let mut to = (s.target * 2).max(self.link.share(now)).min(self.cfg.max);
-            if self.link.starved.load(Ordering::Relaxed) > 0 {
-                // Some wait for budget: none grows past the fair share.
+            if contended {
+                // None grows past the fair share while some wait.
                 to = to.min(fair.max(s.target));
             }
             let want = to - s.target;
@@ -786,7 +789,7 @@ impl RecvWindow {
             short = grown < want;
         }
         self.set_starved(s, short && s.target < fair);
-        if s.target > fair.max(self.least()) && self.link.starved.load(Ordering::Relaxed) > 0 {
+        if contended && s.target > fair.max(self.least()) {
             // A window's share of the link follows its size (the agent
             // stream serves the tunnels' packets in order of arrival), so one
             // that took more than its part of the budget before the others
