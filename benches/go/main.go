@@ -859,8 +859,9 @@ func nodeportGroup() []*row {
 	td := dest.tlsAddr()
 	// Debugging aids: BENCH_NP_ROWS=P7,NP (of P7, P7-rate, NP, NP-rate,
 	// P8) runs only those rows; BENCH_NP_BASE=<dir> adds the nodeport-proxy
-	// in <dir> (an older build) as one more anchor of the P7 and NP rows,
-	// interleaved with the others: a before/after in one run.
+	// in <dir> (an older build) as one more anchor of the P7 and NP rows, and
+	// its tunnel-agent and nodeport-proxy of the P8 HTTP/2 rows, interleaved
+	// with the others: a before/after in one run.
 	want := func(id string) bool {
 		v := os.Getenv("BENCH_NP_ROWS")
 		return v == "" || slices.Contains(strings.Split(v, ","), id)
@@ -936,6 +937,15 @@ func nodeportGroup() []*row {
 			defer floor.stop()
 			floor.dial = withTLS(floor.dial, ctls)
 			subs = append(subs, floor)
+		}
+		if base != nil {
+			bta, blisten, err := startTunnelAgentAt(filepath.Join(os.Getenv("BENCH_NP_BASE"), "tunnel-agent"), bp.tunnel, tlsAuthority)
+			if err != nil {
+				rows = append(rows, errRow(row{id: "P8", workload: "tunnel-agent base"}, err))
+			} else {
+				defer bta.Kill()
+				subs = append(subs, &subject{name: "base tunnel-agent → nodeport-proxy", procs: []*proc{bta, base.procs[0]}, dial: withTLS(tcpTo(goharness.Loopback(blisten)), ctls)})
+			}
 		}
 		for _, dir := range []byte{opDownload, opUpload} {
 			p8 := run(row{id: "P8", workload: fmt.Sprintf("HTTP/2 CONNECT, %d TLS streams on one tunnel-agent connection, aggregate %s", cfg.aggConns, dirName(dir)), unit: "MiB/s"},

@@ -600,8 +600,14 @@ func splitHostPort(a string) (string, string) {
 // startTunnelAgent: one local listener tunneled to authority over one h2c
 // connection to nodeport-proxy's tunneling port; ready when /ready is 200.
 func startTunnelAgent(tunnelPort int, authority string) (*proc, int, error) {
+	return startTunnelAgentAt(bin(ours, "tunnel-agent"), tunnelPort, authority)
+}
+
+// startTunnelAgentAt is startTunnelAgent with the binary given (an older
+// build as the anchor of a before/after run, BENCH_NP_BASE).
+func startTunnelAgentAt(binary string, tunnelPort int, authority string) (*proc, int, error) {
 	listen, stats := pickPort(), pickPort()
-	p, err := startProc("tunnel-agent", bin(ours, "tunnel-agent"), []string{
+	p, err := startProc("tunnel-agent", binary, []string{
 		"-proxy-host", "127.0.0.1",
 		"-proxy-port", strconv.Itoa(tunnelPort),
 		"-listener", fmt.Sprintf("127.0.0.1:%d=%s", listen, authority),

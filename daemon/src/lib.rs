@@ -8,6 +8,7 @@ pub mod budget;
 pub mod chunks;
 pub mod debug_connections;
 pub mod drain;
+pub mod duplex;
 pub mod duration;
 pub mod endpoints;
 pub mod errors;

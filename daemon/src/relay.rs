@@ -1,19 +1,19 @@
 //! Copies bytes both ways between a client and an upstream, holding a buffer
 //! only while data is in flight (a quiet connection holds none; see
-//! [`crate::chunks`]), keeps half-closes (EOF one way shuts down the write
+//! [`crate::chunks`]; an HTTP/2 stream's frames pass through uncopied, see
+//! [`crate::duplex`]), keeps half-closes (EOF one way shuts down the write
 //! side of the other peer and the opposite direction keeps flowing), ends on an
 //! idle timeout, and says which side failed.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-
-use crate::chunks::ChunkReader;
 use tokio::time::Instant;
+
+use crate::duplex::{ChunkRead, ChunkWrite, Duplex};
 
 /// Receives byte counts as they flow, for live metrics.
 pub trait Tally: Send + Sync {
@@ -108,8 +108,8 @@ pub async fn relay<C, U>(
     stop: impl Future<Output = ()>,
 ) -> (RelayEnd, RelayBytes)
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    U: AsyncRead + AsyncWrite + Unpin,
+    C: Duplex,
+    U: Duplex,
 {
     let activity = Arc::new(Activity {
         start: Instant::now(),
@@ -117,9 +117,9 @@ where
     });
     let from_client = AtomicU64::new(0);
     let from_upstream = AtomicU64::new(0);
-    let (cr, cw) = tokio::io::split(client);
-    let (ur, uw) = tokio::io::split(upstream);
     let size = options.buffer_size.max(1024);
+    let (cr, cw) = client.split(size);
+    let (ur, uw) = upstream.split(size);
     let count_up = |n| {
         from_client.fetch_add(n, Ordering::Relaxed);
         tally.client_bytes(n);
@@ -128,8 +128,8 @@ where
         from_upstream.fetch_add(n, Ordering::Relaxed);
         tally.upstream_bytes(n);
     };
-    let up = pump(cr, uw, size, &activity, Side::Client, &count_up);
-    let down = pump(ur, cw, size, &activity, Side::Upstream, &count_down);
+    let up = pump(cr, uw, &activity, Side::Client, &count_up);
+    let down = pump(ur, cw, &activity, Side::Upstream, &count_down);
     let idle = idle_watch(&activity, options.idle_timeout);
     let end = tokio::select! {
         r = async { tokio::try_join!(up, down) } => match r {
@@ -162,38 +162,39 @@ async fn idle_watch(activity: &Activity, idle: Option<Duration>) {
 async fn pump<R, W>(
     mut r: R,
     mut w: W,
-    size: usize,
     activity: &Activity,
     source: Side,
     count: &(dyn Fn(u64) + Sync),
 ) -> Result<(), RelayEnd>
 where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    R: ChunkRead,
+    W: ChunkWrite,
 {
     let (read_err, write_err): (ErrorOf, ErrorOf) = match source {
         Side::Client => (RelayEnd::ClientError, RelayEnd::UpstreamError),
         Side::Upstream => (RelayEnd::UpstreamError, RelayEnd::ClientError),
     };
-    let mut reader = ChunkReader::with_max(size);
     loop {
-        let chunk = reader.read(&mut r).await.map_err(read_err)?;
+        let mut chunk = poll_fn(|cx| r.poll_chunk(cx)).await.map_err(read_err)?;
         if chunk.is_empty() {
             // Half-close: the peer sees EOF, the other direction goes on.
-            let _ = w.shutdown().await;
+            let _ = poll_fn(|cx| w.poll_finish(cx)).await;
             return Ok(());
         }
-        w.write_all(&chunk).await.map_err(write_err)?;
-        w.flush().await.map_err(write_err)?;
+        let len = chunk.len() as u64;
+        poll_fn(|cx| w.poll_send(cx, &mut chunk))
+            .await
+            .map_err(write_err)?;
         activity.touch();
-        count(chunk.len() as u64);
+        count(len);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncReadExt;
+    use crate::duplex::Plain;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn copies_both_ways_and_keeps_half_close() {
@@ -201,8 +202,8 @@ mod tests {
         let (upstream, mut upstream_peer) = tokio::io::duplex(1024);
         let task = tokio::spawn(async move {
             relay(
-                client,
-                upstream,
+                Plain(client),
+                Plain(upstream),
                 RelayOptions::default(),
                 &(),
                 std::future::pending(),
@@ -254,7 +255,14 @@ mod tests {
             idle_timeout: Some(Duration::from_millis(50)),
             ..Default::default()
         };
-        let (end, _) = relay(client, upstream, opts, &(), std::future::pending()).await;
+        let (end, _) = relay(
+            Plain(client),
+            Plain(upstream),
+            opts,
+            &(),
+            std::future::pending(),
+        )
+        .await;
         assert!(matches!(end, RelayEnd::Idle), "{end:?}");
     }
 
@@ -262,7 +270,14 @@ mod tests {
     async fn stop_future_ends_relay() {
         let (client, _c) = tokio::io::duplex(64);
         let (upstream, _u) = tokio::io::duplex(64);
-        let (end, _) = relay(client, upstream, RelayOptions::default(), &(), async {}).await;
+        let (end, _) = relay(
+            Plain(client),
+            Plain(upstream),
+            RelayOptions::default(),
+            &(),
+            async {},
+        )
+        .await;
         assert!(matches!(end, RelayEnd::Stopped), "{end:?}");
     }
 }

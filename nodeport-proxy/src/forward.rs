@@ -11,9 +11,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use daemon::debug_connections::{Both, Connections, Tracked};
 use daemon::drain::Drain;
+use daemon::duplex::{Duplex, Plain};
 use daemon::relay::{RelayBytes, RelayEnd, RelayOptions, Tally, relay};
 use metrics::{Counter, Gauge};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::access_log::Access;
@@ -145,7 +146,7 @@ pub async fn forward<C>(
     access: &mut Access,
 ) -> RelayEnd
 where
-    C: AsyncRead + AsyncWrite + Unpin,
+    C: Duplex,
 {
     let _active = Active::new(&route.cluster.stats.upstream_cx_active());
     access.cluster(route.cluster.name.as_str());
@@ -184,7 +185,7 @@ where
             _ = shared.drain.stopping() => {}
         }
     };
-    let (end, moved) = relay(client, upstream, options, &Both(bytes, conn), stop).await;
+    let (end, moved) = relay(client, Plain(upstream), options, &Both(bytes, conn), stop).await;
     conn.set_close_reason(end.reason());
     tracing::debug!(
         route = %route.key,

@@ -215,7 +215,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
     };
     let end = forward(
-        client,
+        daemon::duplex::Plain(client),
         early.into(),
         &route,
         &downstream,

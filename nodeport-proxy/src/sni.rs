@@ -169,7 +169,7 @@ async fn proxy(
         upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
     };
     let end = forward(
-        client,
+        daemon::duplex::Plain(client),
         hello.into(),
         &route,
         downstream,

@@ -258,7 +258,7 @@ async fn http1(
     drop(buf);
     let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active());
     forward(
-        client,
+        daemon::duplex::Plain(client),
         early,
         &route,
         downstream,

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use daemon::authority::ConnectAuthority;
 use daemon::debug_connections::{Both, Connections, Tracked};
 use daemon::drain::Drain;
+use daemon::duplex::Plain;
 use daemon::endpoints::{Handler, Reply};
 use daemon::h2io::H2Io;
 use daemon::listen::{AcceptOptions, accept_loop};
@@ -430,7 +431,7 @@ async fn tunnel(
         idle_timeout: Some(config.idle_timeout).filter(|d| !d.is_zero()),
     };
     let (end, bytes) = relay(
-        client,
+        Plain(client),
         io,
         options,
         &Both(inner.metrics.as_ref(), conn),
