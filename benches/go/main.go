@@ -39,7 +39,7 @@ var (
 	flagDestKey   = flag.String("dest-key", "", "internal: with --dest-only, the TLS listener's key (PEM file)")
 	flagNPMem     = flag.String("np-mem-sizes", "", "np-mem: comma list of concurrent connection counts (default 1000,5000,10000; quick 200,500)")
 	flagScale     = flag.Int("scale-tunnels", 0, "konn-scale idle tunnels (default 50000, quick 500)")
-	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes (of every subject with BENCH_PERF_ALL=1) during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")
+	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes (of every subject with BENCH_PERF_ALL=1; with callers, BENCH_PERF_CALLGRAPH=1) during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")
 )
 
 var (

@@ -39,6 +39,11 @@ func startPerf(tag string, s *subject) func() {
 		pids = append(pids, strconv.Itoa(p))
 	}
 	args := []string{"record", "-e", "cpu-clock", "-F", "999", "-o", data, "-p", strings.Join(pids, ",")}
+	if os.Getenv("BENCH_PERF_CALLGRAPH") != "" {
+		// Callers of each sample (DWARF unwinding: release builds keep
+		// line tables, not frame pointers); read with perf report -G.
+		args = append(args, "--call-graph", "dwarf,16384")
+	}
 	stat := os.Getenv("BENCH_PERF_STAT") != ""
 	if stat {
 		// Counts instead of samples: syscalls, context switches, CPU;
