@@ -250,7 +250,7 @@ impl Connector {
                 timeout: self.keepalive_timeout,
                 min_gap: self.keepalive_min_interval,
             }),
-            max_frame_size: 16 << 10,
+            max_frame_size: crate::limits::MAX_FRAME_SIZE,
             max_header_list_size: 64 << 10,
             max_concurrent_streams: 100,
             max_send_buffer: 1 << 20,

@@ -7,6 +7,13 @@
 /// default); a larger one ends that stream.
 pub const MAX_GRPC_MESSAGE: usize = 4 << 20;
 
+/// SETTINGS_MAX_FRAME_SIZE we advertise on a server link: the largest
+/// HTTP/2 frame a server may send us, and so what h2 buffers at most to
+/// decode one. As large as our server's, so that a gRPC message of 16 KiB of
+/// data (which never fits HTTP/2's default 16 KiB frame) can arrive in one
+/// frame instead of being gathered out of two.
+pub const MAX_FRAME_SIZE: u32 = 64 << 10;
+
 /// Longest DIAL_REQ address dialed (a DNS name is at most 253 bytes); a
 /// longer one is refused without a lookup, and error texts never echo more.
 pub const MAX_DIAL_ADDRESS: usize = 1024;

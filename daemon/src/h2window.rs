@@ -1073,6 +1073,53 @@ mod tests {
         (peak.load(Ordering::Relaxed), read, server, client)
     }
 
+    /// The largest frame a connection advertises is the largest it is sent:
+    /// with 64 KiB a 40,000-byte body arrives in one DATA frame, where
+    /// HTTP/2's default 16 KiB splits it in three that the reader must
+    /// gather (a 16 KiB gRPC message never fits one default frame).
+    #[tokio::test]
+    async fn a_client_advertising_larger_frames_is_sent_a_message_in_one() {
+        for (advertised, frames) in [(16 << 10, 3), (64 << 10, 1)] {
+            let mut cfg = config(32 * MIB, i64::from(64 * MIB), None);
+            cfg.max_frame_size = advertised;
+            let (client_io, server_io) = tokio::io::duplex(1 << 20);
+            tokio::spawn(async move {
+                let mut conn = h2::server::handshake(server_io).await.unwrap();
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    let mut send = respond
+                        .send_response(http::Response::new(()), false)
+                        .unwrap();
+                    send.send_data(Bytes::from(vec![1u8; 40_000]), true)
+                        .unwrap();
+                }
+            });
+            let mut channel = crate::h2grpc::connect(client_io, &cfg).await.unwrap();
+            std::future::poll_fn(|cx| {
+                tower_service::Service::<http::Request<http_body_util::Empty<Bytes>>>::poll_ready(
+                    &mut channel,
+                    cx,
+                )
+            })
+            .await
+            .unwrap();
+            let req = http::Request::post("http://test/")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap();
+            let resp = tower_service::Service::call(&mut channel, req)
+                .await
+                .unwrap();
+            let mut body = resp.into_body();
+            let mut sizes = Vec::new();
+            while let Some(f) = body.frame().await {
+                if let Ok(d) = f.unwrap().into_data() {
+                    sizes.push(d.len());
+                }
+            }
+            assert_eq!(sizes.iter().sum::<usize>(), 40_000);
+            assert_eq!(sizes.len(), frames, "advertising {advertised}: {sizes:?}");
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_window_grows_under_a_long_round_trip_and_shrinks_back_when_idle() {
         let cfg = config(16 * MIB, 1 << 30, None);
