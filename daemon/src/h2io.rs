@@ -60,12 +60,6 @@ impl H2Io {
         io.read.meter = Some((meter.clone(), registration));
         io
     }
-
-    /// Resets the stream (RST_STREAM) instead of ending it cleanly, for a
-    /// relay that ended with an error.
-    pub fn reset(&mut self, reason: h2::Reason) {
-        self.write.send.send_reset(reason);
-    }
 }
 
 impl Duplex for H2Io {
