@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use rustls::server::WebPkiClientVerifier;
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedCipherSuite};
@@ -259,7 +259,7 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 
 fn load_certs_as(role: Role, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(role, path)?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
         .filter_map(Result::ok)
         .collect();
     if certs.is_empty() {
@@ -274,9 +274,8 @@ fn load_certs_as(role: Role, path: &Path) -> Result<Vec<CertificateDer<'static>>
 /// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let pem = read(Role::Key, path)?;
-    rustls_pemfile::private_key(&mut pem.as_slice())
+    PrivateKeyDer::from_pem_slice(&pem)
         .ok()
-        .flatten()
         .ok_or_else(|| TlsError::NoKey {
             path: path.to_path_buf(),
         })

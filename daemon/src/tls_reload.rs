@@ -277,7 +277,8 @@ fn record_expiry<T>(registry: &Registry, names: MetricNames, src: &Source<T>) {
 /// The earliest `NotAfter` (Unix seconds) of the certificates in a PEM file.
 pub fn earliest_expiry(path: &std::path::Path) -> Option<i64> {
     let pem = read_bounded(path, MAX_PEM_FILE).ok()?;
-    rustls_pemfile::certs(&mut pem.as_slice())
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    CertificateDer::pem_slice_iter(&pem)
         .filter_map(Result::ok)
         .filter_map(|der| {
             use x509_parser::prelude::{FromDer, X509Certificate};
@@ -390,7 +391,8 @@ mod tests {
         let v2 = serial(&tls.current());
         assert_ne!(v1, v2);
         let want_v2 = std::fs::read(d.join("v2/tls.crt")).unwrap_or_default();
-        let der = rustls_pemfile::certs(&mut want_v2.as_slice())
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let der = CertificateDer::pem_slice_iter(&want_v2)
             .filter_map(Result::ok)
             .next()
             .map(|c| c.as_ref().to_vec());
