@@ -207,23 +207,50 @@ async fn agent_tunnels_through_proxy_over_one_connection_and_reconnects() {
     );
 }
 
+/// A seed that speaks just enough HTTP/2 by hand to answer the agent's
+/// first PING, then goes silent (reads on, answers nothing), as a half-open
+/// connection after a load balancer failover does. Sends `()` on `dialled`
+/// for every connection accepted.
+async fn seed_silent_after_first_pong(seed: TcpListener, dialled: tokio::sync::mpsc::Sender<()>) {
+    use integration_tests::h2raw;
+    while let Ok((mut io, _)) = seed.accept().await {
+        let _ = dialled.send(()).await;
+        tokio::spawn(async move {
+            let mut preface = [0u8; 24];
+            if io.read_exact(&mut preface).await.is_err() || preface != h2raw::PREFACE {
+                return;
+            }
+            if io
+                .write_all(&h2raw::frame(h2raw::SETTINGS, 0, 0, &[]))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let mut answered = false;
+            while let Ok((kind, flags, _, payload)) = h2raw::read_frame(&mut io).await {
+                let reply = match (kind, flags & 1) {
+                    (h2raw::SETTINGS, 0) if !answered => h2raw::frame(h2raw::SETTINGS, 1, 0, &[]),
+                    (6, 0) if !answered => {
+                        answered = true;
+                        h2raw::frame(6, 1, 0, &payload)
+                    }
+                    _ => continue,
+                };
+                if io.write_all(&reply).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
 #[tokio::test]
 async fn unanswered_ping_drops_the_connection_and_redials() {
-    // A "proxy" that completes the HTTP/2 handshake, then goes silent (never
-    // polls the connection, so PINGs get no answer), as a half-open
-    // connection after a load balancer failover does.
     let seed = loopback().await;
     let seed_port = seed.local_addr().unwrap().port();
     let (tx, mut rx) = tokio::sync::mpsc::channel(4);
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((io, _)) = seed.accept().await {
-            if let Ok(conn) = h2::server::handshake(io).await {
-                held.push(conn);
-            }
-            let _ = tx.send(()).await;
-        }
-    });
+    tokio::spawn(seed_silent_after_first_pong(seed, tx));
     let local = loopback().await;
     let config = AgentConfig {
         proxy_host: "127.0.0.1".into(),
@@ -239,6 +266,9 @@ async fn unanswered_ping_drops_the_connection_and_redials() {
         .await
         .expect("agent never dialled")
         .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), agent.connected())
+        .await
+        .expect("the first PING was answered, yet the connection was not taken");
     tokio::time::timeout(Duration::from_secs(5), rx.recv())
         .await
         .expect("agent did not notice the dead connection and redial")
@@ -697,37 +727,88 @@ async fn a_draining_seed_is_replaced_for_new_tunnels_while_old_ones_run_on() {
     new.shutdown().await;
 }
 
-/// A stream the seed refuses with REFUSED_STREAM (it did not process it) is
-/// opened once more, and the local connection is served by the second.
-#[tokio::test]
-async fn a_refused_stream_is_opened_again() {
-    let seed = loopback().await;
-    let seed_port = seed.local_addr().unwrap().port();
+/// Echoes a CONNECT stream's bytes back, ending its answer when the
+/// request ends.
+fn echo_stream(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+) {
     tokio::spawn(async move {
-        let (io, _) = seed.accept().await.unwrap();
-        let mut conn = h2::server::handshake(io).await.unwrap();
-        let mut first = true;
-        while let Some(Ok((req, mut respond))) = conn.accept().await {
-            if std::mem::take(&mut first) {
-                respond.send_reset(h2::Reason::REFUSED_STREAM);
-                continue;
+        let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+            return;
+        };
+        let mut body = req.into_body();
+        while let Some(Ok(data)) = body.data().await {
+            let _ = body.flow_control().release_capacity(data.len());
+            send.reserve_capacity(data.len());
+            if send.send_data(data, false).is_err() {
+                return;
             }
-            // Echo the tunnel's bytes back.
+        }
+        let _ = send.send_data(bytes::Bytes::new(), true);
+    });
+}
+
+/// A hand-made seed: on each connection it accepts, `refuse(connection
+/// index, stream index on it)` says whether a CONNECT stream is refused
+/// with REFUSED_STREAM; the others are echoed. Counts streams per
+/// connection.
+fn refusing_seed(
+    seed: TcpListener,
+    refuse: fn(usize, usize) -> bool,
+) -> std::sync::Arc<std::sync::Mutex<Vec<usize>>> {
+    let streams = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let counts = streams.clone();
+    tokio::spawn(async move {
+        while let Ok((io, _)) = seed.accept().await {
+            let index = {
+                let mut c = counts.lock().unwrap();
+                c.push(0);
+                c.len() - 1
+            };
+            let counts = counts.clone();
             tokio::spawn(async move {
-                let mut send = respond
-                    .send_response(http::Response::new(()), false)
-                    .unwrap();
-                let mut body = req.into_body();
-                while let Some(Ok(data)) = body.data().await {
-                    let _ = body.flow_control().release_capacity(data.len());
-                    send.reserve_capacity(data.len());
-                    if send.send_data(data, false).is_err() {
-                        break;
+                let Ok(mut conn) = h2::server::handshake(io).await else {
+                    return;
+                };
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    let n = {
+                        let mut c = counts.lock().unwrap();
+                        c[index] += 1;
+                        c[index]
+                    };
+                    if refuse(index, n) {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    } else {
+                        echo_stream(req, respond);
                     }
                 }
             });
         }
     });
+    streams
+}
+
+async fn echo_once(addr: std::net::SocketAddr, msg: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(msg).await.unwrap();
+    let mut back = vec![0u8; msg.len()];
+    tokio::time::timeout(Duration::from_secs(15), s.read_exact(&mut back))
+        .await
+        .expect("no echo within 15 s")
+        .unwrap();
+    assert_eq!(back, msg);
+    s
+}
+
+/// A stream the seed refuses with REFUSED_STREAM (it did not process it) is
+/// opened once more; refused on a connection that carries nothing else, it
+/// is opened on a new connection that replaces it.
+#[tokio::test]
+async fn a_refused_stream_is_opened_again() {
+    let seed = loopback().await;
+    let seed_port = seed.local_addr().unwrap().port();
+    let streams = refusing_seed(seed, |conn, stream| conn == 0 && stream == 1);
     let local = loopback().await;
     let addr = local.local_addr().unwrap();
     let config = AgentConfig {
@@ -738,21 +819,452 @@ async fn a_refused_stream_is_opened_again() {
         ..AgentConfig::default()
     };
     let agent = agent_on(config, local).await;
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"once more").await.unwrap();
-    let mut back = [0u8; 9];
-    tokio::time::timeout(Duration::from_secs(15), s.read_exact(&mut back))
-        .await
-        .expect("no echo within 15 s")
-        .unwrap();
-    assert_eq!(&back, b"once more");
+    let s = echo_once(addr, b"once more").await;
     let metrics = agent.metrics_text();
     for series in [
         "envoy_cluster_upstream_rq_retry{envoy_cluster_name=\"proxy_cluster\"} 1\n",
         "envoy_cluster_upstream_rq_total{envoy_cluster_name=\"proxy_cluster\"} 2\n",
+        "envoy_cluster_upstream_cx_total{envoy_cluster_name=\"proxy_cluster\"} 2\n",
     ] {
         assert!(metrics.contains(series), "{series}: {metrics}");
     }
+    assert_eq!(*streams.lock().unwrap(), [1, 1]);
     drop(s);
+    agent.shutdown().await;
+}
+
+/// Envoy's pool: a connection that refuses a stream while it carries
+/// others takes no new stream until one of those ends; the refused one and
+/// the next go to another connection, dialled for them. Once a tunnel on
+/// the first ends, it takes streams again.
+#[tokio::test]
+async fn a_connection_that_refuses_a_stream_is_relieved_by_another() {
+    let seed = loopback().await;
+    let seed_port = seed.local_addr().unwrap().port();
+    let streams = refusing_seed(seed, |conn, stream| conn == 0 && stream == 2);
+    let local = loopback().await;
+    let addr = local.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: seed_port,
+        listeners: vec![spec(&local, "x.ns.svc.cluster.local:1")],
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = agent_on(config, local).await;
+    let a = echo_once(addr, b"first").await;
+    let b = echo_once(addr, b"refused on the first, served on a second").await;
+    assert_eq!(*streams.lock().unwrap(), [2, 1]);
+    let c = echo_once(addr, b"the first is still full").await;
+    assert_eq!(*streams.lock().unwrap(), [2, 2]);
+    assert_eq!(agent.seed_connections(), 2);
+    drop(a);
+    let cluster = "{envoy_cluster_name=\"proxy_cluster\"}";
+    wait_metric(
+        &agent,
+        &format!("envoy_cluster_upstream_rq_active{cluster}"),
+        2.0,
+    )
+    .await;
+    let d = echo_once(addr, b"room again on the first").await;
+    assert_eq!(*streams.lock().unwrap(), [3, 2]);
+    let metrics = agent.metrics_text();
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("envoy_cluster_upstream_cx_total{cluster}")
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+    drop((b, c, d));
+    agent.shutdown().await;
+}
+
+/// A seed whose first connection advertises SETTINGS_MAX_CONCURRENT_STREAMS
+/// = 0 and answers PINGs: new local connections are served on a second
+/// connection (the real nodeport-proxy behind it) instead of waiting on the
+/// first until they time out, while the first stays up.
+#[tokio::test]
+async fn a_seed_connection_allowing_no_streams_does_not_wedge_new_tunnels() {
+    let inv = openvpn_to(dest::echo().await);
+    let p = start_proxy(&inv, vec![], test_config()).await;
+    let real = p.tunnel;
+    let front = loopback().await;
+    let front_port = front.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut io, _)) = front.accept().await {
+            if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::Builder::new()
+                        .max_concurrent_streams(0)
+                        .handshake::<_, bytes::Bytes>(io)
+                        .await
+                    else {
+                        return;
+                    };
+                    // Answers SETTINGS and PINGs for as long as it is kept.
+                    while let Some(Ok((_, mut respond))) = conn.accept().await {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    }
+                });
+            } else {
+                tokio::spawn(async move {
+                    let mut up = TcpStream::connect(real).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut io, &mut up).await;
+                });
+            }
+        }
+    });
+    let local = loopback().await;
+    let addr = local.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: front_port,
+        listeners: vec![spec(
+            &local,
+            "openvpn-server.cluster-a.svc.cluster.local:1194",
+        )],
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = agent_on(config, local).await;
+    agent.connected().await;
+    let mut open = Vec::new();
+    for i in 0..5 {
+        open.push(echo_once(addr, format!("tunnel {i}").as_bytes()).await);
+    }
+    let metrics = agent.metrics_text();
+    let cluster = "{envoy_cluster_name=\"proxy_cluster\"}";
+    for (series, want) in [
+        ("envoy_cluster_upstream_cx_total", 2.0),
+        ("envoy_cluster_upstream_cx_active", 2.0),
+        ("envoy_cluster_upstream_rq_total", 5.0),
+        ("envoy_cluster_upstream_rq_pending_failure_eject", 0.0),
+    ] {
+        assert_eq!(
+            sample(&metrics, &format!("{series}{cluster}")),
+            Some(want),
+            "{series}: {metrics}"
+        );
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let proxy = p.proxy.metrics_text();
+    assert_eq!(
+        sample(
+            &proxy,
+            "envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix=\"ingress_http\"}"
+        ),
+        Some(5.0),
+        "{proxy}"
+    );
+    drop(open);
+    agent.shutdown().await;
+}
+
+/// KKP's scale case (issue 33): 1,100 tunnels from one node, all open at
+/// once, through the real nodeport-proxy, which allows 1,024 streams per
+/// connection: the agent opens a second connection for the last 76 (it
+/// used to queue them on the first until they timed out), and no more.
+#[tokio::test]
+async fn eleven_hundred_tunnels_open_through_a_seed_allowing_1024_per_connection() {
+    const TUNNELS: usize = 1100;
+    daemon::process::raise_open_files_limit();
+    let inv = openvpn_to(dest::echo().await);
+    let p = start_proxy(&inv, vec![], test_config()).await;
+    let local = loopback().await;
+    let addr = local.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: p.tunnel.port(),
+        listeners: vec![spec(
+            &local,
+            "openvpn-server.cluster-a.svc.cluster.local:1194",
+        )],
+        drain_timeout: Duration::from_secs(5),
+        ..AgentConfig::default()
+    };
+    let agent = agent_on(config, local).await;
+    agent.connected().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..TUNNELS {
+        tasks.spawn(async move { echo_once(addr, format!("tunnel {i:04}").as_bytes()).await });
+    }
+    let mut open = Vec::with_capacity(TUNNELS);
+    while let Some(s) = tasks.join_next().await {
+        open.push(s.unwrap());
+    }
+    assert_eq!(open.len(), TUNNELS);
+    let cluster = "{envoy_cluster_name=\"proxy_cluster\"}";
+    let metrics = agent.metrics_text();
+    for (series, want) in [
+        ("envoy_cluster_upstream_rq_active", TUNNELS as f64),
+        ("envoy_cluster_upstream_cx_total", 2.0),
+        ("envoy_cluster_upstream_rq_pending_failure_eject", 0.0),
+    ] {
+        assert_eq!(
+            sample(&metrics, &format!("{series}{cluster}")),
+            Some(want),
+            "{series}: {metrics}"
+        );
+    }
+    let proxy = p.proxy.metrics_text();
+    let prefix = "{envoy_http_conn_manager_prefix=\"ingress_http\"}";
+    assert_eq!(
+        sample(&proxy, &format!("envoy_http_downstream_cx_total{prefix}")),
+        Some(2.0),
+        "{proxy}"
+    );
+    drop(open);
+    wait_metric(
+        &agent,
+        &format!("envoy_cluster_upstream_rq_active{cluster}"),
+        0.0,
+    )
+    .await;
+    assert!(agent.shutdown().await);
+}
+
+/// Reloads are held to what Envoy's bootstrap validation refuses (PGV
+/// bounds, protobuf's and Envoy's duration ranges) and to ours (a listener
+/// on a kernel-picked port): each is refused, counted, named on /healthz,
+/// and the previous bootstrap keeps serving on the same listener.
+#[tokio::test]
+async fn a_reload_envoy_would_refuse_keeps_the_previous_bootstrap_serving() {
+    let echo = dest::greeter(b"G").await;
+    let inv = inventory(
+        vec![service(
+            "cluster-x",
+            "g",
+            "Tunneling",
+            "ClusterIP",
+            &[("tcp", 1, 0)],
+        )],
+        vec![slices("cluster-x", "g", "tcp", &[(echo, true)])],
+    );
+    let p = start_proxy(&inv, vec![], test_config()).await;
+    let local = loopback().await;
+    let local_addr = local.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("envoy.yaml");
+    let write = |text: &str| {
+        let tmp = dir.path().join("envoy.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    };
+    let good = kkp_bootstrap(
+        local_addr,
+        p.tunnel.port(),
+        "g.cluster-x.svc.cluster.local:1",
+    );
+    write(&good);
+    let flags = tunnel_agent::cli::FlagSettings::default();
+    let (config, _) = flags
+        .resolve(Some(&tunnel_agent::bootstrap::load(&path).unwrap()))
+        .unwrap();
+    let stats_l = loopback().await;
+    let stats = stats_l.local_addr().unwrap();
+    let agent = std::sync::Arc::new(
+        TunnelAgent::start(
+            config,
+            AgentListeners {
+                tunnels: vec![local],
+                stats: Some(stats_l),
+                admin: None,
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let follow = tunnel_agent::reload::Follow::new(
+        agent.clone(),
+        path.clone(),
+        good.clone().into_bytes(),
+        flags,
+        None,
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let follower = tokio::spawn(follow.run(None, async move {
+        let _ = stopped.await;
+    }));
+    let greet = || async move {
+        let mut s = TcpStream::connect(local_addr).await.unwrap();
+        let mut got = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+            .await
+            .expect("no greeting")
+            .unwrap();
+        assert_eq!(&got, b"G");
+    };
+    greet().await;
+    let failed = "tunnel_agent_config_reloads_total{result=\"failed\"}";
+    let listener = format!(
+        "        address: 127.0.0.1\n        port_value: {}",
+        local_addr.port()
+    );
+    let cases = [
+        (
+            "interval: 30s",
+            "interval: 0.000000001s".to_string(),
+            "connection_keepalive.interval",
+        ),
+        (
+            "connect_timeout: 5s",
+            "connect_timeout: 100000000000000000s".to_string(),
+            "connect_timeout",
+        ),
+        (
+            "connect_timeout: 5s",
+            "connect_timeout: 0s".to_string(),
+            "greater than 0s",
+        ),
+        (
+            listener.as_str(),
+            "        address: 127.0.0.1\n        port_value: 0".to_string(),
+            "port_value 0",
+        ),
+    ];
+    for (i, (anchor, replacement, want)) in cases.iter().enumerate() {
+        assert!(good.contains(anchor), "fixture lacks {anchor:?}");
+        write(&good.replacen(anchor, replacement, 1));
+        wait_metric(&agent, failed, (i + 1) as f64).await;
+        let (code, health) = http_get(stats, "/healthz").await;
+        assert_eq!(code, 200);
+        assert!(health.contains(want), "{want}: {health}");
+        assert_eq!(agent.local_addrs(), [local_addr]);
+        assert_eq!(agent.config().connect_timeout, Duration::from_secs(5));
+        greet().await;
+    }
+    // A good file again, with a longer PING interval: applied.
+    write(&good.replacen("interval: 30s", "interval: 7s", 1));
+    wait_metric(
+        &agent,
+        "tunnel_agent_config_reloads_total{result=\"applied\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(agent.config().keepalive_interval, Duration::from_secs(7));
+    greet().await;
+    let _ = stop.send(());
+    follower.await.unwrap();
+    agent.shutdown().await;
+}
+
+/// The pool grows with the streams the seed allows per connection and
+/// shrinks back when the load ends: with nodeport-proxy allowing 2 streams
+/// per connection, 5 tunnels take 3 connections; once they end, the
+/// connections beyond the first close after the pool's idle timeout.
+#[tokio::test]
+async fn extra_seed_connections_open_under_load_and_close_when_it_ends() {
+    let inv = openvpn_to(dest::echo().await);
+    let mut cfg = test_config();
+    cfg.max_streams_per_connection = 2;
+    let p = start_proxy(&inv, vec![], cfg).await;
+    let local = loopback().await;
+    let addr = local.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: p.tunnel.port(),
+        listeners: vec![spec(
+            &local,
+            "openvpn-server.cluster-a.svc.cluster.local:1194",
+        )],
+        pool_idle_timeout: Duration::from_millis(200),
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = agent_on(config, local).await;
+    let mut open = Vec::new();
+    for i in 0..5 {
+        open.push(echo_once(addr, format!("tunnel {i}").as_bytes()).await);
+    }
+    assert_eq!(agent.seed_connections(), 3);
+    let cluster = "{envoy_cluster_name=\"proxy_cluster\"}";
+    assert_eq!(
+        sample(
+            &agent.metrics_text(),
+            &format!("envoy_cluster_upstream_cx_active{cluster}")
+        ),
+        Some(3.0)
+    );
+    drop(open);
+    wait_metric(
+        &agent,
+        &format!("envoy_cluster_upstream_cx_active{cluster}"),
+        1.0,
+    )
+    .await;
+    assert_eq!(agent.seed_connections(), 1);
+    assert!(agent.is_connected());
+    // The one left still serves, and the pool grows again when needed.
+    let mut again = Vec::new();
+    for i in 0..3 {
+        again.push(echo_once(addr, format!("again {i}").as_bytes()).await);
+    }
+    assert_eq!(agent.seed_connections(), 2);
+    drop(again);
+    agent.shutdown().await;
+}
+
+/// The pool's bound: with 2 streams per connection and at most 2
+/// connections, a fifth tunnel waits (counted as an overflow) and fails
+/// after the connect timeout without a third connection; once a tunnel
+/// ends, the next one is served.
+#[tokio::test]
+async fn the_pool_stops_at_max_seed_connections() {
+    let inv = openvpn_to(dest::echo().await);
+    let mut cfg = test_config();
+    cfg.max_streams_per_connection = 2;
+    let p = start_proxy(&inv, vec![], cfg).await;
+    let local = loopback().await;
+    let addr = local.local_addr().unwrap();
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: p.tunnel.port(),
+        listeners: vec![spec(
+            &local,
+            "openvpn-server.cluster-a.svc.cluster.local:1194",
+        )],
+        max_seed_connections: 2,
+        connect_timeout: Duration::from_millis(500),
+        drain_timeout: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let agent = agent_on(config, local).await;
+    let mut open = Vec::new();
+    for i in 0..4 {
+        open.push(echo_once(addr, format!("tunnel {i}").as_bytes()).await);
+    }
+    let mut fifth = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), fifth.read_to_end(&mut rest))
+        .await
+        .expect("the fifth tunnel was neither served nor closed");
+    assert!(rest.is_empty());
+    let cluster = "{envoy_cluster_name=\"proxy_cluster\"}";
+    let metrics = agent.metrics_text();
+    for (series, want) in [
+        ("envoy_cluster_upstream_cx_total", 2.0),
+        ("envoy_cluster_upstream_cx_overflow", 1.0),
+        ("envoy_cluster_upstream_rq_pending_failure_eject", 1.0),
+    ] {
+        assert_eq!(
+            sample(&metrics, &format!("{series}{cluster}")),
+            Some(want),
+            "{series}: {metrics}"
+        );
+    }
+    drop(open.pop());
+    wait_metric(
+        &agent,
+        &format!("envoy_cluster_upstream_rq_active{cluster}"),
+        3.0,
+    )
+    .await;
+    open.push(echo_once(addr, b"room again").await);
+    assert_eq!(agent.seed_connections(), 2);
+    drop(open);
     agent.shutdown().await;
 }

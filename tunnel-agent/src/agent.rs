@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{AgentConfig, ConfigError, ListenerSpec};
 use crate::metrics::{AgentMetrics, ListenerStats};
-use crate::seed::{self, Current};
+use crate::seed::{self, Lease, SeedPool};
 
 /// Sockets for the agent. `tunnels` match `config.listeners` by position; when
 /// empty the agent binds each listener's own address.
@@ -50,7 +50,7 @@ pub enum AgentError {
 
 #[derive(Debug, thiserror::Error)]
 enum TunnelError {
-    #[error("no connection to the seed proxy within {0:?}")]
+    #[error("no connection to the seed proxy with room for another tunnel within {0:?}")]
     NoSeed(std::time::Duration),
     #[error("upstream: opening the CONNECT stream: {0}")]
     Open(h2::Error),
@@ -89,7 +89,7 @@ struct Running {
 struct Inner {
     config: watch::Sender<Arc<AgentConfig>>,
     metrics: Arc<AgentMetrics>,
-    current: Current,
+    pool: Arc<SeedPool>,
     drain: Drain,
     /// By configured address.
     listeners: tokio::sync::Mutex<BTreeMap<SocketAddr, Running>>,
@@ -138,12 +138,12 @@ impl TunnelAgent {
         let drain = Drain::new();
         let stats_drain = Drain::new();
         let failing = Arc::new(AtomicBool::new(false));
-        let (tx, current) = watch::channel(None);
+        let pool = SeedPool::new();
         let specs = config.listeners.clone();
         let (config_tx, config_rx) = watch::channel(Arc::new(config));
         tokio::spawn(seed::maintain(
             config_rx,
-            tx,
+            pool.clone(),
             metrics.clone(),
             drain.clone(),
         ));
@@ -151,7 +151,7 @@ impl TunnelAgent {
         let inner = Arc::new(Inner {
             config: config_tx,
             metrics: metrics.clone(),
-            current,
+            pool,
             drain,
             listeners: tokio::sync::Mutex::new(BTreeMap::new()),
             addrs: Mutex::new(Vec::new()),
@@ -201,14 +201,19 @@ impl TunnelAgent {
             .unwrap_or_default()
     }
 
-    /// Resolves once the shared connection to the seed proxy is up.
+    /// Resolves once a connection to the seed proxy takes tunnels.
     pub async fn connected(&self) {
-        let mut c = self.inner.current.clone();
-        let _ = c.wait_for(Option::is_some).await;
+        self.inner.pool.connected().await;
     }
 
     pub fn is_connected(&self) -> bool {
-        self.inner.current.borrow().is_some()
+        self.inner.pool.usable() > 0
+    }
+
+    /// Connections to the seed proxy open now, retired ones finishing
+    /// their tunnels included.
+    pub fn seed_connections(&self) -> usize {
+        self.inner.pool.open()
     }
 
     pub fn metrics_text(&self) -> String {
@@ -301,8 +306,13 @@ fn stats_handler(inner: Arc<Inner>, failing: Arc<AtomicBool>) -> Handler {
             ),
             None => Reply::ok(),
         },
-        "/ready" if inner.current.borrow().is_some() => Reply::ok(),
-        "/ready" => Reply::text(StatusCode::SERVICE_UNAVAILABLE, "not connected\n"),
+        "/ready" if failing.load(Ordering::Relaxed) => {
+            Reply::text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        }
+        "/ready" => match inner.pool.not_ready_reason() {
+            None => Reply::ok(),
+            Some(why) => Reply::text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        },
         "/stats/prometheus" | "/stats" | "/metrics" => Reply::metrics(inner.metrics.render()),
         _ => Reply::not_found(),
     })
@@ -395,22 +405,25 @@ async fn tunnel(
     let timeout = config.connect_timeout;
     let uri = http::Uri::try_from(authority.to_string())
         .map_err(|_| TunnelError::Refused(StatusCode::BAD_REQUEST, authority.clone()))?;
-    let mut current = inner.current.clone();
     // A stream the seed did not process (opened after its GOAWAY, or
-    // refused with REFUSED_STREAM) is opened once more, on a new
-    // connection if the old one is going away, as Envoy retries such
-    // streams. Anything else fails the local connection.
+    // refused with REFUSED_STREAM) is opened once more, on another
+    // connection (that one takes no new streams for now), as Envoy retries
+    // such streams. Anything else fails the local connection.
     let mut retried = false;
-    let (resp, stream, meter) = loop {
-        let seed = seed::ready(&mut current, timeout)
+    let (resp, stream, lease) = loop {
+        let lease = inner
+            .pool
+            .acquire(timeout)
             .await
             .ok_or(TunnelError::NoSeed(timeout))?;
-        match open(&seed, uri.clone(), timeout, inner).await {
-            Ok((resp, stream)) => break (resp, stream, seed.meter.clone()),
+        match open(&lease, uri.clone(), timeout, inner).await {
+            Ok((resp, stream)) => break (resp, stream, lease),
             Err(e) => match e.unprocessed() {
                 Some(go_away) if !retried => {
                     if go_away {
-                        seed.going_away();
+                        lease.going_away();
+                    } else {
+                        lease.refused();
                     }
                     retried = true;
                     inner.metrics.rq_retry.increment(1);
@@ -425,7 +438,7 @@ async fn tunnel(
     }
     inner.metrics.rq_active.increment(1.0);
     conn.set_state("established");
-    let io = H2Io::metered(stream, resp.into_body(), &meter);
+    let io = H2Io::metered(stream, resp.into_body(), lease.meter());
     let options = RelayOptions {
         buffer_size: config.buffer_size,
         idle_timeout: Some(config.idle_timeout).filter(|d| !d.is_zero()),
@@ -440,6 +453,7 @@ async fn tunnel(
     .await;
     conn.set_close_reason(end.reason());
     inner.metrics.rq_active.decrement(1.0);
+    drop(lease);
     tracing::debug!(%authority, reason = end.reason(), from_client = bytes.from_client, from_upstream = bytes.from_upstream, "tunnel closed");
     Ok(())
 }
@@ -447,7 +461,7 @@ async fn tunnel(
 /// Opens one CONNECT stream on `seed` and waits up to `timeout` for its
 /// answer.
 async fn open(
-    seed: &seed::Seed,
+    seed: &Lease,
     uri: http::Uri,
     timeout: std::time::Duration,
     inner: &Inner,
@@ -456,8 +470,7 @@ async fn open(
     *req.method_mut() = Method::CONNECT;
     *req.uri_mut() = uri;
     let (answer, stream) = seed
-        .send
-        .clone()
+        .send()
         .send_request(req, false)
         .map_err(TunnelError::Open)?;
     inner.metrics.rq_total.increment(1);

@@ -24,6 +24,7 @@ use std::time::Duration;
 use daemon::authority::ConnectAuthority;
 use serde::Deserialize;
 
+use crate::envoy_rules;
 use crate::limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH, MAX_LISTENERS};
 
 const TCP_PROXY: &str =
@@ -381,19 +382,29 @@ struct Endpoint {
     address: Address,
 }
 
-/// A protobuf JSON duration: decimal seconds with an `s` suffix (`5s`, `0.1s`).
+/// A protobuf JSON duration (`5s`, `0.1s`) as Envoy accepts it
+/// ([`envoy_rules::parse_duration`]).
 fn duration(path: &str, s: &str) -> Result<Duration, BootstrapError> {
-    let bad = || invalid(path, format!("{s:?} is not a duration like \"5s\""));
-    let secs = s.strip_suffix('s').ok_or_else(bad)?;
-    if secs.is_empty() || !secs.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        return Err(bad());
-    }
-    let v: f64 = secs.parse().map_err(|_| bad())?;
-    Duration::try_from_secs_f64(v).map_err(|_| bad())
+    envoy_rules::parse_duration(s).map_err(|e| invalid(path, e))
 }
 
+/// `port_value`: PGV `lte: 65535`.
 fn port(path: &str, v: u32) -> Result<u16, BootstrapError> {
     u16::try_from(v).map_err(|_| invalid(path, format!("port_value {v} is not a port")))
+}
+
+/// A listener's port. Envoy binds port 0 to a port the kernel picks; here
+/// a bootstrap listener is where pods (tunnels) or Prometheus and probes
+/// (stats) reach the agent, at a port they know, and a reload would move
+/// it: refused (docs/nodeport-proxy.md, differences).
+fn listener_port(path: &str, v: u32) -> Result<u16, BootstrapError> {
+    match port(path, v)? {
+        0 => Err(invalid(
+            path,
+            "port_value 0 (a port the kernel picks) is refused for a listener: clients reach it at a fixed port",
+        )),
+        p => Ok(p),
+    }
 }
 
 fn tcp(path: &str, a: &SocketAddress) -> Result<(), BootstrapError> {
@@ -406,7 +417,7 @@ fn tcp(path: &str, a: &SocketAddress) -> Result<(), BootstrapError> {
     }
 }
 
-/// A listener's bind address: an IP, as Envoy requires.
+/// A bind address: an IP, as Envoy requires.
 fn bind_addr(path: &str, a: &Address) -> Result<SocketAddr, BootstrapError> {
     let sa = &a.socket_address;
     tcp(path, sa)?;
@@ -417,6 +428,13 @@ fn bind_addr(path: &str, a: &Address) -> Result<SocketAddr, BootstrapError> {
         )
     })?;
     Ok(SocketAddr::new(ip, port(path, sa.port_value)?))
+}
+
+/// A listener's bind address (port 0 refused, [`listener_port`]).
+fn listener_addr(path: &str, a: &Address) -> Result<SocketAddr, BootstrapError> {
+    let addr = bind_addr(path, a)?;
+    listener_port(path, a.socket_address.port_value)?;
+    Ok(addr)
 }
 
 enum Role {
@@ -516,6 +534,14 @@ fn endpoint<'a>(path: &str, c: &'a Cluster) -> Result<&'a SocketAddress, Bootstr
     }
 }
 
+/// `Cluster.connect_timeout`: PGV `gt: 0s`.
+fn cluster_connect_timeout(path: &str, c: &Cluster) -> Result<Duration, BootstrapError> {
+    let path = format!("{path}.connect_timeout");
+    let d = duration(&path, &c.connect_timeout)?;
+    envoy_rules::check_positive(d).map_err(|e| invalid(path, e))?;
+    Ok(d)
+}
+
 fn seed_cluster(path: &str, c: &Cluster) -> Result<SeedCluster, BootstrapError> {
     if !matches!(c.kind.as_str(), "LOGICAL_DNS" | "STRICT_DNS" | "STATIC") {
         return Err(invalid(
@@ -523,7 +549,7 @@ fn seed_cluster(path: &str, c: &Cluster) -> Result<SeedCluster, BootstrapError> 
             format!("{}: LOGICAL_DNS, STRICT_DNS or STATIC expected", c.kind),
         ));
     }
-    let connect_timeout = duration(&format!("{path}.connect_timeout"), &c.connect_timeout)?;
+    let connect_timeout = cluster_connect_timeout(path, c)?;
     let options = c
         .typed_extension_protocol_options
         .as_ref()
@@ -561,22 +587,30 @@ fn seed_cluster(path: &str, c: &Cluster) -> Result<SeedCluster, BootstrapError> 
             let p = format!(
                 "{path}.typed_extension_protocol_options.explicit_http_config.http2_protocol_options.connection_keepalive"
             );
-            let interval = duration(&format!("{p}.interval"), &k.interval)?;
-            let timeout = duration(&format!("{p}.timeout"), &k.timeout)?;
-            if interval.is_zero() || timeout.is_zero() {
-                return Err(invalid(p, "interval and timeout must be positive"));
-            }
-            Some((interval, timeout))
+            let keepalive = |name: &str, text: &str| {
+                let path = format!("{p}.{name}");
+                let d = duration(&path, text)?;
+                envoy_rules::check_keepalive(d).map_err(|e| invalid(path, e))?;
+                Ok::<_, BootstrapError>(d)
+            };
+            Some((
+                keepalive("interval", &k.interval)?,
+                keepalive("timeout", &k.timeout)?,
+            ))
         }
     };
     let ep = endpoint(path, c)?;
     if ep.address.is_empty() {
         return Err(invalid(path, "the endpoint has no address"));
     }
+    let port = match port(path, ep.port_value)? {
+        0 => return Err(invalid(path, "the endpoint's port_value is 0")),
+        p => p,
+    };
     Ok(SeedCluster {
         name: c.name.clone(),
         host: ep.address.clone(),
-        port: port(path, ep.port_value)?,
+        port,
         connect_timeout,
         keepalive,
     })
@@ -648,7 +682,7 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
     let mut seed_name: Option<String> = None;
     for (i, l) in resources.listeners.iter().enumerate() {
         let path = format!("static_resources.listeners[{i}] ({})", l.name);
-        let addr = bind_addr(&format!("{path}.address"), &l.address)?;
+        let addr = listener_addr(&format!("{path}.address"), &l.address)?;
         match listener_role(&path, l)? {
             Role::Tunnel { cluster, authority } => {
                 match &seed_name {
@@ -728,7 +762,7 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
                     format!("{}: LOGICAL_DNS, STRICT_DNS or STATIC expected", c.kind),
                 ));
             }
-            duration(&format!("{path}.connect_timeout"), &c.connect_timeout)?;
+            cluster_connect_timeout(&path, c)?;
             endpoint(&path, c)?;
         }
     }

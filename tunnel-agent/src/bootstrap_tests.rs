@@ -133,7 +133,7 @@ fn unsupported_shapes_are_refused_with_the_place() {
             "not an IP",
         ),
         ("connect_timeout: 5s", "connect_timeout: 5", "duration"),
-        ("interval: 30s", "interval: 0s", "positive"),
+        ("interval: 30s", "interval: 0s", "shorter than 1ms"),
         (
             "hostname: apiserver-external.cluster-abc.svc.cluster.local:443",
             "hostname: no-port",
@@ -178,6 +178,69 @@ fn durations_as_protobuf_json() {
     for bad in ["", "s", "5", "5m", "-1s", "1e3s", "NaNs", "infs", "1.2.3s"] {
         assert!(duration("x", bad).is_err(), "{bad}");
     }
+}
+
+/// Every duration and port the agent acts on is held to Envoy's rules
+/// (PGV bounds in its API, protobuf's Duration range, Envoy's own bound on
+/// durations), each refusal naming the field.
+#[test]
+fn durations_and_ports_are_validated_as_envoy_does() {
+    let ka = "                interval: 30s\n                timeout: 5s\n";
+    assert!(KKP.contains(ka), "fixture lacks the keepalive");
+    let cases = [
+        // PGV gte 1ms on the keepalive; 1 ns would make the connection flap.
+        (
+            ka,
+            ka.replace("30s", "0.000000001s"),
+            "connection_keepalive.interval",
+        ),
+        (ka, ka.replace("30s", "0.000999s"), "shorter than 1ms"),
+        (ka, ka.replace("5s", "0s"), "connection_keepalive.timeout"),
+        // PGV gt 0s on connect_timeout.
+        (
+            "connect_timeout: 5s",
+            "connect_timeout: 0s".into(),
+            "greater than 0s",
+        ),
+        // 10^17 s: past protobuf's Duration range; 10^10 s: past Envoy's.
+        (
+            "connect_timeout: 5s",
+            "connect_timeout: 100000000000000000s".into(),
+            "protobuf",
+        ),
+        (
+            "connect_timeout: 5s",
+            "connect_timeout: 10000000000s".into(),
+            "292 years",
+        ),
+        (
+            "connect_timeout: 5s",
+            "connect_timeout: -5s".into(),
+            "negative",
+        ),
+        // A listener on a port the kernel picks; a port past 65535.
+        ("port_value: 6443", "port_value: 0".into(), "port_value 0"),
+        ("port_value: 8002", "port_value: 0".into(), "port_value 0"),
+        ("port_value: 6443", "port_value: 65536".into(), "65536"),
+        (
+            "port_value: 8088",
+            "port_value: 0".into(),
+            "port_value is 0",
+        ),
+    ];
+    for (anchor, replacement, want) in cases {
+        assert!(KKP.contains(anchor), "fixture lacks {anchor:?}");
+        let e = err(&KKP.replacen(anchor, &replacement, 1));
+        assert!(e.contains(want), "{replacement:?}: want {want:?} in {e}");
+    }
+    // The bounds themselves are accepted.
+    let b = ok(&KKP.replacen(ka, &ka.replace("30s", "0.001s"), 1));
+    assert_eq!(
+        b.seed.keepalive.map(|k| k.0),
+        Some(Duration::from_millis(1))
+    );
+    let b = ok(&KKP.replacen("connect_timeout: 5s", "connect_timeout: 9223372035s", 1));
+    assert_eq!(b.seed.connect_timeout, Duration::from_secs(9_223_372_035));
 }
 
 #[test]

@@ -56,6 +56,7 @@ pub struct FlagSettings {
     idle_timeout: Duration,
     drain_timeout: Duration,
     max_connections_per_listener: usize,
+    max_seed_connections: usize,
     /// `-http-proxy`: a URL, `direct`, or empty (the environment decides).
     http_proxy: String,
     http_proxy_ca: Option<PathBuf>,
@@ -84,6 +85,7 @@ impl Default for FlagSettings {
             idle_timeout: d.idle_timeout,
             drain_timeout: d.drain_timeout,
             max_connections_per_listener: d.max_connections_per_listener,
+            max_seed_connections: d.max_seed_connections,
             http_proxy: String::new(),
             http_proxy_ca: None,
             proxy_env: Vec::new(),
@@ -145,6 +147,7 @@ pub fn flag_set() -> FlagSet {
     .duration("idle-timeout", d.idle_timeout, "close tunnels idle this long (Envoy's tcp_proxy default: 1h)")
     .duration("drain-timeout", d.drain_timeout, "how long tunnels may continue after SIGTERM")
     .int("max-connections-per-listener", d.max_connections_per_listener as i64, "open connections per listener")
+    .int("max-seed-connections", d.max_seed_connections as i64, "ours: most HTTP/2 connections to the seed proxy that take new tunnels; another is opened only while every one is full of streams or refuses them (Envoy: circuit breaker max_connections, 1024)")
     .string("admin-address", "", "address:port of the admin listener serving /debug/connections (empty: the bootstrap's admin address, else 127.0.0.1:9902; none: off)")
     .string("http-proxy", "", "reach the seed through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the seed host")
     .string("http-proxy-ca", "", "CA bundle (PEM) a TLS (https://) proxy's certificate is checked against (empty: /etc/ssl/certs/ca-certificates.crt)")
@@ -206,6 +209,10 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             .ok()
             .filter(|n| *n > 0)
             .ok_or("-max-connections-per-listener must be positive")?,
+        max_seed_connections: usize::try_from(v.int("max-seed-connections"))
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or("-max-seed-connections must be positive")?,
         http_proxy: v.string("http-proxy"),
         http_proxy_ca: Some(v.string("http-proxy-ca"))
             .filter(|p| !p.is_empty())
@@ -358,6 +365,7 @@ impl FlagSettings {
         c.idle_timeout = self.idle_timeout;
         c.drain_timeout = self.drain_timeout;
         c.max_connections_per_listener = self.max_connections_per_listener;
+        c.max_seed_connections = self.max_seed_connections;
         c.windows = self.windows;
         match (self.stats_port, self.stats_address) {
             (Some(0), _) => stats = None,
@@ -501,5 +509,31 @@ mod tests {
             .is_err()
         );
         assert!(parse(&["-proxy-host=x", "-cluster-id=a", "-worker-threads=0"]).is_err());
+        assert!(parse(&["-proxy-host=x", "-cluster-id=a", "-max-seed-connections=0"]).is_err());
+    }
+
+    /// The flags that set what the bootstrap's durations set are held to
+    /// the same rules (Envoy's PGV bounds), naming the flag.
+    #[test]
+    fn flag_durations_follow_envoys_rules() {
+        let base = ["-proxy-host=x", "-cluster-id=a"];
+        for (flag, want) in [
+            ("-keepalive-interval=1ns", "-keepalive-interval"),
+            ("-keepalive-interval=999us", "shorter than 1ms"),
+            ("-keepalive-timeout=0s", "-keepalive-timeout"),
+            ("-connect-timeout=0s", "-connect-timeout"),
+        ] {
+            let e = parse(&[base[0], base[1], flag]).err().unwrap_or_default();
+            assert!(e.contains(want), "{flag}: {e}");
+        }
+        let cli = parse(&[
+            base[0],
+            base[1],
+            "-keepalive-interval=1ms",
+            "-max-seed-connections=3",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.config.keepalive_interval, Duration::from_millis(1));
+        assert_eq!(cli.config.max_seed_connections, 3);
     }
 }

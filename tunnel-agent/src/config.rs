@@ -81,7 +81,32 @@ pub struct AgentConfig {
     /// How the seed connection's HTTP/2 windows grow with the link
     /// (`daemon::h2window`) and what they may hold.
     pub windows: daemon::h2window::WindowSettings,
+    /// Most connections to the seed that take new streams: another is
+    /// dialled only while every one is full (Envoy's circuit breaker
+    /// `max_connections`, 1,024 by default; ours is smaller, see
+    /// [`DEFAULT_MAX_SEED_CONNECTIONS`]).
+    pub max_seed_connections: usize,
+    /// Most streams opened on one connection, whatever the seed allows
+    /// (Envoy's `http2_protocol_options.max_concurrent_streams`).
+    pub max_streams_per_connection: usize,
+    /// Streams one connection carries in all before it is retired (Envoy's
+    /// `common_http_protocol_options.max_requests_per_connection`); 0:
+    /// unlimited, Envoy's default.
+    pub max_requests_per_connection: u64,
+    /// A connection beyond the first that carried no tunnel this long is
+    /// closed (Envoy's `common_http_protocol_options.idle_timeout`, 1 h).
+    pub pool_idle_timeout: Duration,
 }
+
+/// Seed connections the pool may hold. Sixteen carry 16,384 tunnels at
+/// nodeport-proxy's 1,024 streams per connection: four listeners at
+/// `-max-connections-per-listener` (KKP renders two). Envoy's default
+/// (`max_connections`: 1,024) would let a seed that refuses every stream
+/// make the agent open a thousand connections to it.
+pub const DEFAULT_MAX_SEED_CONNECTIONS: usize = 16;
+
+/// Envoy's default `max_concurrent_streams` for HTTP/2 (2^31 - 1).
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: usize = (1 << 31) - 1;
 
 /// Windows start as before (256 KiB per stream, 1 MiB per connection) and
 /// grow as the link needs: a 16 MiB stream window carries 160 MB/s over a
@@ -113,6 +138,10 @@ impl Default for AgentConfig {
             drain_timeout: Duration::from_secs(30),
             http_proxy: None,
             windows: DEFAULT_WINDOWS,
+            max_seed_connections: DEFAULT_MAX_SEED_CONNECTIONS,
+            max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
+            max_requests_per_connection: 0,
+            pool_idle_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -152,9 +181,39 @@ impl AgentConfig {
                 "-http-proxy {p} is spoken to over TLS, but its CA bundle cannot be used (-http-proxy-ca): {e}"
             )));
         }
-        if self.keepalive_timeout.is_zero() || self.keepalive_interval.is_zero() {
+        // Envoy's rules for the values it shares with the bootstrap
+        // (crate::envoy_rules), whichever set them: file or flag.
+        let rule = |what: &str, r: Result<(), String>| {
+            r.map_err(|e| ConfigError::Invalid(format!("{what}: {e}")))
+        };
+        use crate::envoy_rules::{check_envoy_bound, check_keepalive, check_positive};
+        rule(
+            "keepalive interval (-keepalive-interval or the bootstrap's connection_keepalive.interval)",
+            check_keepalive(self.keepalive_interval),
+        )?;
+        rule(
+            "keepalive timeout (-keepalive-timeout or the bootstrap's connection_keepalive.timeout)",
+            check_keepalive(self.keepalive_timeout),
+        )?;
+        rule(
+            "connect timeout (-connect-timeout or the bootstrap's connect_timeout)",
+            check_positive(self.connect_timeout),
+        )?;
+        for (what, d) in [
+            ("keepalive interval", self.keepalive_interval),
+            ("keepalive timeout", self.keepalive_timeout),
+            ("connect timeout", self.connect_timeout),
+            ("-idle-timeout", self.idle_timeout),
+            ("-drain-timeout", self.drain_timeout),
+            ("back-off", self.backoff_max),
+            ("seed connection idle timeout", self.pool_idle_timeout),
+        ] {
+            rule(what, check_envoy_bound(d))?;
+        }
+        if self.max_seed_connections == 0 || self.max_streams_per_connection == 0 {
             return Err(ConfigError::Invalid(
-                "keepalive interval and timeout must be positive".into(),
+                "-max-seed-connections and the streams per seed connection must be at least 1"
+                    .into(),
             ));
         }
         Ok(())

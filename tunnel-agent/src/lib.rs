@@ -8,6 +8,7 @@ pub mod agent;
 pub mod bootstrap;
 pub mod cli;
 pub mod config;
+pub mod envoy_rules;
 pub mod http_proxy;
 pub mod limits;
 pub mod metrics;

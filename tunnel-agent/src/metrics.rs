@@ -20,6 +20,7 @@ pub struct AgentMetrics {
     pub cx_total: Counter,
     pub cx_active: Gauge,
     pub cx_connect_fail: Counter,
+    pub cx_overflow: Counter,
     pub cx_destroy_keepalive: Counter,
     pub rq_total: Counter,
     pub rq_retry: Counter,
@@ -61,7 +62,11 @@ impl AgentMetrics {
         );
         r.describe_gauge(
             "envoy_cluster_upstream_cx_active",
-            "Open HTTP/2 connections to the seed proxy (1; 2 while one replaced by a configuration change finishes).",
+            "Open HTTP/2 connections to the seed proxy: 1, more while each is full of streams (up to -max-seed-connections) or while replaced ones finish their tunnels.",
+        );
+        r.describe_counter(
+            "envoy_cluster_upstream_cx_overflow",
+            "Times tunnels waited with every seed connection full and the pool at -max-seed-connections.",
         );
         r.describe_counter(
             "envoy_cluster_upstream_cx_connect_fail",
@@ -129,7 +134,7 @@ impl AgentMetrics {
                     reserved: "tunnel_agent_memory_reserved_bytes",
                     budget: "tunnel_agent_memory_budget_bytes",
                 },
-                "Twice -connection-budget (the seed connection and one being replaced), in bytes.",
+                "Twice -connection-budget, shared by every seed connection, in bytes.",
             ),
             started: Instant::now(),
             uptime: r.gauge("envoy_server_uptime", &[]),
@@ -137,6 +142,7 @@ impl AgentMetrics {
             cx_total: r.counter("envoy_cluster_upstream_cx_total", &c),
             cx_active: r.gauge("envoy_cluster_upstream_cx_active", &c),
             cx_connect_fail: r.counter("envoy_cluster_upstream_cx_connect_fail", &c),
+            cx_overflow: r.counter("envoy_cluster_upstream_cx_overflow", &c),
             cx_destroy_keepalive: r.counter("envoy_cluster_upstream_cx_destroy_with_active_rq", &c),
             rq_total: r.counter("envoy_cluster_upstream_rq_total", &c),
             rq_retry: r.counter("envoy_cluster_upstream_rq_retry", &c),

@@ -1,24 +1,42 @@
-//! The one HTTP/2 (h2c) connection to the seed proxy that every tunnel shares:
-//! kept however long it idles, declared dead when a PING goes unanswered,
-//! resolved and dialled again after every loss with exponential back-off and
-//! jitter. A new configuration naming another seed (or other PING or window
-//! settings) starts a new connection; tunnels on the old one run on until
-//! they end. So does a GOAWAY from the seed (a nodeport-proxy pod draining
-//! in a rolling update): h2's client shows it only as an error when the next
-//! stream is opened, and the connection stays open while its streams run, so
-//! the first tunnel to meet the error asks for a new connection (Envoy's
-//! connection pool does the same on GOAWAY). Its receive windows follow the
-//! link (`daemon::h2window`).
+//! The HTTP/2 (h2c) connections to the seed proxy that every tunnel shares:
+//! a pool, as Envoy's HTTP/2 connection pool is. One connection carries every
+//! tunnel while it has room; when each has as many streams open as the seed
+//! allows (its SETTINGS_MAX_CONCURRENT_STREAMS, nodeport-proxy: 1,024) or
+//! refuses streams (MAX_CONCURRENT_STREAMS=0, REFUSED_STREAM), a tunnel that
+//! waits makes the pool dial another, up to `max_seed_connections`.
+//! Connections beyond the first that carried nothing for the pool's idle
+//! timeout are closed. The first one is kept however long it idles.
+//!
+//! A connection takes streams only once the seed answered a first PING: the
+//! seed's SETTINGS come before that answer (HTTP/2 preface order, and h2
+//! applies them before reading on), so its stream limit is known before a
+//! stream is opened and no stream waits unseen inside h2 behind a limit of 0.
+//!
+//! Each connection is declared dead when a keepalive PING goes unanswered;
+//! the pool dials again after a loss with exponential back-off and jitter,
+//! resolving the seed's name again. A new configuration naming another seed
+//! (or other PING or window settings) retires every connection: tunnels on
+//! them run on until they end, new ones get a new connection. So does a
+//! GOAWAY from the seed (a nodeport-proxy pod draining in a rolling update):
+//! h2's client shows it only as an error when the next stream is opened, and
+//! the connection stays open while its streams run, so the first tunnel to
+//! meet the error retires it (Envoy's connection pool does the same on
+//! GOAWAY). Receive windows follow the link (`daemon::h2window`), reserved
+//! from one budget all connections share.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::drain::Drain;
-use daemon::h2window::{Action, Controller, Keepalive, Meter, Pool, Start};
+use daemon::h2window::{Action, Controller, Keepalive, Meter, Start};
 use h2::client::SendRequest;
+use h2::{Ping, PingPong};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
 
 use crate::config::AgentConfig;
 use crate::http_proxy::{HttpProxy, ProxyError, SeedIo};
@@ -43,33 +61,290 @@ pub enum SeedError {
     Timeout { host: String, port: u16 },
     #[error("HTTP/2 handshake with the seed proxy: {0}")]
     Handshake(h2::Error),
+    #[error("the seed proxy did not answer the first PING within {0:?}")]
+    NoPong(Duration),
+    #[error("the seed proxy closed the connection before answering the first PING: {0}")]
+    ClosedEarly(String),
     #[error(transparent)]
     HttpProxy(#[from] ProxyError),
 }
 
-/// A connection to the seed: where tunnels open streams, and what their
-/// readers report to its window controller.
-#[derive(Clone)]
-pub struct Seed {
-    pub send: SendRequest<Bytes>,
+/// One connection to the seed, as the pool and the tunnels on it see it.
+pub struct Conn {
+    send: SendRequest<Bytes>,
     pub meter: Arc<Meter>,
-    going_away: Arc<Notify>,
+    /// Streams of ours open on it (leases not yet dropped).
+    open: AtomicUsize,
+    /// Streams opened on it in all (for `max_requests_per_connection`).
+    opened: AtomicU64,
+    /// Takes no new streams: the seed sent GOAWAY, the configuration
+    /// changed, it reached its request limit or idled out.
+    closing: AtomicBool,
+    /// After the seed refused a stream: no more streams than this until one
+    /// of those open ends (`usize::MAX`: no such limit).
+    refused_cap: AtomicUsize,
+    /// Most streams we open on it (Envoy's `max_concurrent_streams`).
+    max_streams: usize,
+    /// Streams it carries in all before it is retired (0: unlimited).
+    max_requests: u64,
+    /// Wakes the connection's driver: retired, or its stream count changed.
+    wake: Notify,
+    /// Why it was retired, for the log.
+    retired_for: parking_lot::Mutex<Option<&'static str>>,
 }
 
-impl Seed {
-    /// This connection takes no new streams (the seed sent GOAWAY): new
-    /// tunnels get a new connection while open ones finish on this one.
-    pub fn going_away(&self) {
-        self.going_away.notify_one();
+impl Conn {
+    /// The most streams it may have open now: the seed's limit, ours, and
+    /// after a refusal the streams that were open then.
+    fn limit(&self) -> usize {
+        self.send
+            .current_max_send_streams()
+            .min(self.max_streams)
+            .min(self.refused_cap.load(Ordering::Acquire))
+    }
+
+    /// Takes a stream slot if it has room.
+    fn try_take(&self) -> bool {
+        if self.closing.load(Ordering::Acquire) {
+            return false;
+        }
+        let limit = self.limit();
+        let taken = self
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok();
+        if taken {
+            let opened = self.opened.fetch_add(1, Ordering::AcqRel) + 1;
+            if self.max_requests != 0 && opened >= self.max_requests {
+                self.retire("it carried max_requests_per_connection streams");
+            }
+            self.wake.notify_one();
+        }
+        taken
+    }
+
+    fn has_room(&self) -> bool {
+        !self.closing.load(Ordering::Acquire) && self.open.load(Ordering::Acquire) < self.limit()
+    }
+
+    /// New streams go elsewhere; open ones run on.
+    fn retire(&self, why: &'static str) {
+        self.retired_for.lock().get_or_insert(why);
+        self.closing.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
     }
 }
 
-/// The current connection, if any; tunnels wait on it.
-pub type Current = watch::Receiver<Option<Seed>>;
+/// A stream slot on one connection, held for the life of a tunnel.
+pub struct Lease {
+    conn: Arc<Conn>,
+    pool: Arc<SeedPool>,
+}
+
+impl Lease {
+    pub fn send(&self) -> SendRequest<Bytes> {
+        self.conn.send.clone()
+    }
+
+    pub fn meter(&self) -> &Arc<Meter> {
+        &self.conn.meter
+    }
+
+    /// The seed sent GOAWAY: this connection takes no new streams.
+    pub fn going_away(&self) {
+        self.conn.retire("the seed proxy sent GOAWAY");
+        self.pool.bump();
+    }
+
+    /// The seed refused this stream (REFUSED_STREAM): the connection takes
+    /// no new stream until one of those open on it ends; alone on it, the
+    /// connection is retired (nothing would ever end to make room).
+    pub fn refused(&self) {
+        let others = self.conn.open.load(Ordering::Acquire).saturating_sub(1);
+        if others == 0 {
+            self.conn
+                .retire("the seed proxy refused a stream on a connection that carried no other");
+        } else {
+            self.conn.refused_cap.store(others, Ordering::Release);
+        }
+        self.pool.bump();
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let left = self.conn.open.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left < self.conn.refused_cap.load(Ordering::Acquire) {
+            self.conn.refused_cap.store(usize::MAX, Ordering::Release);
+        }
+        self.conn.wake.notify_one();
+        self.pool.bump();
+    }
+}
+
+/// What a connection's driver tells the pool's keeper when it ends.
+struct Ended {
+    /// It failed (not retired, not stopped by the drain).
+    lost: bool,
+    reason: String,
+}
+
+/// The connections, and what tunnels wait on.
+pub struct SeedPool {
+    conns: parking_lot::Mutex<Vec<Arc<Conn>>>,
+    /// Bumped whenever a connection may have room it had not: tunnels
+    /// waiting for a slot look again.
+    version: watch::Sender<u64>,
+    /// Tunnels waiting for a slot.
+    waiting: AtomicUsize,
+    /// Tells the keeper a tunnel found no room.
+    demand: Notify,
+    /// Why the last dial failed or the last connection was lost, while no
+    /// connection takes streams (for `/ready`).
+    last_error: parking_lot::Mutex<Option<String>>,
+}
+
+impl SeedPool {
+    pub fn new() -> Arc<SeedPool> {
+        Arc::new(SeedPool {
+            conns: parking_lot::Mutex::new(Vec::new()),
+            version: watch::channel(0).0,
+            waiting: AtomicUsize::new(0),
+            demand: Notify::new(),
+            last_error: parking_lot::Mutex::new(None),
+        })
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Connections that take new streams.
+    pub fn usable(&self) -> usize {
+        self.conns.lock().iter().filter(|c| !c.is_closing()).count()
+    }
+
+    /// All connections open, retired ones finishing their tunnels included.
+    pub fn open(&self) -> usize {
+        self.conns.lock().len()
+    }
+
+    /// Why no connection takes streams, if none does.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        if self.usable() > 0 {
+            return None;
+        }
+        Some(
+            self.last_error
+                .lock()
+                .clone()
+                .unwrap_or_else(|| "no connection to the seed proxy yet".into()),
+        )
+    }
+
+    /// Resolves once a connection takes streams.
+    pub async fn connected(&self) {
+        let mut rx = self.version.subscribe();
+        loop {
+            if self.usable() > 0 {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn try_lease(self: &Arc<Self>) -> Option<Lease> {
+        let conns = self.conns.lock();
+        let conn = conns.iter().find(|c| c.try_take())?.clone();
+        Some(Lease {
+            conn,
+            pool: self.clone(),
+        })
+    }
+
+    fn any_room(&self) -> bool {
+        self.conns.lock().iter().any(|c| c.has_room())
+    }
+
+    /// A stream slot on a connection with room, waiting up to `timeout` for
+    /// one (the pool dials another connection while tunnels wait).
+    pub async fn acquire(self: &Arc<Self>, timeout: Duration) -> Option<Lease> {
+        let mut rx = self.version.subscribe();
+        rx.borrow_and_update();
+        if let Some(l) = self.try_lease() {
+            return Some(l);
+        }
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&self.waiting);
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.demand.notify_one();
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return None },
+                _ = tokio::time::sleep_until(deadline) => return None,
+            }
+            rx.borrow_and_update();
+            if let Some(l) = self.try_lease() {
+                return Some(l);
+            }
+        }
+    }
+
+    fn add(&self, conn: Arc<Conn>) {
+        self.conns.lock().push(conn);
+        *self.last_error.lock() = None;
+        self.bump();
+    }
+
+    fn remove(&self, conn: &Arc<Conn>) {
+        self.conns.lock().retain(|c| !Arc::ptr_eq(c, conn));
+        self.bump();
+    }
+
+    /// Retires `conn` for idling, unless it is the last that takes streams.
+    fn retire_idle(&self, conn: &Arc<Conn>) -> bool {
+        let conns = self.conns.lock();
+        let others = conns
+            .iter()
+            .any(|c| !Arc::ptr_eq(c, conn) && !c.is_closing());
+        if others && conn.open.load(Ordering::Acquire) == 0 {
+            conn.retire("idle");
+            true
+        } else {
+            false
+        }
+    }
+
+    fn retire_all(&self) {
+        for c in self.conns.lock().iter() {
+            c.retire("seed settings changed");
+        }
+        self.bump();
+    }
+
+    fn set_error(&self, e: String) {
+        *self.last_error.lock() = Some(e);
+        self.bump();
+    }
+}
 
 type Connection = h2::client::Connection<SeedIo, Bytes>;
 
-/// What a seed connection is dialled and kept with; a change means a new one.
+/// What a seed connection is dialled and kept with; a change means new ones.
 fn target(
     c: &AgentConfig,
 ) -> (
@@ -90,99 +365,160 @@ fn target(
     )
 }
 
-/// Keeps a connection up until the drain stops the agent, following
-/// configuration changes.
+/// Whether the keeper should dial another connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    No,
+    Yes,
+    /// Tunnels wait and every connection is full, but the pool is at its
+    /// bound (Envoy counts this as `upstream_cx_overflow`).
+    Capped,
+}
+
+fn wanted(pool: &SeedPool, cfg: &AgentConfig) -> Want {
+    let usable = pool.usable();
+    if usable == 0 {
+        return Want::Yes;
+    }
+    if pool.waiting.load(Ordering::Acquire) == 0 || pool.any_room() {
+        return Want::No;
+    }
+    if usable >= cfg.max_seed_connections {
+        return Want::Capped;
+    }
+    Want::Yes
+}
+
+/// Keeps the pool's connections up until the drain stops the agent,
+/// following configuration changes.
 pub async fn maintain(
     mut config: watch::Receiver<Arc<AgentConfig>>,
-    current: watch::Sender<Option<Seed>>,
+    pool: Arc<SeedPool>,
     metrics: Arc<AgentMetrics>,
     drain: Drain,
 ) {
-    let mut backoff = config.borrow().backoff_initial;
-    // The current connection and one being replaced may each hold their budget.
-    let pool = Pool::new(config.borrow().windows.connection_budget.saturating_mul(2));
-    metrics.watch_windows(pool.clone());
+    let mut cfg = config.borrow_and_update().clone();
+    let mut backoff = cfg.backoff_initial;
+    let mut not_before = Instant::now();
+    // Every connection's windows are reserved from one budget: twice one
+    // connection's, so a connection and one being replaced both fit.
+    let windows = daemon::h2window::Pool::new(cfg.windows.connection_budget.saturating_mul(2));
+    metrics.watch_windows(windows.clone());
+    let (ended_tx, mut ended) = mpsc::unbounded_channel::<Ended>();
+    let mut capped = false;
     loop {
-        let cfg = config.borrow_and_update().clone();
-        let start = pool.start(cfg.windows);
-        match dial(&cfg, &start).await {
-            Ok((send, conn)) => {
+        // Wait until another connection is wanted and may be dialled.
+        loop {
+            let w = wanted(&pool, &cfg);
+            if w == Want::Capped && !capped {
+                metrics.cx_overflow.increment(1);
+                tracing::warn!(
+                    connections = pool.usable(),
+                    "every seed proxy connection is full and the pool is at its bound (-max-seed-connections): new tunnels wait for a stream to end"
+                );
+            }
+            capped = w == Want::Capped;
+            let want = w == Want::Yes;
+            if want && Instant::now() >= not_before {
+                break;
+            }
+            tokio::select! {
+                _ = pool.demand.notified() => {}
+                Some(e) = ended.recv() => {
+                    if e.lost {
+                        // Back off before dialling again, so a seed that
+                        // accepts and then drops every connection is not
+                        // hammered.
+                        not_before = Instant::now() + backoff.mul_f64(rand::random_range(0.8..1.2));
+                        backoff = (backoff * 2).min(cfg.backoff_max);
+                        if pool.usable() == 0 {
+                            pool.set_error(format!("seed proxy connection lost: {}", e.reason));
+                            tracing::warn!(reason = %e.reason, retry_in = ?not_before.saturating_duration_since(Instant::now()), "seed proxy connection lost; reconnecting");
+                        } else {
+                            tracing::info!(reason = %e.reason, "a seed proxy connection was lost; the others carry new tunnels");
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(not_before), if want => {}
+                r = config.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    let new = config.borrow_and_update().clone();
+                    if target(&new) != target(&cfg) {
+                        pool.retire_all();
+                        // A new seed is tried at once.
+                        backoff = new.backoff_initial;
+                        not_before = Instant::now();
+                    }
+                    cfg = new;
+                }
+                _ = drain.stopping() => return,
+            }
+        }
+        let start = windows.start(cfg.windows);
+        let dialled = tokio::select! {
+            r = establish(&cfg, start) => r,
+            _ = drain.stopping() => return,
+        };
+        match dialled {
+            Ok(up) => {
                 metrics.cx_total.increment(1);
                 metrics.cx_active.increment(1.0);
                 match &cfg.http_proxy {
                     None => {
-                        tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, "connected to seed proxy")
+                        tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, connections = pool.usable() + 1, "connected to seed proxy")
                     }
                     Some(via) => {
-                        tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, %via, "connected to seed proxy through the HTTP proxy")
+                        tracing::info!(proxy = %cfg.proxy_host, port = cfg.proxy_port, %via, connections = pool.usable() + 1, "connected to seed proxy through the HTTP proxy")
                     }
                 }
-                let meter = Meter::new();
-                let going_away = Arc::new(Notify::new());
-                current.send_replace(Some(Seed {
-                    send,
-                    meter: meter.clone(),
-                    going_away: going_away.clone(),
-                }));
-                let end = drive(
+                let conn = Arc::new(Conn {
+                    send: up.send,
+                    meter: Meter::new(),
+                    open: AtomicUsize::new(0),
+                    opened: AtomicU64::new(0),
+                    closing: AtomicBool::new(false),
+                    refused_cap: AtomicUsize::new(usize::MAX),
+                    max_streams: cfg.max_streams_per_connection,
+                    max_requests: cfg.max_requests_per_connection,
+                    wake: Notify::new(),
+                    retired_for: parking_lot::Mutex::new(None),
+                });
+                pool.add(conn.clone());
+                tokio::spawn(drive(
+                    up.conn,
+                    up.pings,
+                    up.start,
                     conn,
-                    meter,
-                    &going_away,
-                    start,
-                    &cfg,
-                    &mut config,
-                    &metrics,
-                    &drain,
-                )
-                .await;
-                current.send_replace(None);
-                if drain.is_stopping() {
-                    metrics.cx_active.decrement(1.0);
-                    return;
-                }
-                match end.retired {
-                    Some(conn) => {
-                        tracing::info!(
-                            reason = %end.reason,
-                            "new tunnels use a new connection to the seed proxy, open ones finish on the old"
-                        );
-                        tokio::spawn(retire(conn, metrics.clone(), drain.clone()));
-                        backoff = cfg.backoff_initial;
-                        continue;
-                    }
-                    None => metrics.cx_active.decrement(1.0),
-                }
-                // Only a connection that proved healthy (a PING answered)
-                // resets the back-off: a seed that accepts and then drops
-                // every connection is retried ever more slowly, not in a loop.
-                if end.healthy {
-                    backoff = cfg.backoff_initial;
-                }
-                tracing::warn!(reason = %end.reason, retry_in = ?backoff, "seed proxy connection lost; reconnecting");
+                    pool.clone(),
+                    cfg.clone(),
+                    metrics.clone(),
+                    drain.clone(),
+                    ended_tx.clone(),
+                ));
+                backoff = cfg.backoff_initial;
             }
             Err(e) => {
                 metrics.cx_connect_fail.increment(1);
-                tracing::warn!(error = %e, retry_in = ?backoff, "seed proxy unreachable");
+                let wait = backoff.mul_f64(rand::random_range(0.8..1.2));
+                tracing::warn!(error = %e, retry_in = ?wait, "seed proxy unreachable");
+                if pool.usable() == 0 {
+                    pool.set_error(format!("seed proxy unreachable: {e}"));
+                }
+                not_before = Instant::now() + wait;
+                backoff = (backoff * 2).min(cfg.backoff_max);
             }
         }
-        let jitter = rand::random_range(0.8..1.2);
-        tokio::select! {
-            _ = tokio::time::sleep(backoff.mul_f64(jitter)) => {}
-            // A new seed is tried at once.
-            r = config.changed() => if r.is_err() { return },
-            _ = drain.stopping() => return,
-        }
-        backoff = (backoff * 2).min(cfg.backoff_max);
     }
 }
 
-/// Runs a replaced connection until its last tunnel ends.
-async fn retire(conn: Connection, metrics: Arc<AgentMetrics>, drain: Drain) {
-    tokio::select! {
-        _ = conn => {}
-        _ = drain.stopping() => {}
-    }
-    metrics.cx_active.decrement(1.0);
+/// A connection that answered its first PING.
+struct Established {
+    send: SendRequest<Bytes>,
+    conn: Connection,
+    pings: PingPong,
+    start: Start,
 }
 
 async fn handshake(
@@ -200,6 +536,34 @@ async fn handshake(
         .handshake(io)
         .await
         .map_err(SeedError::Handshake)
+}
+
+/// Dials, shakes hands, and waits for the answer to a first PING (within
+/// the keepalive timeout), by which the seed's SETTINGS are applied.
+async fn establish(config: &AgentConfig, start: Start) -> Result<Established, SeedError> {
+    let (send, mut conn) = dial(config, &start).await?;
+    let Some(mut pings) = conn.ping_pong() else {
+        return Err(SeedError::ClosedEarly("PING handle unavailable".into()));
+    };
+    let first = async {
+        tokio::select! {
+            r = &mut conn => Err(SeedError::ClosedEarly(match r {
+                Ok(()) => "closed".into(),
+                Err(e) => e.to_string(),
+            })),
+            r = pings.ping(Ping::opaque()) => r.map_err(|e| SeedError::ClosedEarly(e.to_string())),
+        }
+    };
+    match tokio::time::timeout(config.keepalive_timeout, first).await {
+        Ok(Ok(_)) => Ok(Established {
+            send,
+            conn,
+            pings,
+            start,
+        }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(SeedError::NoPong(config.keepalive_timeout)),
+    }
 }
 
 async fn dial(
@@ -242,36 +606,40 @@ async fn dial(
         })?
 }
 
-/// How a seed connection ended.
-struct End {
-    reason: String,
-    /// At least one PING was answered on it.
-    healthy: bool,
-    /// Still open, replaced after a configuration change.
-    retired: Option<Connection>,
+/// Polls the connection once, and tells waiting tunnels when the seed's
+/// stream limit changed (a SETTINGS frame).
+fn poll_conn(
+    conn: &mut Connection,
+    c: &Conn,
+    pool: &SeedPool,
+    last_limit: &mut usize,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<Result<(), h2::Error>> {
+    let r = std::pin::Pin::new(conn).poll(cx);
+    let now = c.send.current_max_send_streams();
+    if now != *last_limit {
+        *last_limit = now;
+        pool.bump();
+    }
+    r
 }
 
-/// Runs the connection until it fails, a PING times out, the seed settings
-/// change, or the agent stops. However long it idles, it is kept. PINGs
-/// (keepalive, and to size the windows) and window changes are driven here.
+/// Runs one connection until it fails, a PING times out, it is retired or
+/// idles out, or the agent stops; a retired one runs on until its last
+/// tunnel ends. PINGs (keepalive, and to size the windows) and window
+/// changes are driven here.
 #[allow(clippy::too_many_arguments)]
 async fn drive(
     mut conn: Connection,
-    meter: Arc<Meter>,
-    going_away: &Notify,
+    pings: PingPong,
     start: Start,
-    cfg: &AgentConfig,
-    config: &mut watch::Receiver<Arc<AgentConfig>>,
-    metrics: &AgentMetrics,
-    drain: &Drain,
-) -> End {
-    let Some(pings) = conn.ping_pong() else {
-        return End {
-            reason: "PING handle unavailable".into(),
-            healthy: false,
-            retired: None,
-        };
-    };
+    c: Arc<Conn>,
+    pool: Arc<SeedPool>,
+    cfg: Arc<AgentConfig>,
+    metrics: Arc<AgentMetrics>,
+    drain: Drain,
+    ended: mpsc::UnboundedSender<Ended>,
+) {
     // Envoy's connection_keepalive: a PING every interval whatever arrives
     // (this socket is not counted, so the peer is never "heard").
     let keepalive = Keepalive {
@@ -279,28 +647,26 @@ async fn drive(
         timeout: cfg.keepalive_timeout,
         min_gap: cfg.keepalive_interval,
     };
-    let mut ctl = Controller::new(pings, start, Some(keepalive), meter);
-    let replaced = async {
-        loop {
-            if config.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-            if target(&config.borrow()) != target(cfg) {
-                return;
-            }
+    let mut ctl = Controller::new(pings, start, Some(keepalive), c.meter.clone());
+    let mut last_limit = c.send.current_max_send_streams();
+    let idle_timeout = cfg.pool_idle_timeout;
+    let mut idle_since = Some(Instant::now());
+    let (reason, lost, retired) = loop {
+        if c.open.load(Ordering::Acquire) > 0 {
+            idle_since = None;
+        } else if idle_since.is_none() {
+            idle_since = Some(Instant::now());
         }
-    };
-    tokio::pin!(replaced);
-    let (reason, retire) = loop {
+        let idle_at = idle_since.map(|t| t + idle_timeout);
         tokio::select! {
-            r = &mut conn => break (match r {
+            r = std::future::poll_fn(|cx| poll_conn(&mut conn, &c, &pool, &mut last_limit, cx)) => break (match r {
                 Ok(()) => "closed by the seed proxy".into(),
                 Err(e) => e.to_string(),
-            }, false),
+            }, true, false),
             a = ctl.next() => match a {
                 Action::KeepaliveTimedOut => {
                     metrics.cx_destroy_keepalive.increment(1);
-                    break (format!("PING unanswered for {:?}", cfg.keepalive_timeout), false);
+                    break (format!("PING unanswered for {:?}", cfg.keepalive_timeout), true, false);
                 }
                 Action::Resize { stream, connection } => {
                     conn.set_target_window_size(connection);
@@ -309,46 +675,45 @@ async fn drive(
                     }
                 }
             },
-            _ = &mut replaced => break ("seed settings changed".into(), true),
-            _ = going_away.notified() => break ("the seed proxy sent GOAWAY".into(), true),
-            _ = drain.stopping() => break ("agent stopping".into(), false),
-        }
-    };
-    End {
-        reason,
-        healthy: ctl.pongs() > 0,
-        retired: retire.then_some(conn),
-    }
-}
-
-/// Waits up to `timeout` for a connection with room for another stream.
-pub async fn ready(current: &mut Current, timeout: Duration) -> Option<Seed> {
-    tokio::time::timeout(timeout, async {
-        loop {
-            let Seed {
-                send,
-                meter,
-                going_away,
-            } = current.wait_for(Option::is_some).await.ok()?.clone()?;
-            match send.ready().await {
-                Ok(send) => {
-                    return Some(Seed {
-                        send,
-                        meter,
-                        going_away,
-                    });
-                }
-                // This connection takes no new streams; wait for the next.
-                Err(e) => {
-                    if e.is_go_away() {
-                        going_away.notify_one();
-                    }
-                    let _ = current.changed().await;
+            _ = c.wake.notified() => {
+                if c.is_closing() {
+                    let why = c.retired_for.lock().unwrap_or("retired");
+                    tracing::info!(
+                        reason = why,
+                        "new tunnels use a new connection to the seed proxy, open ones finish on the old"
+                    );
+                    break (why.into(), false, true);
                 }
             }
+            _ = async {
+                match idle_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if pool.retire_idle(&c) {
+                    tracing::info!(idle = ?idle_timeout, "closing a seed proxy connection that carried no tunnel (others remain)");
+                    break ("idle".into(), false, true);
+                }
+                idle_since = Some(Instant::now());
+            }
+            _ = drain.stopping() => break ("agent stopping".into(), false, false),
         }
-    })
-    .await
-    .ok()
-    .flatten()
+    };
+    c.retire("ended");
+    pool.remove(&c);
+    // The leases of its open tunnels hold the last references to its
+    // request handle; h2 ends the connection once they and their streams
+    // are gone.
+    drop(c);
+    if retired {
+        // Open tunnels finish on it; h2 closes it after the last.
+        tokio::select! {
+            _ = std::future::poll_fn(|cx| std::pin::Pin::new(&mut conn).poll(cx)) => {}
+            _ = drain.stopping() => {}
+        }
+    }
+    drop(conn);
+    metrics.cx_active.decrement(1.0);
+    let _ = ended.send(Ended { lost, reason });
 }
