@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_client::AgentServiceClient;
+use konnectivity_proto::control::ControlTx;
 use konnectivity_proto::header;
 use konnectivity_proto::ids::{AgentId, ServerId};
 use rustls::pki_types::ServerName;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
-use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::metadata::MetadataValue;
 
@@ -77,7 +78,7 @@ pub struct Connection {
     /// DATA and everything whose order matters.
     pub outbound: mpsc::Sender<Packet>,
     /// WINDOW_UPDATEs, sent ahead of DATA.
-    pub control: mpsc::UnboundedSender<Packet>,
+    pub control: ControlTx,
     /// The largest window the server agreed to; `None` when it is not one of
     /// ours (or flow control is off here).
     pub flow_max: Option<i64>,
@@ -130,9 +131,9 @@ impl Connector {
             })?;
 
         let (tx, rx) = mpsc::channel(queue);
-        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let (control_tx, mut control_rx) = konnectivity_proto::control::channel();
         let outbound = futures::stream::select_with_strategy(
-            UnboundedReceiverStream::new(control_rx),
+            futures::stream::poll_fn(move |cx| control_rx.poll_recv(cx)),
             ReceiverStream::new(rx),
             // Credit first: the server must not wait for it behind our data.
             |_: &mut ()| futures::stream::PollNext::Left,

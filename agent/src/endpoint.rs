@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use daemon::chunks::ChunkReader;
 use daemon::relay::Tally;
+use konnectivity_proto::control::ControlTx;
 use konnectivity_proto::flow::{RecvGate, SendGate};
 use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
@@ -62,7 +63,7 @@ impl CloseSignal {
 pub struct Link<'a> {
     pub id: ConnectId,
     pub to_server: &'a mpsc::Sender<Packet>,
-    pub control: &'a mpsc::UnboundedSender<Packet>,
+    pub control: &'a ControlTx,
     pub gate: &'a RecvGate,
     pub send: Option<&'a SendGate>,
     /// Counts bytes each way for `/debug/connections` (from the server:
@@ -109,7 +110,15 @@ pub async fn pump(
             }
             link.tally.client_bytes(data.len() as u64);
             if let Some(credit) = link.gate.consumed(data.len()) {
-                let _ = link.control.send(Packet::window_update(id.0, credit));
+                if link
+                    .control
+                    .send(Packet::window_update(id.0, credit))
+                    .is_err()
+                {
+                    // The server stopped reading its stream; the session
+                    // ends it.
+                    return;
+                }
                 on_sent(konnectivity_proto::PacketType::WindowUpdate as i32);
             }
         }

@@ -96,7 +96,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
     let sinks = Arc::new(Mutex::new(Vec::new()));
     let dialer = Dialer::Memory(Arc::new(move |a| connect(a, &sinks)));
     let (out_tx, mut out) = mpsc::channel(4);
-    let (ctl_tx, mut ctl) = mpsc::unbounded_channel();
+    let (ctl_tx, mut ctl) = konnectivity_proto::control::channel();
     let drain = Drain::new();
     let flow = data.first().is_some_and(|b| b & 1 == 1);
     let session = Session::with_links(

@@ -18,6 +18,8 @@ pub mod fuzzing;
 mod health;
 mod lease_calls;
 pub mod leases;
+#[cfg(test)]
+mod legacy_tests;
 pub mod limits;
 pub mod metrics;
 pub mod options;

@@ -10,7 +10,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use daemon::debug_connections::{Connections, Tracked};
 use daemon::drain::Drain;
-use konnectivity_proto::flow::{FlowPool, LinkFlow, SWEEP_INTERVAL, Sweep};
+use konnectivity_proto::control::{ControlError, ControlTx};
+use konnectivity_proto::flow::{
+    FlowPool, GateError, LegacyLink, LinkFlow, RecvGate, SWEEP_INTERVAL, Sweep,
+};
 use konnectivity_proto::ids::{ConnectId, DialId, ServerId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
@@ -45,7 +48,7 @@ pub struct SessionConfig {
 /// Where a session's packets to the server go.
 pub(crate) struct Links {
     pub out: mpsc::Sender<Packet>,
-    pub control: mpsc::UnboundedSender<Packet>,
+    pub control: ControlTx,
     /// The largest window the server agreed to (`None`: no flow control).
     pub flow_max: Option<i64>,
     /// Where the session lists its connections (`/debug/connections`).
@@ -55,9 +58,11 @@ pub(crate) struct Links {
 pub struct Session {
     pub server_id: ServerId,
     out: mpsc::Sender<Packet>,
-    control: mpsc::UnboundedSender<Packet>,
+    control: ControlTx,
     /// Per-connection flow control; `None` with upstream servers.
     flow: Option<LinkFlow>,
+    /// What connections without flow control may hold (upstream servers).
+    legacy: LegacyLink,
     debug: Connections,
     conns: Mutex<HashMap<ConnectId, ConnHandle>>,
     dials: Mutex<HashMap<DialId, CancellationToken>>,
@@ -101,6 +106,7 @@ impl Session {
             out: links.out,
             control: links.control,
             flow: cfg.flow.link(links.flow_max),
+            legacy: cfg.flow.legacy_link(cfg.conn_queue, cfg.stall_timeout),
             debug: links.debug,
             conns: Mutex::new(HashMap::new()),
             dials: Mutex::new(HashMap::new()),
@@ -130,6 +136,24 @@ impl Session {
 
     pub fn close(&self) {
         self.closed.cancel();
+    }
+
+    /// Queues a WINDOW_UPDATE ahead of DATA, without waiting. A server that
+    /// leaves too many of them unread (it asks for credit back in a loop and
+    /// does not read its stream) loses the stream.
+    fn control(&self, pkt: Packet) {
+        match self.control.send(pkt) {
+            Ok(()) => self
+                .metrics
+                .packet(Segment::FromAgent, PacketType::WindowUpdate as i32),
+            Err(e @ ControlError::Full) => {
+                if !self.closed.is_cancelled() {
+                    tracing::warn!(error = %e, "closing the stream to the server");
+                }
+                self.close();
+            }
+            Err(ControlError::Closed) => {}
+        }
     }
 
     pub fn connections(&self) -> usize {
@@ -229,11 +253,7 @@ impl Session {
                     (b, Some(send)) if b > 0 => send.grant(b),
                     (b, Some(send)) if b < 0 => {
                         let back = send.give_back(b.saturating_neg());
-                        let _ = self
-                            .control
-                            .send(Packet::credit_returned(w.connect_id, back));
-                        self.metrics
-                            .packet(Segment::FromAgent, PacketType::WindowUpdate as i32);
+                        self.control(Packet::credit_returned(w.connect_id, back));
                     }
                     (0, _) => gate.returned(w.returned),
                     _ => {}
@@ -306,9 +326,7 @@ impl Session {
                     Sweep::Grant(n) => n,
                     Sweep::Revoke(n) => n.saturating_neg(),
                 };
-                let _ = self.control.send(Packet::window_update(id.0, bytes));
-                self.metrics
-                    .packet(Segment::FromAgent, PacketType::WindowUpdate as i32);
+                self.control(Packet::window_update(id.0, bytes));
             }
         }
     }
@@ -378,10 +396,17 @@ impl Session {
         let close = CloseSignal::default();
         let gate = Arc::new(match &self.flow {
             Some(link) => link.open_recv(),
-            None => self
-                .cfg
-                .flow
-                .legacy(self.cfg.conn_queue, self.cfg.stall_timeout),
+            None => {
+                // The process needs back what this connection holds: its
+                // destination has not read for the stall limit.
+                let (c, stalled) = (close.clone(), GateError::Stalled(self.cfg.stall_timeout));
+                RecvGate::Legacy(self.legacy.open(move || {
+                    tracing::warn!(error = %stalled, "closing the connection to give its budget back");
+                    c.close(Some(format!(
+                        "{stalled}; connection closed to protect the stream"
+                    )));
+                }))
+            }
         });
         let send = self
             .flow
@@ -415,6 +440,8 @@ impl Session {
                 _ = self.closed.cancelled() => {}
                 _ = self.drain.stopping() => {}
             }
+            // Its queue is gone with the pump: so is what it held.
+            gate.discard();
             note_close(
                 &debug,
                 &close,

@@ -46,7 +46,9 @@ use std::time::Duration;
 
 use daemon::budget::Budget;
 use parking_lot::Mutex;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
+
+pub use crate::legacy::{LegacyGate, LegacyLink, LegacyPool};
 use tokio::time::Instant;
 
 /// Smallest credit a DATA packet costs, whatever its length.
@@ -268,6 +270,8 @@ pub struct FlowPool {
     pub stats: Arc<FlowStats>,
     /// Totals of the agent streams' HTTP/2 windows.
     pub http2: Arc<daemon::h2window::WindowStats>,
+    /// Every connection with an upstream peer.
+    pub legacy: Arc<LegacyPool>,
 }
 
 /// What the flow-control metrics show, at one moment.
@@ -302,6 +306,7 @@ impl FlowPool {
             budget: Budget::new(settings.process_budget, None),
             stats: Arc::new(FlowStats::default()),
             http2: Arc::default(),
+            legacy: Arc::default(),
         })
     }
 
@@ -325,9 +330,18 @@ impl FlowPool {
         ))
     }
 
-    /// The receiving side of a connection with an upstream peer.
-    pub fn legacy(&self, slots: usize, stall: Duration) -> RecvGate {
-        RecvGate::legacy(slots, stall, self.stats.clone())
+    /// The receiving side of a stream with an upstream peer: its
+    /// connections queue at most `slots` packets, and bytes as
+    /// [`crate::legacy`] describes, the stream's budget inside the process's.
+    pub fn legacy_link(&self, slots: usize, stall: Duration) -> LegacyLink {
+        LegacyLink::new(
+            self.legacy.clone(),
+            Budget::new(self.settings.link_budget, Some(self.budget.clone())),
+            self.settings.window.initial,
+            slots,
+            stall,
+            self.stats.clone(),
+        )
     }
 }
 
@@ -350,7 +364,7 @@ impl FlowStats {
         self.parked.load(Ordering::Relaxed)
     }
 
-    fn add_parked(&self, n: i64) {
+    pub(crate) fn add_parked(&self, n: i64) {
         self.parked.fetch_add(n, Ordering::Relaxed);
     }
 
@@ -492,39 +506,27 @@ pub enum Sweep {
 /// Admission for one connection's incoming DATA, before it is queued for the
 /// local consumer (frontend or destination).
 pub enum RecvGate {
-    /// Upstream peer: at most `slots` packets queued; when full, the stream
-    /// reader waits at most `stall` before the connection is given up.
+    /// Upstream peer: bounded in packets and bytes per connection and by the
+    /// stream's and the process's budgets (see [`crate::legacy`]).
     Legacy(LegacyGate),
     /// Flow-controlled peer.
     Window(RecvWindow),
 }
 
-pub struct LegacyGate {
-    slots: Semaphore,
-    stall: Duration,
-    parked: AtomicI64,
-    stats: Arc<FlowStats>,
-}
-
-impl Drop for LegacyGate {
-    fn drop(&mut self) {
-        self.stats.add_parked(-self.parked.load(Ordering::Relaxed));
-    }
-}
-
 impl RecvGate {
-    pub fn legacy(slots: usize, stall: Duration, stats: Arc<FlowStats>) -> Self {
-        RecvGate::Legacy(LegacyGate {
-            slots: Semaphore::new(slots.max(1)),
-            stall,
-            parked: AtomicI64::new(0),
-            stats,
-        })
+    /// Whether admitting now would have to wait for the consumer (legacy
+    /// only).
+    pub fn is_full(&self) -> bool {
+        matches!(self, RecvGate::Legacy(g) if g.is_full())
     }
 
-    /// Whether admitting now would have to wait (legacy only).
-    pub fn is_full(&self) -> bool {
-        matches!(self, RecvGate::Legacy(g) if g.slots.available_permits() == 0)
+    /// The connection's queue was dropped (it was aborted): a legacy gate
+    /// gives back what it held at once; a window keeps its reservation until
+    /// it is dropped.
+    pub fn discard(&self) {
+        if let RecvGate::Legacy(g) = self {
+            g.discard();
+        }
     }
 
     /// The window announced to the sender at set-up (flow control only).
@@ -546,16 +548,7 @@ impl RecvGate {
     /// Admits DATA of `len` bytes, waiting (legacy only) for room.
     pub async fn admit(&self, len: usize) -> Result<(), GateError> {
         match self {
-            RecvGate::Legacy(g) => match tokio::time::timeout(g.stall, g.slots.acquire()).await {
-                Ok(Ok(p)) => {
-                    p.forget();
-                    let n = i64::try_from(len).unwrap_or(i64::MAX);
-                    g.parked.fetch_add(n, Ordering::Relaxed);
-                    g.stats.add_parked(n);
-                    Ok(())
-                }
-                _ => Err(GateError::Stalled(g.stall)),
-            },
+            RecvGate::Legacy(g) => g.admit(len).await,
             RecvGate::Window(w) => w.admit(len, Instant::now()),
         }
     }
@@ -565,10 +558,7 @@ impl RecvGate {
     pub fn consumed(&self, len: usize) -> Option<i64> {
         match self {
             RecvGate::Legacy(g) => {
-                g.slots.add_permits(1);
-                let n = i64::try_from(len).unwrap_or(i64::MAX);
-                g.parked.fetch_sub(n, Ordering::Relaxed);
-                g.stats.add_parked(-n);
+                g.consumed(len);
                 None
             }
             RecvGate::Window(w) => w.consumed(len, Instant::now()),
@@ -1574,22 +1564,6 @@ mod tests {
         assert!(!waiting.is_finished());
         s2.grant(MIN_COST);
         waiting.await.unwrap_or_else(|e| panic!("{e}"));
-    }
-
-    #[tokio::test]
-    async fn legacy_stalls_after_the_limit() {
-        let stats = Arc::new(FlowStats::default());
-        let gate = RecvGate::legacy(1, Duration::from_millis(20), stats.clone());
-        assert_eq!(gate.admit(10).await, Ok(()));
-        assert_eq!(stats.parked(), 10);
-        assert_eq!(
-            gate.admit(10).await,
-            Err(GateError::Stalled(Duration::from_millis(20)))
-        );
-        assert_eq!(gate.consumed(10), None);
-        assert_eq!(gate.admit(10).await, Ok(()));
-        drop(gate);
-        assert_eq!(stats.parked(), 0);
     }
 
     #[test]

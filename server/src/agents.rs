@@ -10,7 +10,7 @@ use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_server::AgentService;
 use konnectivity_proto::header::{self, AgentIdentifiers};
 use konnectivity_proto::ids::{AgentId, ServerId};
-use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -103,10 +103,14 @@ impl AgentService for AgentSvc {
                 .and_then(|v| v.to_str().ok()),
         );
         let flow = self.core.flow.link(offered);
+        let legacy = self
+            .core
+            .flow
+            .legacy_link(self.core.cfg.frontend_queue, self.core.cfg.stall_timeout);
         let flow_max = flow.as_ref().map(|f| f.cfg.max);
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(self.core.cfg.agent_queue);
-        let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (control_tx, mut control_rx) = konnectivity_proto::control::channel();
         let backend = Backend::new(
             agent_id.clone(),
             identifiers,
@@ -114,6 +118,7 @@ impl AgentService for AgentSvc {
                 data: tx,
                 control: control_tx,
                 flow,
+                legacy,
             },
             self.core.metrics.clone(),
             self.core.backends.changes(),
@@ -143,9 +148,10 @@ impl AgentService for AgentSvc {
         // The stream to the agent ends as soon as the backend is retired, even
         // while tunnels still hold a sender.
         let retired = backend.clone();
+        let queue = backend.clone();
         let outbound = futures::stream::select_with_strategy(
-            UnboundedReceiverStream::new(control_rx),
-            ReceiverStream::new(rx),
+            futures::stream::poll_fn(move |cx| control_rx.poll_recv(cx)),
+            ReceiverStream::new(rx).inspect(move |p| queue.taken(p)),
             // Credit first: an agent waiting for credit must not wait behind data.
             |_: &mut ()| futures::stream::PollNext::Left,
         )

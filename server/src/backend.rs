@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use konnectivity_proto::Packet;
-use konnectivity_proto::flow::LinkFlow;
+use konnectivity_proto::control::{ControlError, ControlTx};
+use konnectivity_proto::flow::{LegacyLink, LinkFlow};
 use konnectivity_proto::header::AgentIdentifiers;
 use konnectivity_proto::ids::{AgentId, ConnectId};
 use parking_lot::{Mutex, RwLock};
@@ -18,27 +19,45 @@ use rand::seq::IndexedRandom;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::limits::MAX_AGENT_QUEUE_BYTES;
 use crate::metrics::{Metrics, Segment};
 use crate::tunnel::Tunnel;
 
 /// The channels to one agent stream, and whether it does flow control.
 pub struct AgentLinks {
     pub data: mpsc::Sender<Packet>,
-    pub control: mpsc::UnboundedSender<Packet>,
+    pub control: ControlTx,
     /// Flow control, if the agent negotiated it.
     pub flow: Option<LinkFlow>,
+    /// The stream's budget for connections without flow control.
+    pub legacy: LegacyLink,
 }
 
 impl AgentLinks {
     /// Links whose receiving ends are dropped (unit tests).
     #[cfg(test)]
     pub fn detached() -> Self {
+        let pool = konnectivity_proto::flow::FlowPool::new(Default::default());
         AgentLinks {
             data: mpsc::channel(1).0,
-            control: mpsc::unbounded_channel().0,
+            control: konnectivity_proto::control::channel().0,
             flow: None,
+            legacy: pool.legacy_link(1, Duration::from_secs(1)),
         }
     }
+}
+
+/// What a packet takes of an agent stream's queue: its DATA's credit cost,
+/// at most the whole queue (so a large packet goes when the queue is empty).
+fn queue_cost(pkt: &Packet) -> u32 {
+    let len = match &pkt.payload {
+        Some(konnectivity_proto::packet::Payload::Data(d)) => d.data.len(),
+        _ => 0,
+    };
+    let c = konnectivity_proto::flow::cost(len);
+    u32::try_from(c)
+        .unwrap_or(u32::MAX)
+        .min(MAX_AGENT_QUEUE_BYTES)
 }
 
 /// The agent stream is gone or was retired.
@@ -53,12 +72,16 @@ pub struct Backend {
     pub agent_id: AgentId,
     pub identifiers: AgentIdentifiers,
     to_agent: mpsc::Sender<Packet>,
+    /// Room in `to_agent`, in bytes ([`MAX_AGENT_QUEUE_BYTES`]).
+    room: Arc<tokio::sync::Semaphore>,
     /// WINDOW_UPDATEs: they never wait behind DATA (their order relative to
     /// data does not matter), and there are at most a few per window.
-    control: mpsc::UnboundedSender<Packet>,
+    control: ControlTx,
     /// Per-connection flow control, if the agent is one of ours; `None` for
     /// upstream agents.
     flow: Option<LinkFlow>,
+    /// What connections without flow control may hold (upstream agents).
+    legacy: LegacyLink,
     draining: AtomicBool,
     retired: CancellationToken,
     conns: Mutex<HashMap<ConnectId, Arc<Tunnel>>>,
@@ -90,8 +113,10 @@ impl Backend {
             agent_id,
             identifiers,
             to_agent: links.data,
+            room: Arc::new(tokio::sync::Semaphore::new(MAX_AGENT_QUEUE_BYTES as usize)),
             control: links.control,
             flow: links.flow,
+            legacy: links.legacy,
             draining: AtomicBool::new(false),
             retired: CancellationToken::new(),
             conns: Mutex::new(HashMap::new()),
@@ -104,27 +129,55 @@ impl Backend {
         self.changes.send_modify(|g| *g += 1);
     }
 
-    /// Queues a packet for the agent, waiting while the stream is backed up.
+    /// Queues a packet for the agent, waiting while the stream is backed up
+    /// (in packets or in bytes).
     pub async fn send(&self, pkt: Packet) -> Result<(), BackendGone> {
         if self.retired.is_cancelled() {
             return Err(BackendGone);
         }
         let t = pkt.r#type;
-        self.to_agent.send(pkt).await.map_err(|_| BackendGone)?;
+        let n = queue_cost(&pkt);
+        let room = tokio::select! {
+            r = self.room.acquire_many(n) => r.map_err(|_| BackendGone)?,
+            _ = self.retired() => return Err(BackendGone),
+        };
+        room.forget();
+        if self.to_agent.send(pkt).await.is_err() {
+            self.room.add_permits(n as usize);
+            return Err(BackendGone);
+        }
         self.metrics.packet(Segment::ToAgent, t);
         Ok(())
     }
 
-    /// Queues a control packet ahead of DATA, without waiting.
+    /// The stream took `pkt` off the queue: its room is free again.
+    pub fn taken(&self, pkt: &Packet) {
+        self.room.add_permits(queue_cost(pkt) as usize);
+    }
+
+    /// Queues a control packet ahead of DATA, without waiting. An agent
+    /// that leaves too many of them unread (it asks for credit back in a
+    /// loop and does not read its stream) loses the stream.
     pub fn control(&self, pkt: Packet) {
         let t = pkt.r#type;
-        if self.control.send(pkt).is_ok() {
-            self.metrics.packet(Segment::ToAgent, t);
+        match self.control.send(pkt) {
+            Ok(()) => self.metrics.packet(Segment::ToAgent, t),
+            Err(e @ ControlError::Full) => {
+                if !self.is_retired() {
+                    tracing::warn!(agent_id = %self.agent_id, error = %e, "closing the agent stream");
+                }
+                self.retire();
+            }
+            Err(ControlError::Closed) => {}
         }
     }
 
     pub fn flow(&self) -> Option<&LinkFlow> {
         self.flow.as_ref()
+    }
+
+    pub fn legacy(&self) -> &LegacyLink {
+        &self.legacy
     }
 
     /// Like [`Backend::send`] but gives up after `limit`.

@@ -206,9 +206,21 @@ impl Core {
         }
         let recv = match backend.flow() {
             Some(link) => link.open_recv(),
-            None => self
-                .flow
-                .legacy(self.cfg.frontend_queue, self.cfg.stall_timeout),
+            None => {
+                // The process needs back what this tunnel holds: its
+                // frontend has not read for the stall limit.
+                let stall = self.cfg.stall_timeout;
+                let t = Arc::downgrade(tunnel);
+                RecvGate::Legacy(backend.legacy().open(move || {
+                    if let Some(t) = t.upgrade() {
+                        tracing::warn!(
+                            tunnel = t.id,
+                            "frontend stalled; closing its connection to give its budget back"
+                        );
+                        t.abort(crate::tunnel::Abort::Stalled(stall));
+                    }
+                }))
+            }
         };
         // Whatever a frontend put there is not its to say.
         pkt.set_flow_window(recv.initial().unwrap_or(0));

@@ -84,14 +84,14 @@ const AGENTS: usize = 2;
 struct Agent {
     backend: Arc<Backend>,
     data: mpsc::Receiver<Packet>,
-    control: mpsc::UnboundedReceiver<Packet>,
+    control: konnectivity_proto::control::ControlRx,
     /// Dial ids the agent has been asked for, to answer some of them.
     dials: Vec<i64>,
 }
 
 fn agent(core: &Core, i: usize) -> Agent {
     let (tx, data) = mpsc::channel(core.cfg.agent_queue);
-    let (ctl, control) = mpsc::unbounded_channel();
+    let (ctl, control) = konnectivity_proto::control::channel();
     // Agent 0 speaks our flow-control extension, agent 1 is upstream's.
     let flow = core
         .flow
@@ -104,6 +104,9 @@ fn agent(core: &Core, i: usize) -> Agent {
             data: tx,
             control: ctl,
             flow,
+            legacy: core
+                .flow
+                .legacy_link(core.cfg.frontend_queue, core.cfg.stall_timeout),
         },
         core.metrics.clone(),
         core.backends.changes(),
@@ -119,6 +122,7 @@ fn agent(core: &Core, i: usize) -> Agent {
 
 fn drain_agent(a: &mut Agent) {
     while let Ok(p) = a.data.try_recv() {
+        a.backend.taken(&p);
         if let Some(konnectivity_proto::packet::Payload::DialRequest(r)) = &p.payload {
             a.dials.push(r.random);
         }

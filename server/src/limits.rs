@@ -34,6 +34,21 @@ pub const MAX_CONTINUATIONS: usize = 8;
 /// default receive limit); a larger one ends that stream.
 pub const MAX_GRPC_MESSAGE: usize = 4 << 20;
 
+/// DATA for a gRPC frontend goes to HTTP/2 in pieces of at most this much
+/// (a frontend reads a byte stream; packet boundaries mean nothing to it).
+/// hyper hands HTTP/2 a whole message once its stream has any window, so a
+/// frontend that stopped reading has one piece buffered there beyond its
+/// window, not a 4 MiB packet; the rest stays in the tunnel's queue, counted
+/// in the budget and dropped if the tunnel is aborted.
+pub const MAX_FRONTEND_PIECE: usize = 64 << 10;
+
+/// Bytes of packets queued for one agent stream (and counted like credit,
+/// at least 256 per packet) beside the `--xfr-channel-size` packets: what
+/// an agent that stops reading makes the server hold there, whatever the
+/// size of the frontends' packets (up to 4 MiB each). A larger packet
+/// still goes when the queue is empty.
+pub const MAX_AGENT_QUEUE_BYTES: u32 = 4 << 20;
+
 /// Longest HTTP CONNECT request head; a CONNECT head is a few dozen bytes.
 pub const MAX_CONNECT_HEAD: usize = 64 << 10;
 

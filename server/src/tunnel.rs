@@ -95,6 +95,8 @@ pub struct Tunnel {
     /// Process-unique, for logs only.
     pub id: u64,
     to_frontend: mpsc::UnboundedSender<Packet>,
+    /// The same queue's receiving end, emptied on abort.
+    queued: PacketRx,
     state: Mutex<TunnelState>,
     flow: OnceLock<Flow>,
     /// Cancelled when nothing more will be queued for the frontend.
@@ -116,8 +118,95 @@ impl std::fmt::Debug for Tunnel {
 
 /// The frontend's end of a tunnel's queue.
 pub struct FrontendQueue {
-    pub rx: mpsc::UnboundedReceiver<Packet>,
+    pub rx: PacketRx,
     pub finished: CancellationToken,
+}
+
+/// The receiving end of a tunnel's queue, shared with the tunnel so that an
+/// abort drops what is queued at once: the frontend of a stalled tunnel
+/// never polls it again (hyper polls a response body only while its stream
+/// has send window), and its queue is what the budget was needed back for.
+#[derive(Clone)]
+pub struct PacketRx(Arc<Mutex<RxInner>>);
+
+struct RxInner {
+    rx: mpsc::UnboundedReceiver<Packet>,
+    /// What is left of a DATA packet handed out in pieces: its connection
+    /// id, the rest, and the packet's whole length.
+    rest: Option<(i64, bytes::Bytes, usize)>,
+}
+
+/// One packet, or a piece of a DATA packet, for the frontend.
+pub struct Piece {
+    pub pkt: Packet,
+    /// The first piece of a packet (count the packet once).
+    pub starts: bool,
+    /// The length of the DATA packet this piece completes: it has been
+    /// passed on.
+    pub ends: Option<usize>,
+}
+
+impl RxInner {
+    /// Hands out `pkt`, or its first `max` bytes if it is larger DATA;
+    /// `whole` is the length of the packet it is the rest of.
+    fn split(&mut self, mut pkt: Packet, max: usize, whole: Option<usize>) -> Piece {
+        let (mut ends, starts) = (None, whole.is_none());
+        if let Some(Payload::Data(d)) = &mut pkt.payload {
+            let whole = whole.unwrap_or(d.data.len());
+            if d.data.len() > max {
+                let rest = d.data.split_off(max);
+                self.rest = Some((d.connect_id, rest, whole));
+            } else {
+                ends = Some(whole);
+            }
+        }
+        Piece { pkt, starts, ends }
+    }
+}
+
+impl PacketRx {
+    pub fn poll_recv(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Packet>> {
+        self.0.lock().rx.poll_recv(cx)
+    }
+
+    pub async fn recv(&self) -> Option<Packet> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    pub fn try_recv(&self) -> Result<Packet, mpsc::error::TryRecvError> {
+        self.0.lock().rx.try_recv()
+    }
+
+    /// The next packet, DATA in pieces of at most `max` bytes; the rest of
+    /// a packet stays here (dropped on abort) until its next piece is asked
+    /// for. `first` is a packet taken off the queue earlier.
+    pub fn poll_piece(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        max: usize,
+        first: Option<Packet>,
+    ) -> std::task::Poll<Option<Piece>> {
+        let mut inner = self.0.lock();
+        if let Some(pkt) = first {
+            return std::task::Poll::Ready(Some(inner.split(pkt, max, None)));
+        }
+        if let Some((id, rest, whole)) = inner.rest.take() {
+            let pkt = Packet::data(id, rest);
+            return std::task::Poll::Ready(Some(inner.split(pkt, max, Some(whole))));
+        }
+        inner
+            .rx
+            .poll_recv(cx)
+            .map(|p| p.map(|pkt| inner.split(pkt, max, None)))
+    }
+
+    /// Closes the queue and drops what it holds.
+    fn clear(&self) {
+        let mut inner = self.0.lock();
+        inner.rest = None;
+        inner.rx.close();
+        while inner.rx.try_recv().is_ok() {}
+    }
 }
 
 /// What [`Tunnel::deliver`] did with a packet.
@@ -137,10 +226,12 @@ impl Tunnel {
         // Unbounded on purpose: DATA is bounded by the gate before it is
         // queued; the few control packets per tunnel need no bound.
         let (tx, rx) = mpsc::unbounded_channel();
+        let rx = PacketRx(Arc::new(Mutex::new(RxInner { rx, rest: None })));
         let finished = CancellationToken::new();
         let t = Arc::new(Tunnel {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             to_frontend: tx,
+            queued: rx.clone(),
             state: Mutex::new(TunnelState::Idle),
             flow: OnceLock::new(),
             finished: finished.clone(),
@@ -292,12 +383,17 @@ impl Tunnel {
         self.finished.cancelled().await
     }
 
-    /// Ends the tunnel with an error for the frontend; queued packets are dropped.
+    /// Ends the tunnel with an error for the frontend; queued packets are
+    /// dropped (and what they held in the budget given back) at once.
     pub fn abort(&self, why: Abort) {
         self.note_close(&why);
         self.abort.lock().get_or_insert(why);
         self.aborted.cancel();
         self.finish();
+        self.queued.clear();
+        if let Some(f) = self.flow.get() {
+            f.recv.discard();
+        }
     }
 
     pub async fn aborted_wait(&self) {

@@ -76,8 +76,14 @@ impl Proc {
 
     /// Like [`Proc::spawn`] for a binary at `path`.
     pub fn spawn_path(path: &std::path::Path, args: &[String]) -> Proc {
+        Self::spawn_env(path, args, &[])
+    }
+
+    /// Like [`Proc::spawn_path`] with extra environment variables.
+    pub fn spawn_env(path: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> Proc {
         let mut child = Command::new(path)
             .args(args)
+            .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

@@ -37,7 +37,7 @@ impl ProxyService for ProxySvc {
             .unwrap_or_default()
             .to_string();
         let inbound = request.into_inner();
-        let (tunnel, mut queue) = Tunnel::tracked(Some(self.core.debug.open("grpc", self.source)));
+        let (tunnel, queue) = Tunnel::tracked(Some(self.core.debug.open("grpc", self.source)));
         let span = tracing::debug_span!("proxy", tunnel = tunnel.id, user_agent = %user_agent);
         let core = self.core.clone();
         let drain = self.drain.clone();
@@ -59,7 +59,7 @@ impl ProxyService for ProxySvc {
         // as grpc-go sends them with the first message in upstream's server:
         // one write to the frontend instead of two, and one wake-up of the
         // client less per dial (BENCHMARKS.md, P4).
-        let first = first_packet(&mut queue).await;
+        let first = first_packet(&queue).await;
         Ok(Response::new(FrontendStream::new(
             queue,
             first,
@@ -73,7 +73,7 @@ impl ProxyService for ProxySvc {
 /// finish without one (aborts finish it too). The tunnel's task serves the
 /// frontend's stream meanwhile; if the frontend goes away first, hyper drops
 /// this wait.
-async fn first_packet(queue: &mut FrontendQueue) -> Option<Packet> {
+async fn first_packet(queue: &FrontendQueue) -> Option<Packet> {
     tokio::select! {
         biased;
         p = queue.rx.recv() => p,

@@ -267,7 +267,7 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
 async fn write_loop<W>(
     core: &Core,
     tunnel: &Arc<Tunnel>,
-    mut queue: FrontendQueue,
+    queue: FrontendQueue,
     mut wr: W,
     est_tx: watch::Sender<Option<(Arc<Backend>, ConnectId)>>,
 ) -> Ending
@@ -293,7 +293,7 @@ where
             }
         };
         let Some(pkt) = pkt else {
-            return Ending::Clean;
+            return ending_of(tunnel);
         };
         if tunnel.aborted().is_some() {
             return ending_of(tunnel);

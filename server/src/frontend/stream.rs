@@ -8,12 +8,12 @@ use std::task::{Context, Poll};
 
 use futures::Stream;
 use konnectivity_proto::Packet;
-use konnectivity_proto::packet::Payload;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::Status;
 
+use crate::limits::MAX_FRONTEND_PIECE;
 use crate::metrics::{Metrics, Segment};
-use crate::tunnel::{Abort, FrontendQueue, Tunnel};
+use crate::tunnel::{Abort, FrontendQueue, Piece, Tunnel};
 
 pub struct FrontendStream {
     /// A packet taken off the queue before the response started.
@@ -43,14 +43,19 @@ impl FrontendStream {
         }
     }
 
-    fn item(&mut self, pkt: Packet) -> Poll<Option<Result<Packet, Status>>> {
-        self.metrics.packet(Segment::ToClient, pkt.r#type);
-        if let Some(Payload::Data(d)) = &pkt.payload {
+    /// Hands out a packet, or a piece of a large DATA packet
+    /// ([`MAX_FRONTEND_PIECE`]): the rest stays in the tunnel's queue,
+    /// counted, until its next piece goes.
+    fn item(&mut self, piece: Piece) -> Poll<Option<Result<Packet, Status>>> {
+        if piece.starts {
+            self.metrics.packet(Segment::ToClient, piece.pkt.r#type);
+        }
+        if let Some(len) = piece.ends {
             // Handed to HTTP/2, whose own flow control bounds what is buffered
             // from here on: the agent may send more.
-            self.tunnel.consumed(d.data.len());
+            self.tunnel.consumed(len);
         }
-        Poll::Ready(Some(Ok(pkt)))
+        Poll::Ready(Some(Ok(piece.pkt)))
     }
 
     fn end(&mut self) -> Poll<Option<Result<Packet, Status>>> {
@@ -76,19 +81,17 @@ impl Stream for FrontendStream {
         if self.tunnel.aborted().is_some() {
             return self.end();
         }
-        if let Some(pkt) = self.first.take() {
-            return self.item(pkt);
-        }
-        match self.queue.rx.poll_recv(cx) {
-            Poll::Ready(Some(pkt)) => return self.item(pkt),
+        let first = self.first.take();
+        match self.queue.rx.poll_piece(cx, MAX_FRONTEND_PIECE, first) {
+            Poll::Ready(Some(piece)) => return self.item(piece),
             Poll::Ready(None) => return self.end(),
             Poll::Pending => {}
         }
         if self.finished.as_mut().poll(cx).is_ready() {
             // Finished after the last packet was queued: hand out what is left.
-            return match self.queue.rx.try_recv() {
-                Ok(pkt) => self.item(pkt),
-                Err(_) => self.end(),
+            return match self.queue.rx.poll_piece(cx, MAX_FRONTEND_PIECE, None) {
+                Poll::Ready(Some(piece)) => self.item(piece),
+                _ => self.end(),
             };
         }
         Poll::Pending
