@@ -263,3 +263,197 @@ async fn nodeport_proxy_pod_runs_the_kkp_layout_images_with_kkps_commands() {
         "{text}"
     );
 }
+
+/// Fields that Envoy's API gained after 1.32, added to KKP's rendered
+/// template as a newer KKP might render them: every one is known to
+/// Envoy's schema and ignored here.
+const NEWER_FIELDS: [(&str, &str); 4] = [
+    // Admin.allow_paths (go-control-plane envoy v1.37.0).
+    ("admin:\n", "admin:\n  allow_paths: [{prefix: /stats}]\n"),
+    // Bootstrap.enable_worker_cpu_affinity (v1.40.0).
+    (
+        "static_resources:\n",
+        "enable_worker_cpu_affinity: false\nstatic_resources:\n",
+    ),
+    // TcpProxy.upstream_connect_mode, max_early_data_bytes (v1.37.0).
+    (
+        "          stat_prefix: tcp_stats\n",
+        "          stat_prefix: tcp_stats\n          upstream_connect_mode: IMMEDIATE\n          max_early_data_bytes: 0\n",
+    ),
+    // Http2ProtocolOptions.max_header_field_size_kb, disallow_obs_text
+    // (v1.38.0).
+    (
+        "            http2_protocol_options:\n",
+        "            http2_protocol_options:\n              max_header_field_size_kb: 64\n              disallow_obs_text: true\n",
+    ),
+];
+
+/// A newer KKP (issue 34.3): tunnel-agent started as KKP starts envoy-agent
+/// on KKP's template plus fields of newer Envoy versions runs, reports the
+/// six fields it ignores once at start (a log line naming each, and
+/// `tunnel_agent_static_ignored_fields_total` on KKP's stats port) and again
+/// on each reload; a reload adding a field it cannot honour is refused, the
+/// previous bootstrap serving on; one adding a field Envoy does not know is
+/// refused too.
+#[tokio::test]
+async fn a_newer_kkp_template_runs_and_its_unknown_to_us_fields_are_reported() {
+    let ns = Netns::loopback_only();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("envoy.yaml");
+    let write = |text: &str| {
+        let tmp = dir.path().join("envoy.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    };
+    let mut text = std::fs::read_to_string(fixture()).unwrap();
+    for (anchor, replacement) in NEWER_FIELDS {
+        assert!(text.contains(anchor), "fixture lacks {anchor:?}");
+        text = text.replacen(anchor, replacement, 1);
+    }
+    write(&text);
+    let mut agent = ns.spawn(
+        &binary("tunnel-agent"),
+        &[
+            "--config-path".into(),
+            path.display().to_string(),
+            "--use-dynamic-base-id".into(),
+        ],
+    );
+    agent.wait_line("tunneling listener").await;
+    let line = agent.wait_line("does not act on").await;
+    for field in [
+        "admin.allow_paths",
+        "enable_worker_cpu_affinity",
+        "upstream_connect_mode",
+        "max_early_data_bytes",
+        "max_header_field_size_kb",
+        "disallow_obs_text",
+    ] {
+        assert!(line.contains(field), "{field}: {line}");
+    }
+    let counter = |ns: &Netns| {
+        let (ok, stats) = ns.run(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "http://127.0.0.1:8002/stats/prometheus",
+        ]);
+        assert!(ok, "{stats}");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("tunnel_agent_static_ignored_fields_total "))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    integration_tests::eventually(
+        "the stats listener answers",
+        std::time::Duration::from_secs(10),
+        || async {
+            ns.run(&[
+                "curl",
+                "-sS",
+                "--max-time",
+                "2",
+                "http://127.0.0.1:8002/stats",
+            ])
+            .0
+        },
+    )
+    .await;
+    assert_eq!(counter(&ns), "6");
+    // A reload with one more ignored field: reported again, all seven.
+    write(&text.replacen(
+        "      connect_timeout: 5s\n",
+        "      connect_timeout: 5s\n      dns_lookup_family: V4_ONLY\n",
+        1,
+    ));
+    let line = agent.wait_line("does not act on").await;
+    assert!(line.contains("dns_lookup_family"), "{line}");
+    integration_tests::eventually(
+        "the reload counted",
+        std::time::Duration::from_secs(10),
+        || async { counter(&ns) == "13" },
+    )
+    .await;
+    // A TLS transport socket to the seed cannot be honoured: refused, the
+    // previous bootstrap serving on, nothing counted.
+    write(&text.replacen(
+        "      connect_timeout: 5s\n",
+        "      connect_timeout: 5s\n      transport_socket: {name: envoy.transport_sockets.tls, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext}}\n",
+        1,
+    ));
+    let line = agent.wait_line("configuration not reloaded").await;
+    assert!(
+        line.contains("transport_socket") && line.contains("cannot be honoured"),
+        "{line}"
+    );
+    // A field Envoy does not know either.
+    write(&text.replacen("admin:\n", "admin:\n  profile_pathx: /x\n", 1));
+    let line = agent.wait_line("configuration not reloaded").await;
+    assert!(
+        line.contains("profile_pathx") && line.contains("unknown field"),
+        "{line}"
+    );
+    assert_eq!(counter(&ns), "13");
+    let (ok, health) = ns.run(&["curl", "-sS", "http://127.0.0.1:8002/healthz"]);
+    assert!(ok && health.contains("profile_pathx"), "{health}");
+    drop(agent);
+}
+
+/// Envoy's `--mode validate`: the verdict and exit 0 or 1, nothing bound;
+/// the ignored fields are named in the log; with
+/// `--allow-unknown-static-fields`, so are the ones Envoy does not know.
+#[tokio::test]
+async fn mode_validate_gives_envoys_verdict_without_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = std::fs::read_to_string(fixture()).unwrap();
+    for (anchor, replacement) in NEWER_FIELDS {
+        text = text.replacen(anchor, replacement, 1);
+    }
+    let newer = dir.path().join("newer.yaml");
+    std::fs::write(&newer, &text).unwrap();
+    let newer = newer.display().to_string();
+    let (code, out) =
+        integration_tests::procs::run("tunnel-agent", &["--mode", "validate", "-c", &newer]).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("configuration '{newer}' OK")),
+        "{out}"
+    );
+    assert!(
+        out.contains("does not act on") && out.contains("disallow_obs_text"),
+        "{out}"
+    );
+    let unknown = dir.path().join("unknown.yaml");
+    std::fs::write(
+        &unknown,
+        text.replacen("admin:\n", "admin:\n  profile_pathx: /x\n", 1),
+    )
+    .unwrap();
+    let unknown = unknown.display().to_string();
+    let (code, out) =
+        integration_tests::procs::run("tunnel-agent", &["--mode", "validate", "-c", &unknown])
+            .await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("profile_pathx") && !out.contains("OK"),
+        "{out}"
+    );
+    let (code, out) = integration_tests::procs::run(
+        "tunnel-agent",
+        &[
+            "--mode",
+            "validate",
+            "--allow-unknown-static-fields",
+            "-c",
+            &unknown,
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("Envoy's schema does not know") && out.contains("profile_pathx"),
+        "{out}"
+    );
+}

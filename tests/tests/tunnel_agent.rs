@@ -512,7 +512,7 @@ async fn a_broken_config_is_reported_once_per_change_and_the_last_good_one_kept(
 
     let failed = "tunnel_agent_config_reloads_total{result=\"failed\"}";
     let applied = "tunnel_agent_config_reloads_total{result=\"applied\"}";
-    let broken = good.replace("admin:\n", "admin:\n  profile_path: /x\n");
+    let broken = good.replace("admin:\n", "admin:\n  profile_pathx: /x\n");
     write(&broken);
     wait_metric(&agent, failed, 1.0).await;
     // Still serving on the last good configuration, and saying why not the new one.

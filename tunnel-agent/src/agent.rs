@@ -270,6 +270,19 @@ impl TunnelAgent {
         Ok(true)
     }
 
+    /// Reports what a bootstrap just loaded from `file` sets that the agent
+    /// ignores (Envoy fields it does not act on; fields Envoy does not know,
+    /// let through by `--allow-unknown-static-fields`; deprecated ones): a
+    /// log line each, and the counters.
+    pub fn note_bootstrap(&self, file: &str, notes: &crate::bootstrap::Notes) {
+        report_notes(file, notes);
+        let m = &self.inner.metrics;
+        m.static_ignored_fields
+            .increment(notes.ignored.len() as u64);
+        m.static_unknown_fields
+            .increment(notes.unknown_messages as u64);
+    }
+
     /// Records the outcome of a configuration reload for `/healthz`.
     pub fn set_reload_error(&self, error: Option<String>) {
         if let Ok(mut e) = self.inner.reload_error.lock() {
@@ -290,6 +303,33 @@ impl TunnelAgent {
         self.inner.metrics.live.set(0.0);
         self.stats_drain.start();
         clean
+    }
+}
+
+/// Logs what [`TunnelAgent::note_bootstrap`] reports.
+pub fn report_notes(file: &str, notes: &crate::bootstrap::Notes) {
+    if !notes.ignored.is_empty() {
+        tracing::warn!(
+            config = file,
+            fields = %notes.ignored.join(", "),
+            "the bootstrap sets fields Envoy knows that tunnel-agent does not act on; they are ignored (docs/nodeport-proxy.md)"
+        );
+    }
+    if !notes.unknown.is_empty() {
+        tracing::warn!(
+            config = file,
+            fields = %notes.unknown.join(", "),
+            "the bootstrap sets fields Envoy's schema does not know; ignored (--allow-unknown-static-fields)"
+        );
+    }
+    if !notes.deprecated.is_empty() {
+        // Envoy warns about each; KKP's own template uses one
+        // (admin.access_log_path), so this is not a warning here.
+        tracing::info!(
+            config = file,
+            fields = %notes.deprecated.join(", "),
+            "the bootstrap uses fields Envoy deprecates"
+        );
     }
 }
 

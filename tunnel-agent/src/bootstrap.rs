@@ -1,9 +1,19 @@
 //! The Envoy v3 bootstrap KKP renders into the `envoy-agent` ConfigMap
-//! (`--config-path /etc/envoy/envoy.yaml`), read strictly: static resources
-//! only, and only the fields KKP's template writes, each understood. Any
-//! other field is an error naming it (serde's `deny_unknown_fields`), as Envoy
-//! itself rejects unknown fields, so nothing that would change behaviour is
-//! silently ignored.
+//! (`--config-path /etc/envoy/envoy.yaml`), read as Envoy reads it, so a
+//! newer KKP's template cannot stop the agent:
+//!
+//! 1. the file is checked against Envoy's own schema ([`crate::schema`],
+//!    generated from Envoy's data-plane API): a field Envoy does not know, a
+//!    value of the wrong type, or one its validation refuses is an error
+//!    naming it, as Envoy's is;
+//! 2. every field present is sorted ([`POLICY`]): the agent acts on the ones
+//!    it implements; one whose meaning it cannot honour safely (a TLS
+//!    transport socket to the seed it would not speak, a filter chain match
+//!    it would not apply, xDS) refuses the file, naming it and why; every
+//!    other field Envoy knows is ignored and reported (a log line and
+//!    `tunnel_agent_static_ignored_fields_total`) at start and on each
+//!    reload, and never stops the agent;
+//! 3. what the fields mean for the agent is read from the checked tree.
 //!
 //! What it means for the agent:
 //! * each listener with a `tcp_proxy` filter and `tunneling_config.hostname`
@@ -11,7 +21,9 @@
 //!   authority;
 //! * the cluster those filters name is the seed: its one endpoint (resolved
 //!   again on every connect for `LOGICAL_DNS`), its `connect_timeout`, and its
-//!   HTTP/2 `connection_keepalive` (PING interval and timeout). It must be
+//!   HTTP/2 options: `connection_keepalive` (PING interval and timeout),
+//!   `max_concurrent_streams`, and the common options' `idle_timeout` and
+//!   `max_requests_per_connection` (the seed connection pool). It must be
 //!   HTTP/2: Envoy would fall back to HTTP/1.1 CONNECT, which the seed side
 //!   here does not need and the agent does not speak;
 //! * a listener with an HTTP connection manager whose routes go to the admin
@@ -22,10 +34,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use daemon::authority::ConnectAuthority;
-use serde::Deserialize;
 
-use crate::envoy_rules;
 use crate::limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH, MAX_LISTENERS};
+use crate::schema::{self, Checked};
+use crate::tree::{self, Node};
 
 const TCP_PROXY: &str =
     "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
@@ -78,8 +90,33 @@ pub struct SeedCluster {
     pub host: String,
     pub port: u16,
     pub connect_timeout: Duration,
-    /// HTTP/2 PING interval and timeout, when configured.
+    /// HTTP/2 PING interval and timeout, when configured (an interval left
+    /// out is the agent's default, 30 s: Envoy would send no interval PING).
     pub keepalive: Option<(Duration, Duration)>,
+    /// `http2_protocol_options.max_concurrent_streams`.
+    pub max_concurrent_streams: Option<u32>,
+    /// `common_http_protocol_options.max_requests_per_connection` (or the
+    /// cluster's deprecated field of that name).
+    pub max_requests_per_connection: Option<u32>,
+    /// `common_http_protocol_options.idle_timeout` (0: never).
+    pub idle_timeout: Option<Duration>,
+}
+
+/// What the agent reports about a bootstrap it accepted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Notes {
+    /// Fields Envoy knows that the agent does not act on, by place
+    /// (`static_resources.clusters[0].dns_lookup_family`); a field inside
+    /// one of these is not listed again.
+    pub ignored: Vec<String>,
+    /// Fields Envoy's schema does not know, let through by
+    /// `--allow-unknown-static-fields`.
+    pub unknown: Vec<String>,
+    /// How many messages held such fields (Envoy's
+    /// `server.static_unknown_fields` counts so).
+    pub unknown_messages: usize,
+    /// Deprecated fields in use (Envoy warns about each).
+    pub deprecated: Vec<String>,
 }
 
 /// What the bootstrap asks for.
@@ -89,316 +126,522 @@ pub struct Bootstrap {
     pub stats: Option<StatsListener>,
     pub tunnels: Vec<TunnelListener>,
     pub seed: SeedCluster,
+    /// `tcp_proxy.idle_timeout` of the tunnel listeners (one for all).
+    pub idle_timeout: Option<Duration>,
+    pub notes: Notes,
 }
 
-// The file's shape. Every struct denies unknown fields.
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct File {
-    #[serde(default)]
-    admin: Option<Admin>,
-    static_resources: StaticResources,
+/// How to read a bootstrap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Envoy's `--allow-unknown-static-fields`: fields Envoy's schema does
+    /// not know are reported and counted instead of refusing the file.
+    pub allow_unknown_fields: bool,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Admin {
-    /// Where Envoy logs admin requests; no admin interface is served here.
-    #[serde(default)]
-    #[allow(dead_code)]
-    access_log_path: Option<String>,
-    address: Address,
+/// What the agent does with a field Envoy's schema knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// Read and acted on, or a name the agent shows; its fields are sorted
+    /// in turn.
+    Acts,
+    /// Refuses the file: the agent cannot honour what the field asks for.
+    Refuses(&'static str),
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StaticResources {
-    #[serde(default)]
-    listeners: Vec<Listener>,
-    #[serde(default)]
-    clusters: Vec<Cluster>,
+const REFUSE_XDS: Use = Use::Refuses(
+    "configuration from a management server (xDS) is not supported: the agent reads static resources only",
+);
+const REFUSE_TLS: Use = Use::Refuses(
+    "a transport socket (TLS) is not spoken: ignoring it would send or accept in plain text what is meant to be encrypted",
+);
+const REFUSE_MATCH: Use = Use::Refuses(
+    "it narrows which connections a listener takes or where they go; ignoring it would route traffic it excludes",
+);
+const REFUSE_ADDRESS: Use = Use::Refuses(
+    "only TCP socket addresses are supported; ignoring it would leave clients of that address with nothing",
+);
+const REFUSE_UPSTREAM: Use = Use::Refuses(
+    "it changes how the connection to the seed is made or what it carries, which the agent does not do",
+);
+const REFUSE_ROUTE: Use =
+    Use::Refuses("the stats listener serves path-prefix routes to the admin address only");
+
+/// Every field of Envoy's schema the agent does not simply ignore, by its
+/// qualified name. A field not listed here, or one inside a field not
+/// acted on, is ignored and reported. docs/nodeport-proxy.md lists the
+/// refusals and why.
+pub const POLICY: &[(&str, Use)] = &[
+    // The bootstrap.
+    ("envoy.config.bootstrap.v3.Bootstrap.admin", Use::Acts),
+    (
+        "envoy.config.bootstrap.v3.Bootstrap.static_resources",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.bootstrap.v3.Bootstrap.dynamic_resources",
+        REFUSE_XDS,
+    ),
+    ("envoy.config.bootstrap.v3.Admin.address", Use::Acts),
+    // KKP's template writes it; the admin listener logs no requests.
+    ("envoy.config.bootstrap.v3.Admin.access_log_path", Use::Acts),
+    (
+        "envoy.config.bootstrap.v3.Bootstrap.StaticResources.listeners",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.bootstrap.v3.Bootstrap.StaticResources.clusters",
+        Use::Acts,
+    ),
+    // Addresses.
+    ("envoy.config.core.v3.Address.socket_address", Use::Acts),
+    ("envoy.config.core.v3.Address.pipe", REFUSE_ADDRESS),
+    (
+        "envoy.config.core.v3.Address.envoy_internal_address",
+        REFUSE_ADDRESS,
+    ),
+    ("envoy.config.core.v3.SocketAddress.protocol", Use::Acts),
+    ("envoy.config.core.v3.SocketAddress.address", Use::Acts),
+    ("envoy.config.core.v3.SocketAddress.port_value", Use::Acts),
+    (
+        "envoy.config.core.v3.SocketAddress.named_port",
+        REFUSE_ADDRESS,
+    ),
+    (
+        "envoy.config.core.v3.SocketAddress.resolver_name",
+        Use::Refuses(
+            "a custom address resolver is not supported; the agent would resolve the name itself",
+        ),
+    ),
+    (
+        "envoy.config.core.v3.SocketAddress.network_namespace_filepath",
+        Use::Refuses(
+            "binding in another network namespace is not supported; the agent would bind in its own",
+        ),
+    ),
+    // Listeners.
+    ("envoy.config.listener.v3.Listener.name", Use::Acts),
+    ("envoy.config.listener.v3.Listener.address", Use::Acts),
+    ("envoy.config.listener.v3.Listener.filter_chains", Use::Acts),
+    (
+        "envoy.config.listener.v3.Listener.additional_addresses",
+        REFUSE_ADDRESS,
+    ),
+    (
+        "envoy.config.listener.v3.Listener.filter_chain_matcher",
+        REFUSE_MATCH,
+    ),
+    (
+        "envoy.config.listener.v3.Listener.default_filter_chain",
+        REFUSE_MATCH,
+    ),
+    ("envoy.config.listener.v3.Listener.fcds_config", REFUSE_XDS),
+    (
+        "envoy.config.listener.v3.Listener.use_original_dst",
+        REFUSE_MATCH,
+    ),
+    (
+        "envoy.config.listener.v3.Listener.listener_filters",
+        Use::Refuses(
+            "listener filters (TLS inspector, PROXY protocol, …) read or change a connection's first bytes; the agent runs none",
+        ),
+    ),
+    (
+        "envoy.config.listener.v3.Listener.transparent",
+        REFUSE_MATCH,
+    ),
+    (
+        "envoy.config.listener.v3.Listener.udp_listener_config",
+        REFUSE_ADDRESS,
+    ),
+    (
+        "envoy.config.listener.v3.Listener.api_listener",
+        REFUSE_ADDRESS,
+    ),
+    (
+        "envoy.config.listener.v3.Listener.internal_listener",
+        REFUSE_ADDRESS,
+    ),
+    (
+        "envoy.config.listener.v3.Listener.bind_to_port",
+        Use::Refuses(
+            "a listener that does not bind its port is not supported; the agent binds every listener",
+        ),
+    ),
+    ("envoy.config.listener.v3.FilterChain.filters", Use::Acts),
+    ("envoy.config.listener.v3.FilterChain.name", Use::Acts),
+    (
+        "envoy.config.listener.v3.FilterChain.filter_chain_match",
+        REFUSE_MATCH,
+    ),
+    (
+        "envoy.config.listener.v3.FilterChain.transport_socket",
+        REFUSE_TLS,
+    ),
+    (
+        "envoy.config.listener.v3.FilterChain.use_proxy_proto",
+        Use::Refuses(
+            "connections would have to start with a PROXY protocol header, which the agent does not read",
+        ),
+    ),
+    ("envoy.config.listener.v3.Filter.name", Use::Acts),
+    ("envoy.config.listener.v3.Filter.typed_config", Use::Acts),
+    (
+        "envoy.config.listener.v3.Filter.config_discovery",
+        REFUSE_XDS,
+    ),
+    // tcp_proxy.
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.stat_prefix",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.cluster",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.tunneling_config",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.idle_timeout",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.weighted_clusters",
+        REFUSE_MATCH,
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.on_demand",
+        REFUSE_XDS,
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.TunnelingConfig.hostname",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.TunnelingConfig.use_post",
+        Use::Refuses(
+            "tunnels are CONNECT streams; a POST tunnel is not spoken and the seed would not take it",
+        ),
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.TunnelingConfig.post_path",
+        Use::Refuses(
+            "tunnels are CONNECT streams; a POST tunnel is not spoken and the seed would not take it",
+        ),
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.TunnelingConfig.headers_to_add",
+        Use::Refuses("headers the seed may need (credentials, routing) would not be sent"),
+    ),
+    // The stats listener's HTTP connection manager.
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.stat_prefix",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.route_config",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.http_filters",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.rds",
+        REFUSE_XDS,
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.scoped_routes",
+        REFUSE_XDS,
+    ),
+    ("envoy.config.route.v3.RouteConfiguration.name", Use::Acts),
+    (
+        "envoy.config.route.v3.RouteConfiguration.virtual_hosts",
+        Use::Acts,
+    ),
+    ("envoy.config.route.v3.RouteConfiguration.vhds", REFUSE_XDS),
+    ("envoy.config.route.v3.VirtualHost.name", Use::Acts),
+    ("envoy.config.route.v3.VirtualHost.domains", Use::Acts),
+    ("envoy.config.route.v3.VirtualHost.routes", Use::Acts),
+    ("envoy.config.route.v3.Route.name", Use::Acts),
+    ("envoy.config.route.v3.Route.match", Use::Acts),
+    ("envoy.config.route.v3.Route.route", Use::Acts),
+    ("envoy.config.route.v3.Route.redirect", REFUSE_ROUTE),
+    ("envoy.config.route.v3.Route.direct_response", REFUSE_ROUTE),
+    ("envoy.config.route.v3.Route.filter_action", REFUSE_ROUTE),
+    (
+        "envoy.config.route.v3.Route.non_forwarding_action",
+        REFUSE_ROUTE,
+    ),
+    ("envoy.config.route.v3.RouteMatch.prefix", Use::Acts),
+    ("envoy.config.route.v3.RouteMatch.path", REFUSE_ROUTE),
+    ("envoy.config.route.v3.RouteMatch.safe_regex", REFUSE_ROUTE),
+    (
+        "envoy.config.route.v3.RouteMatch.connect_matcher",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteMatch.path_separated_prefix",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteMatch.path_match_policy",
+        REFUSE_ROUTE,
+    ),
+    ("envoy.config.route.v3.RouteMatch.headers", REFUSE_ROUTE),
+    (
+        "envoy.config.route.v3.RouteMatch.query_parameters",
+        REFUSE_ROUTE,
+    ),
+    ("envoy.config.route.v3.RouteMatch.cookies", REFUSE_ROUTE),
+    (
+        "envoy.config.route.v3.RouteMatch.dynamic_metadata",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteMatch.filter_state",
+        REFUSE_ROUTE,
+    ),
+    ("envoy.config.route.v3.RouteAction.cluster", Use::Acts),
+    (
+        "envoy.config.route.v3.RouteAction.cluster_header",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.weighted_clusters",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.cluster_specifier_plugin",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.inline_cluster_specifier_plugin",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.prefix_rewrite",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.regex_rewrite",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.path_rewrite_policy",
+        REFUSE_ROUTE,
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter.name",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter.typed_config",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter.config_discovery",
+        REFUSE_XDS,
+    ),
+    // Clusters.
+    ("envoy.config.cluster.v3.Cluster.name", Use::Acts),
+    ("envoy.config.cluster.v3.Cluster.type", Use::Acts),
+    ("envoy.config.cluster.v3.Cluster.connect_timeout", Use::Acts),
+    ("envoy.config.cluster.v3.Cluster.load_assignment", Use::Acts),
+    (
+        "envoy.config.cluster.v3.Cluster.typed_extension_protocol_options",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.max_requests_per_connection",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.cluster_type",
+        Use::Refuses(
+            "a custom cluster type is not supported; the seed is one endpoint, STATIC, STRICT_DNS or LOGICAL_DNS",
+        ),
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.eds_cluster_config",
+        REFUSE_XDS,
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.transport_socket",
+        REFUSE_TLS,
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.transport_socket_matches",
+        REFUSE_TLS,
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.transport_socket_matcher",
+        REFUSE_TLS,
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.upstream_bind_config",
+        Use::Refuses(
+            "connections to the seed would not come from the source address it names, which firewalls may expect",
+        ),
+    ),
+    ("envoy.config.cluster.v3.Cluster.filters", REFUSE_UPSTREAM),
+    (
+        "envoy.config.cluster.v3.Cluster.upstream_config",
+        REFUSE_UPSTREAM,
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.http_protocol_options",
+        Use::Refuses(
+            "HTTP/1.1 CONNECT to the seed is not spoken; tunnels are HTTP/2 CONNECT streams",
+        ),
+    ),
+    (
+        "envoy.config.endpoint.v3.ClusterLoadAssignment.cluster_name",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.endpoint.v3.ClusterLoadAssignment.endpoints",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.endpoint.v3.LocalityLbEndpoints.lb_endpoints",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.endpoint.v3.LocalityLbEndpoints.leds_cluster_locality_config",
+        REFUSE_XDS,
+    ),
+    ("envoy.config.endpoint.v3.LbEndpoint.endpoint", Use::Acts),
+    (
+        "envoy.config.endpoint.v3.LbEndpoint.endpoint_name",
+        REFUSE_ADDRESS,
+    ),
+    ("envoy.config.endpoint.v3.Endpoint.address", Use::Acts),
+    (
+        "envoy.config.endpoint.v3.Endpoint.additional_addresses",
+        REFUSE_ADDRESS,
+    ),
+    // The seed's HTTP/2 options.
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.explicit_http_config",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.common_http_protocol_options",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.use_downstream_protocol_config",
+        Use::Refuses(
+            "the protocol to the seed would not be fixed to HTTP/2, the only one tunnels are spoken in here",
+        ),
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.auto_config",
+        Use::Refuses(
+            "the protocol to the seed would not be fixed to HTTP/2, the only one tunnels are spoken in here",
+        ),
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.http_filters",
+        REFUSE_UPSTREAM,
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.ExplicitHttpConfig.http2_protocol_options",
+        Use::Acts,
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.ExplicitHttpConfig.http_protocol_options",
+        Use::Refuses(
+            "HTTP/1.1 CONNECT to the seed is not spoken; tunnels are HTTP/2 CONNECT streams",
+        ),
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.ExplicitHttpConfig.http3_protocol_options",
+        Use::Refuses("HTTP/3 to the seed is not spoken; tunnels are HTTP/2 CONNECT streams"),
+    ),
+    (
+        "envoy.config.core.v3.Http2ProtocolOptions.connection_keepalive",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.core.v3.Http2ProtocolOptions.max_concurrent_streams",
+        Use::Acts,
+    ),
+    ("envoy.config.core.v3.KeepaliveSettings.interval", Use::Acts),
+    ("envoy.config.core.v3.KeepaliveSettings.timeout", Use::Acts),
+    (
+        "envoy.config.core.v3.HttpProtocolOptions.idle_timeout",
+        Use::Acts,
+    ),
+    (
+        "envoy.config.core.v3.HttpProtocolOptions.max_requests_per_connection",
+        Use::Acts,
+    ),
+];
+
+fn policy(qualified: &str) -> Option<Use> {
+    POLICY
+        .iter()
+        .find(|(q, _)| *q == qualified)
+        .map(|(_, u)| *u)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Address {
-    socket_address: SocketAddress,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SocketAddress {
-    #[serde(default)]
-    protocol: Option<String>,
-    address: String,
-    port_value: u32,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Listener {
-    name: String,
-    address: Address,
-    filter_chains: Vec<FilterChain>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FilterChain {
-    filters: Vec<Filter>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Filter {
-    /// Envoy picks the filter by `typed_config`'s type, not by this name.
-    #[allow(dead_code)]
-    name: String,
-    typed_config: FilterConfig,
-}
-
-/// A network filter's `typed_config`: the fields of both filters understood
-/// (tcp_proxy, HTTP connection manager), read into typed fields at once and
-/// checked against its `@type` afterwards ([`FilterConfig::only`]). Read as
-/// a generic YAML value first, as it once was, aliases expanded into a tree
-/// of up to a hundred times the file's events per alias level within
-/// serde_yaml_ng's repetition limit: an 8 KiB file took 0.8 s and a
-/// 64 KiB one could take gigabytes. Typed fields refuse an alias of the
-/// wrong shape at once, and unknown fields are skipped unread (aliases
-/// unexpanded) and named in the error.
-#[derive(Default)]
-struct FilterConfig {
-    kind: Option<String>,
-    /// Names the stats; ours keep KKP's (`tcp_stats`, `service_stats`).
-    #[allow(dead_code)]
-    stat_prefix: Option<String>,
-    cluster: Option<String>,
-    tunneling_config: Option<TunnelingConfig>,
-    route_config: Option<RouteConfig>,
-    http_filters: Option<Vec<HttpFilter>>,
-    /// The fields present, in order, unknown ones included.
-    fields: Vec<String>,
-}
-
-const TCP_PROXY_FIELDS: &[&str] = &["@type", "stat_prefix", "cluster", "tunneling_config"];
-const HCM_FIELDS: &[&str] = &["@type", "stat_prefix", "route_config", "http_filters"];
-
-impl FilterConfig {
-    /// The first field present that is not one of `fields` (those of the
-    /// filter its `@type` names), as serde's `deny_unknown_fields` would
-    /// name it, and the first of them missing.
-    fn only(&self, fields: &[&str]) -> Result<(), String> {
-        if let Some(f) = self.fields.iter().find(|f| !fields.contains(&f.as_str())) {
-            return Err(format!(
-                "unknown field `{f}`, expected one of {}",
-                fields
-                    .iter()
-                    .map(|f| format!("`{f}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+/// Sorts every field present (parents first): refuses the file at the
+/// first field the agent cannot honour, and lists the ones it ignores.
+fn sort_fields(checked: &Checked) -> Result<Notes, BootstrapError> {
+    let mut acts = vec![false; checked.present.len()];
+    let mut notes = Notes {
+        unknown: checked.unknown.clone(),
+        unknown_messages: checked.unknown_messages,
+        ..Notes::default()
+    };
+    for (i, p) in checked.present.iter().enumerate() {
+        if p.parent.is_some_and(|parent| !acts[parent]) {
+            continue;
         }
-        match fields.iter().find(|f| !self.fields.iter().any(|g| g == *f)) {
-            Some(f) => Err(format!("missing field `{f}`")),
-            None => Ok(()),
+        let field = p.qualified.rsplit('.').next().unwrap_or(&p.qualified);
+        if p.deprecated {
+            notes.deprecated.push(p.path.clone());
+        }
+        match policy(&p.qualified) {
+            Some(Use::Acts) => acts[i] = true,
+            Some(Use::Refuses(why)) => {
+                let why = if p.qualified == "envoy.config.bootstrap.v3.Bootstrap.dynamic_resources"
+                {
+                    format!("{why} ({XDS_HINT})")
+                } else {
+                    why.to_string()
+                };
+                return Err(invalid(
+                    &p.path,
+                    format!("`{field}` cannot be honoured safely, so the file is refused: {why}"),
+                ));
+            }
+            None => notes.ignored.push(p.path.clone()),
         }
     }
+    Ok(notes)
 }
 
-impl<'de> Deserialize<'de> for FilterConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
-
-        fn put<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
-            m: &mut A,
-            slot: &mut Option<T>,
-            name: &'static str,
-        ) -> Result<(), A::Error> {
-            if slot.is_some() {
-                return Err(A::Error::duplicate_field(name));
-            }
-            *slot = Some(m.next_value()?);
-            Ok(())
-        }
-
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = FilterConfig;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a filter's typed_config mapping")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<FilterConfig, A::Error> {
-                let mut c = FilterConfig::default();
-                while let Some(key) = m.next_key::<String>()? {
-                    match key.as_str() {
-                        "@type" => put(&mut m, &mut c.kind, "@type")?,
-                        "stat_prefix" => put(&mut m, &mut c.stat_prefix, "stat_prefix")?,
-                        "cluster" => put(&mut m, &mut c.cluster, "cluster")?,
-                        "tunneling_config" => {
-                            put(&mut m, &mut c.tunneling_config, "tunneling_config")?
-                        }
-                        "route_config" => put(&mut m, &mut c.route_config, "route_config")?,
-                        "http_filters" => put(&mut m, &mut c.http_filters, "http_filters")?,
-                        _ => {
-                            if c.fields.contains(&key) {
-                                return Err(A::Error::custom(format!("duplicate field `{key}`")));
-                            }
-                            m.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                    c.fields.push(key);
-                }
-                Ok(c)
-            }
-        }
-        d.deserialize_map(V)
+/// `port_value` as a port (PGV already bounded it to 65535).
+fn port(path: &str, v: Option<&Node>) -> Result<u16, BootstrapError> {
+    match v {
+        None => Ok(0),
+        Some(n) => number(n)
+            .and_then(|v| u16::try_from(v).ok())
+            .ok_or_else(|| invalid(path, "port_value is not a port")),
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TunnelingConfig {
-    hostname: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RouteConfig {
-    #[serde(default)]
-    #[allow(dead_code)]
-    name: Option<String>,
-    virtual_hosts: Vec<VirtualHost>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct VirtualHost {
-    #[allow(dead_code)]
-    name: String,
-    domains: Vec<String>,
-    routes: Vec<Route>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Route {
-    #[serde(rename = "match")]
-    matcher: RouteMatch,
-    route: RouteAction,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RouteMatch {
-    prefix: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RouteAction {
-    cluster: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HttpFilter {
-    #[allow(dead_code)]
-    name: String,
-    typed_config: TypedOnly,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TypedOnly {
-    #[serde(rename = "@type")]
-    kind: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Cluster {
-    name: String,
-    connect_timeout: String,
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    typed_extension_protocol_options:
-        Option<std::collections::BTreeMap<String, HttpProtocolOptions>>,
-    load_assignment: LoadAssignment,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HttpProtocolOptions {
-    #[serde(rename = "@type")]
-    kind: String,
-    explicit_http_config: ExplicitHttpConfig,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExplicitHttpConfig {
-    http2_protocol_options: Http2Options,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Http2Options {
-    #[serde(default)]
-    connection_keepalive: Option<Keepalive>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Keepalive {
-    interval: String,
-    timeout: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LoadAssignment {
-    #[allow(dead_code)]
-    cluster_name: String,
-    endpoints: Vec<LocalityEndpoints>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LocalityEndpoints {
-    lb_endpoints: Vec<LbEndpoint>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LbEndpoint {
-    endpoint: Endpoint,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Endpoint {
-    address: Address,
-}
-
-/// A protobuf JSON duration (`5s`, `0.1s`) as Envoy accepts it
-/// ([`envoy_rules::parse_duration`]).
-fn duration(path: &str, s: &str) -> Result<Duration, BootstrapError> {
-    envoy_rules::parse_duration(s).map_err(|e| invalid(path, e))
-}
-
-/// `port_value`: PGV `lte: 65535`.
-fn port(path: &str, v: u32) -> Result<u16, BootstrapError> {
-    u16::try_from(v).map_err(|_| invalid(path, format!("port_value {v} is not a port")))
 }
 
 /// A listener's port. Envoy binds port 0 to a port the kernel picks; here
 /// a bootstrap listener is where pods (tunnels) or Prometheus and probes
 /// (stats) reach the agent, at a port they know, and a reload would move
 /// it: refused (docs/nodeport-proxy.md, differences).
-fn listener_port(path: &str, v: u32) -> Result<u16, BootstrapError> {
-    match port(path, v)? {
+fn listener_port(path: &str, v: u16) -> Result<u16, BootstrapError> {
+    match v {
         0 => Err(invalid(
             path,
             "port_value 0 (a port the kernel picks) is refused for a listener: clients reach it at a fixed port",
@@ -407,33 +650,63 @@ fn listener_port(path: &str, v: u32) -> Result<u16, BootstrapError> {
     }
 }
 
-fn tcp(path: &str, a: &SocketAddress) -> Result<(), BootstrapError> {
-    match a.protocol.as_deref() {
-        None | Some("TCP") => Ok(()),
-        Some(p) => Err(invalid(
-            path,
-            format!("protocol {p}: only TCP is supported"),
-        )),
+/// An integer the schema accepted (a number, or a string holding one).
+fn number(n: &Node) -> Option<u64> {
+    match n {
+        Node::Int(i) => u64::try_from(*i).ok(),
+        Node::Float(f) if f.fract() == 0.0 && *f >= 0.0 => Some(*f as u64),
+        Node::Str(s) => s
+            .parse()
+            .ok()
+            .or_else(|| s.parse::<f64>().ok().map(|f| f as u64)),
+        _ => None,
     }
 }
 
+/// Whether an enum field holds `name` (or its `number`; absent is 0).
+fn enum_is(v: Option<&Node>, name: &str, number: i128) -> bool {
+    match v {
+        None => number == 0,
+        Some(Node::Str(s)) => s == name,
+        Some(Node::Int(i)) => *i == number,
+        Some(_) => false,
+    }
+}
+
+fn duration_of(v: Option<&Node>) -> Option<Duration> {
+    v.and_then(Node::as_str)
+        .and_then(|s| crate::envoy_rules::parse_duration(s).ok())
+}
+
+fn string_of(v: Option<&Node>) -> String {
+    v.and_then(Node::as_str).unwrap_or_default().to_string()
+}
+
+/// An `Address` that must be a TCP socket address.
+fn socket_address<'a>(path: &str, a: Option<&'a Node>) -> Result<&'a Node, BootstrapError> {
+    let sa = a
+        .and_then(|a| a.get("socket_address"))
+        .ok_or_else(|| invalid(path, "a socket_address is required"))?;
+    if !enum_is(sa.get("protocol"), "TCP", 0) {
+        return Err(invalid(path, "protocol UDP: only TCP is supported"));
+    }
+    Ok(sa)
+}
+
 /// A bind address: an IP, as Envoy requires.
-fn bind_addr(path: &str, a: &Address) -> Result<SocketAddr, BootstrapError> {
-    let sa = &a.socket_address;
-    tcp(path, sa)?;
-    let ip: IpAddr = sa.address.parse().map_err(|_| {
-        invalid(
-            path,
-            format!("address {:?} is not an IP address", sa.address),
-        )
-    })?;
-    Ok(SocketAddr::new(ip, port(path, sa.port_value)?))
+fn bind_addr(path: &str, a: Option<&Node>) -> Result<SocketAddr, BootstrapError> {
+    let sa = socket_address(path, a)?;
+    let address = string_of(sa.get("address"));
+    let ip: IpAddr = address
+        .parse()
+        .map_err(|_| invalid(path, format!("address {address:?} is not an IP address")))?;
+    Ok(SocketAddr::new(ip, port(path, sa.get("port_value"))?))
 }
 
 /// A listener's bind address (port 0 refused, [`listener_port`]).
-fn listener_addr(path: &str, a: &Address) -> Result<SocketAddr, BootstrapError> {
+fn listener_addr(path: &str, a: Option<&Node>) -> Result<SocketAddr, BootstrapError> {
     let addr = bind_addr(path, a)?;
-    listener_port(path, a.socket_address.port_value)?;
+    listener_port(path, addr.port())?;
     Ok(addr)
 }
 
@@ -441,46 +714,58 @@ enum Role {
     Tunnel {
         cluster: String,
         authority: ConnectAuthority,
+        idle_timeout: Option<Duration>,
     },
     Stats {
         routes: Vec<(String, String)>,
     },
 }
 
-fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
-    let [chain] = l.filter_chains.as_slice() else {
+fn listener_role(path: &str, l: &Node) -> Result<Role, BootstrapError> {
+    let [chain] = l.get("filter_chains").map(Node::items).unwrap_or_default() else {
         return Err(invalid(path, "exactly one filter chain is supported"));
     };
-    let [filter] = chain.filters.as_slice() else {
+    let [filter] = chain.get("filters").map(Node::items).unwrap_or_default() else {
         return Err(invalid(path, "exactly one filter is supported"));
     };
     let path = format!("{path}.filter_chains[0].filters[0].typed_config");
-    let c = &filter.typed_config;
+    let c = filter
+        .get("typed_config")
+        .ok_or_else(|| invalid(&path, "a typed_config is required"))?;
     let kind = c
-        .kind
-        .as_deref()
+        .get("@type")
+        .and_then(Node::as_str)
         .ok_or_else(|| invalid(&path, "no \"@type\""))?;
-    // `only` saw the required fields; these name one should it ever not.
     let missing = |f: &str| invalid(&path, format!("missing field `{f}`"));
     match kind {
         TCP_PROXY => {
-            c.only(TCP_PROXY_FIELDS).map_err(|e| invalid(&path, e))?;
-            let cluster = c.cluster.as_ref().ok_or_else(|| missing("cluster"))?;
-            let tunneling =
-                (c.tunneling_config.as_ref()).ok_or_else(|| missing("tunneling_config"))?;
-            let authority = ConnectAuthority::parse(&tunneling.hostname)
+            let cluster = c
+                .get("cluster")
+                .and_then(Node::as_str)
+                .ok_or_else(|| missing("cluster"))?;
+            let hostname = c
+                .get("tunneling_config")
+                .and_then(|t| t.get("hostname"))
+                .and_then(Node::as_str)
+                .ok_or_else(|| missing("tunneling_config"))?;
+            let authority = ConnectAuthority::parse(hostname)
                 .map_err(|e| invalid(format!("{path}.tunneling_config.hostname"), e.to_string()))?;
             Ok(Role::Tunnel {
-                cluster: cluster.clone(),
+                cluster: cluster.to_string(),
                 authority,
+                idle_timeout: duration_of(c.get("idle_timeout")),
             })
         }
         HCM => {
-            c.only(HCM_FIELDS).map_err(|e| invalid(&path, e))?;
-            let route_config = (c.route_config.as_ref()).ok_or_else(|| missing("route_config"))?;
-            let http_filters = (c.http_filters.as_ref()).ok_or_else(|| missing("http_filters"))?;
-            match http_filters.as_slice() {
-                [f] if f.typed_config.kind == ROUTER => {}
+            let route_config = c
+                .get("route_config")
+                .ok_or_else(|| missing("route_config"))?;
+            match c.get("http_filters").map(Node::items).unwrap_or_default() {
+                [f] if f
+                    .get("typed_config")
+                    .and_then(|t| t.get("@type"))
+                    .and_then(Node::as_str)
+                    == Some(ROUTER) => {}
                 _ => {
                     return Err(invalid(
                         format!("{path}.http_filters"),
@@ -489,18 +774,38 @@ fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
                 }
             }
             let mut routes = Vec::new();
-            for (i, vh) in route_config.virtual_hosts.iter().enumerate() {
-                if vh.domains.iter().all(|d| d != "*") {
+            let vhosts = route_config
+                .get("virtual_hosts")
+                .map(Node::items)
+                .unwrap_or_default();
+            for (i, vh) in vhosts.iter().enumerate() {
+                let domains = vh.get("domains").map(Node::items).unwrap_or_default();
+                if domains.iter().all(|d| d.as_str() != Some("*")) {
                     return Err(invalid(
                         format!("{path}.route_config.virtual_hosts[{i}].domains"),
                         "only the domain \"*\" is supported",
                     ));
                 }
-                routes.extend(
-                    vh.routes
-                        .iter()
-                        .map(|r| (r.matcher.prefix.clone(), r.route.cluster.clone())),
-                );
+                for (j, r) in vh
+                    .get("routes")
+                    .map(Node::items)
+                    .unwrap_or_default()
+                    .iter()
+                    .enumerate()
+                {
+                    let at = format!("{path}.route_config.virtual_hosts[{i}].routes[{j}]");
+                    let prefix = r
+                        .get("match")
+                        .and_then(|m| m.get("prefix"))
+                        .and_then(Node::as_str)
+                        .ok_or_else(|| invalid(&at, "only prefix matches are supported"))?;
+                    let cluster = r
+                        .get("route")
+                        .and_then(|a| a.get("cluster"))
+                        .and_then(Node::as_str)
+                        .ok_or_else(|| invalid(&at, "only routes to a cluster are supported"))?;
+                    routes.push((prefix.to_string(), cluster.to_string()));
+                }
             }
             Ok(Role::Stats { routes })
         }
@@ -514,19 +819,18 @@ fn listener_role(path: &str, l: &Listener) -> Result<Role, BootstrapError> {
 }
 
 /// The one endpoint of a cluster.
-fn endpoint<'a>(path: &str, c: &'a Cluster) -> Result<&'a SocketAddress, BootstrapError> {
-    let all: Vec<&SocketAddress> = c
-        .load_assignment
-        .endpoints
+fn endpoint<'a>(path: &str, c: &'a Node) -> Result<&'a Node, BootstrapError> {
+    let all: Vec<&Node> = c
+        .get("load_assignment")
+        .and_then(|l| l.get("endpoints"))
+        .map(Node::items)
+        .unwrap_or_default()
         .iter()
-        .flat_map(|l| &l.lb_endpoints)
-        .map(|e| &e.endpoint.address.socket_address)
+        .flat_map(|l| l.get("lb_endpoints").map(Node::items).unwrap_or_default())
+        .filter_map(|e| e.get("endpoint"))
         .collect();
     match all.as_slice() {
-        [one] => {
-            tcp(path, one)?;
-            Ok(one)
-        }
+        [one] => socket_address(path, one.get("address")),
         _ => Err(invalid(
             format!("{path}.load_assignment"),
             "exactly one endpoint is supported",
@@ -534,85 +838,99 @@ fn endpoint<'a>(path: &str, c: &'a Cluster) -> Result<&'a SocketAddress, Bootstr
     }
 }
 
-/// `Cluster.connect_timeout`: PGV `gt: 0s`.
-fn cluster_connect_timeout(path: &str, c: &Cluster) -> Result<Duration, BootstrapError> {
-    let path = format!("{path}.connect_timeout");
-    let d = duration(&path, &c.connect_timeout)?;
-    envoy_rules::check_positive(d).map_err(|e| invalid(path, e))?;
-    Ok(d)
+fn cluster_type(path: &str, c: &Node) -> Result<(), BootstrapError> {
+    let t = c.get("type");
+    if ["STATIC", "STRICT_DNS", "LOGICAL_DNS"]
+        .iter()
+        .zip(0..)
+        .any(|(name, n)| enum_is(t, name, n))
+    {
+        return Ok(());
+    }
+    let shown = match t {
+        Some(Node::Str(s)) => s.clone(),
+        Some(Node::Int(i)) => i.to_string(),
+        _ => String::new(),
+    };
+    Err(invalid(
+        format!("{path}.type"),
+        format!("{shown}: LOGICAL_DNS, STRICT_DNS or STATIC expected"),
+    ))
 }
 
-fn seed_cluster(path: &str, c: &Cluster) -> Result<SeedCluster, BootstrapError> {
-    if !matches!(c.kind.as_str(), "LOGICAL_DNS" | "STRICT_DNS" | "STATIC") {
-        return Err(invalid(
-            format!("{path}.type"),
-            format!("{}: LOGICAL_DNS, STRICT_DNS or STATIC expected", c.kind),
-        ));
-    }
-    let connect_timeout = cluster_connect_timeout(path, c)?;
-    let options = c
-        .typed_extension_protocol_options
-        .as_ref()
-        .and_then(|m| m.get(HTTP_OPTIONS_KEY))
+fn seed_cluster(path: &str, c: &Node) -> Result<SeedCluster, BootstrapError> {
+    cluster_type(path, c)?;
+    // Envoy's default is 5 s, as the agent's.
+    let connect_timeout = duration_of(c.get("connect_timeout"))
+        .unwrap_or(crate::config::AgentConfig::default().connect_timeout);
+    let extensions = c
+        .get("typed_extension_protocol_options")
+        .map(Node::entries)
+        .unwrap_or_default();
+    let options = extensions
+        .iter()
+        .find(|(k, _)| k == HTTP_OPTIONS_KEY)
+        .map(|(_, v)| v)
         .ok_or_else(|| {
             invalid(
                 path,
                 "tunneling needs typed_extension_protocol_options with explicit_http_config.http2_protocol_options (HTTP/1.1 CONNECT is not supported)",
             )
         })?;
-    if let Some(other) = c
-        .typed_extension_protocol_options
-        .iter()
-        .flat_map(|m| m.keys())
-        .find(|k| *k != HTTP_OPTIONS_KEY)
-    {
+    let kind = options
+        .get("@type")
+        .and_then(Node::as_str)
+        .unwrap_or_default();
+    if kind != HTTP_OPTIONS {
         return Err(invalid(
             format!("{path}.typed_extension_protocol_options"),
-            format!("unknown field `{other}`"),
+            format!("\"@type\" {kind} is not {HTTP_OPTIONS}"),
         ));
     }
-    if options.kind != HTTP_OPTIONS {
-        return Err(invalid(
-            format!("{path}.typed_extension_protocol_options"),
-            format!("\"@type\" {} is not {HTTP_OPTIONS}", options.kind),
-        ));
-    }
-    let keepalive = match &options
-        .explicit_http_config
-        .http2_protocol_options
-        .connection_keepalive
-    {
-        None => None,
-        Some(k) => {
-            let p = format!(
-                "{path}.typed_extension_protocol_options.explicit_http_config.http2_protocol_options.connection_keepalive"
-            );
-            let keepalive = |name: &str, text: &str| {
-                let path = format!("{p}.{name}");
-                let d = duration(&path, text)?;
-                envoy_rules::check_keepalive(d).map_err(|e| invalid(path, e))?;
-                Ok::<_, BootstrapError>(d)
-            };
-            Some((
-                keepalive("interval", &k.interval)?,
-                keepalive("timeout", &k.timeout)?,
-            ))
-        }
-    };
+    let h2 = options
+        .get("explicit_http_config")
+        .and_then(|e| e.get("http2_protocol_options"))
+        .ok_or_else(|| {
+            invalid(
+                format!("{path}.typed_extension_protocol_options"),
+                "tunneling needs explicit_http_config.http2_protocol_options (HTTP/1.1 CONNECT is not supported)",
+            )
+        })?;
+    let keepalive = h2.get("connection_keepalive").map(|k| {
+        (
+            duration_of(k.get("interval"))
+                .unwrap_or(crate::config::AgentConfig::default().keepalive_interval),
+            // PGV requires the timeout.
+            duration_of(k.get("timeout")).unwrap_or_default(),
+        )
+    });
+    let common = options.get("common_http_protocol_options");
+    let max_requests = common
+        .and_then(|c| c.get("max_requests_per_connection"))
+        .or(c.get("max_requests_per_connection"))
+        .and_then(number)
+        .and_then(|n| u32::try_from(n).ok());
     let ep = endpoint(path, c)?;
-    if ep.address.is_empty() {
+    let host = string_of(ep.get("address"));
+    if host.is_empty() {
         return Err(invalid(path, "the endpoint has no address"));
     }
-    let port = match port(path, ep.port_value)? {
+    let port = match port(path, ep.get("port_value"))? {
         0 => return Err(invalid(path, "the endpoint's port_value is 0")),
         p => p,
     };
     Ok(SeedCluster {
-        name: c.name.clone(),
-        host: ep.address.clone(),
+        name: string_of(c.get("name")),
+        host,
         port,
         connect_timeout,
         keepalive,
+        max_concurrent_streams: h2
+            .get("max_concurrent_streams")
+            .and_then(number)
+            .and_then(|n| u32::try_from(n).ok()),
+        max_requests_per_connection: max_requests,
+        idle_timeout: duration_of(common.and_then(|c| c.get("idle_timeout"))),
     })
 }
 
@@ -636,7 +954,13 @@ fn flow_depth(bytes: &[u8]) -> usize {
 
 /// Parses and checks a bootstrap; `bytes` is the whole file.
 pub fn parse(bytes: &[u8]) -> Result<Bootstrap, BootstrapError> {
-    parse_any(bytes)?.ok_or_else(|| invalid("static_resources.listeners", "no tunneling listener"))
+    parse_with(bytes, Options::default())
+}
+
+/// [`parse`] with options.
+pub fn parse_with(bytes: &[u8], options: Options) -> Result<Bootstrap, BootstrapError> {
+    parse_any_with(bytes, options)?
+        .ok_or_else(|| invalid("static_resources.listeners", "no tunneling listener"))
 }
 
 /// KKP's nodeport-proxy pods run Envoy with a bootstrap that fetches
@@ -649,42 +973,62 @@ const XDS_HINT: &str = "this is the xDS bootstrap of KKP's nodeport-proxy pod, w
 /// nodeport-proxy pod, whose traffic nodeport-proxy serves from the
 /// envoy-manager container).
 pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
+    parse_any_with(bytes, Options::default())
+}
+
+/// [`parse_any`] with options.
+pub fn parse_any_with(bytes: &[u8], options: Options) -> Result<Option<Bootstrap>, BootstrapError> {
     if bytes.len() > MAX_CONFIG_BYTES {
         return Err(BootstrapError::TooLarge);
     }
     if flow_depth(bytes) > MAX_FLOW_DEPTH {
         return Err(BootstrapError::TooDeep);
     }
-    let file: File = serde_yaml_ng::from_slice(bytes).map_err(|e| {
-        let e = e.to_string();
-        if e.contains("unknown field `dynamic_resources`") {
-            BootstrapError::Syntax(format!("{e} ({XDS_HINT})"))
-        } else {
-            BootstrapError::Syntax(e)
-        }
-    })?;
-    let admin = match &file.admin {
-        Some(a) => Some(bind_addr("admin.address", &a.address)?),
+    let node = tree::parse(bytes).map_err(BootstrapError::Syntax)?;
+    let (file, checked) = schema::check(&node, options.allow_unknown_fields)
+        .map_err(|e| invalid(e.path, e.message))?;
+    let notes = sort_fields(&checked)?;
+    let admin = match file.get("admin").and_then(|a| a.get("address")) {
+        Some(a) => Some(bind_addr("admin.address", Some(a))?),
         None => None,
     };
-    let resources = &file.static_resources;
-    if resources.listeners.is_empty() && resources.clusters.is_empty() {
+    let resources = file.get("static_resources");
+    let listeners = resources
+        .and_then(|r| r.get("listeners"))
+        .map(Node::items)
+        .unwrap_or_default();
+    let clusters = resources
+        .and_then(|r| r.get("clusters"))
+        .map(Node::items)
+        .unwrap_or_default();
+    if listeners.is_empty() && clusters.is_empty() {
         return Ok(None);
     }
-    if resources.listeners.len() > MAX_LISTENERS {
+    if listeners.len() > MAX_LISTENERS {
         return Err(invalid(
             "static_resources.listeners",
             format!("more than {MAX_LISTENERS} listeners"),
         ));
     }
+    let cluster_named = |name: &str| {
+        clusters
+            .iter()
+            .find(|c| c.get("name").and_then(Node::as_str) == Some(name))
+    };
     let mut stats = None;
     let mut tunnels = Vec::new();
     let mut seed_name: Option<String> = None;
-    for (i, l) in resources.listeners.iter().enumerate() {
-        let path = format!("static_resources.listeners[{i}] ({})", l.name);
-        let addr = listener_addr(&format!("{path}.address"), &l.address)?;
+    let mut idle_timeout: Option<Option<Duration>> = None;
+    for (i, l) in listeners.iter().enumerate() {
+        let name = string_of(l.get("name"));
+        let path = format!("static_resources.listeners[{i}] ({name})");
+        let addr = listener_addr(&format!("{path}.address"), l.get("address"))?;
         match listener_role(&path, l)? {
-            Role::Tunnel { cluster, authority } => {
+            Role::Tunnel {
+                cluster,
+                authority,
+                idle_timeout: idle,
+            } => {
                 match &seed_name {
                     Some(s) if *s != cluster => {
                         return Err(invalid(
@@ -696,8 +1040,17 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
                     }
                     _ => seed_name = Some(cluster),
                 }
+                match idle_timeout {
+                    Some(before) if before != idle => {
+                        return Err(invalid(
+                            path,
+                            "its tcp_proxy idle_timeout differs from an earlier listener's: one idle timeout for every listener is supported",
+                        ));
+                    }
+                    _ => idle_timeout = Some(idle),
+                }
                 tunnels.push(TunnelListener {
-                    name: l.name.clone(),
+                    name,
                     addr,
                     authority,
                 });
@@ -708,18 +1061,16 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
                 }
                 let mut prefixes = Vec::new();
                 for (prefix, cluster) in routes {
-                    let c = resources
-                        .clusters
-                        .iter()
-                        .find(|c| c.name == cluster)
-                        .ok_or_else(|| {
-                            invalid(&path, format!("route to unknown cluster {cluster}"))
-                        })?;
+                    let c = cluster_named(&cluster).ok_or_else(|| {
+                        invalid(&path, format!("route to unknown cluster {cluster}"))
+                    })?;
                     let cpath = format!("static_resources.clusters ({cluster})");
                     let ep = endpoint(&cpath, c)?;
-                    let target: Option<SocketAddr> =
-                        ep.address.parse::<IpAddr>().ok().and_then(|ip| {
-                            u16::try_from(ep.port_value)
+                    let target: Option<SocketAddr> = string_of(ep.get("address"))
+                        .parse::<IpAddr>()
+                        .ok()
+                        .and_then(|ip| {
+                            port(&cpath, ep.get("port_value"))
                                 .ok()
                                 .map(|p| SocketAddr::new(ip, p))
                         });
@@ -732,7 +1083,7 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
                     prefixes.push(prefix);
                 }
                 stats = Some(StatsListener {
-                    name: l.name.clone(),
+                    name,
                     addr,
                     prefixes,
                 });
@@ -741,28 +1092,19 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
     }
     let seed_name =
         seed_name.ok_or_else(|| invalid("static_resources.listeners", "no tunneling listener"))?;
-    let seed = resources
-        .clusters
-        .iter()
-        .find(|c| c.name == seed_name)
-        .ok_or_else(|| {
-            invalid(
-                "static_resources.clusters",
-                format!("no cluster {seed_name}"),
-            )
-        })?;
+    let seed = cluster_named(&seed_name).ok_or_else(|| {
+        invalid(
+            "static_resources.clusters",
+            format!("no cluster {seed_name}"),
+        )
+    })?;
     let seed = seed_cluster(&format!("static_resources.clusters ({seed_name})"), seed)?;
     // Clusters nothing uses must still be ones this file can describe.
-    for c in &resources.clusters {
-        let path = format!("static_resources.clusters ({})", c.name);
-        if c.name != seed.name {
-            if !matches!(c.kind.as_str(), "LOGICAL_DNS" | "STRICT_DNS" | "STATIC") {
-                return Err(invalid(
-                    format!("{path}.type"),
-                    format!("{}: LOGICAL_DNS, STRICT_DNS or STATIC expected", c.kind),
-                ));
-            }
-            cluster_connect_timeout(&path, c)?;
+    for c in clusters {
+        let name = string_of(c.get("name"));
+        if name != seed.name {
+            let path = format!("static_resources.clusters ({name})");
+            cluster_type(&path, c)?;
             endpoint(&path, c)?;
         }
     }
@@ -771,6 +1113,8 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
         stats,
         tunnels,
         seed,
+        idle_timeout: idle_timeout.flatten(),
+        notes,
     }))
 }
 

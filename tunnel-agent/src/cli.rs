@@ -31,6 +31,11 @@ pub struct Cli {
     pub config_bytes: Vec<u8>,
     /// The flags, to lay over the file again when it changes.
     pub flags: FlagSettings,
+    /// What the bootstrap (when one was read) sets that the agent ignores,
+    /// to report once it runs.
+    pub notes: Option<crate::bootstrap::Notes>,
+    /// Envoy's `--mode validate`: check the configuration and exit.
+    pub validate_only: bool,
     /// The bootstrap declares nothing and no flag names a listener: serve
     /// nothing, wait for termination. This is the `envoy` container of KKP's
     /// nodeport-proxy pod, whose traffic nodeport-proxy serves from the
@@ -53,7 +58,9 @@ pub struct FlagSettings {
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
-    idle_timeout: Duration,
+    /// `-idle-timeout` when given; else the bootstrap's tcp_proxy
+    /// `idle_timeout`, else Envoy's 1 h.
+    idle_timeout: Option<Duration>,
     drain_timeout: Duration,
     max_connections_per_listener: usize,
     max_seed_connections: usize,
@@ -64,6 +71,8 @@ pub struct FlagSettings {
     /// start.
     proxy_env: Vec<(&'static str, String)>,
     windows: daemon::h2window::WindowSettings,
+    /// Envoy's `--allow-unknown-static-fields`.
+    allow_unknown_fields: bool,
 }
 
 /// The proxy variables read (in this order of preference).
@@ -82,7 +91,7 @@ impl Default for FlagSettings {
             keepalive_interval: None,
             keepalive_timeout: None,
             connect_timeout: None,
-            idle_timeout: d.idle_timeout,
+            idle_timeout: None,
             drain_timeout: d.drain_timeout,
             max_connections_per_listener: d.max_connections_per_listener,
             max_seed_connections: d.max_seed_connections,
@@ -90,6 +99,7 @@ impl Default for FlagSettings {
             http_proxy_ca: None,
             proxy_env: Vec::new(),
             windows: d.windows,
+            allow_unknown_fields: false,
         }
     }
 }
@@ -132,6 +142,8 @@ pub fn flag_set() -> FlagSet {
     .deprecated("use --config-path")
     .bool("use-dynamic-base-id", false, "accepted for Envoy compatibility; no shared memory is used")
     .int("base-id", 0, "accepted for Envoy compatibility; no shared memory is used")
+    .string("mode", "serve", "Envoy's: serve, or validate (check the configuration, print whether it is OK, exit 0 or 1)")
+    .bool("allow-unknown-static-fields", false, "Envoy's: a bootstrap field Envoy's schema does not know is logged and counted (envoy_server_static_unknown_fields) instead of refusing the file")
     .string("service-cluster", "", "accepted for Envoy compatibility (KKP's nodeport-proxy pod passes it); unused")
     .string("service-node", "", "accepted for Envoy compatibility (KKP's nodeport-proxy pod passes it); unused")
     .string("proxy-host", "", "seed proxy host (KKP: the cluster URL's host); overrides the bootstrap's cluster")
@@ -144,7 +156,7 @@ pub fn flag_set() -> FlagSet {
     .duration("keepalive-interval", d.keepalive_interval, "HTTP/2 PING interval on the seed connection; overrides the bootstrap's connection_keepalive")
     .duration("keepalive-timeout", d.keepalive_timeout, "an unanswered PING after this drops the seed connection")
     .duration("connect-timeout", d.connect_timeout, "seed connect and CONNECT answer timeout; overrides the bootstrap's connect_timeout")
-    .duration("idle-timeout", d.idle_timeout, "close tunnels idle this long (Envoy's tcp_proxy default: 1h)")
+    .duration("idle-timeout", d.idle_timeout, "close tunnels idle this long (0: never); overrides the bootstrap's tcp_proxy idle_timeout (Envoy's default: 1h)")
     .duration("drain-timeout", d.drain_timeout, "how long tunnels may continue after SIGTERM")
     .int("max-connections-per-listener", d.max_connections_per_listener as i64, "open connections per listener")
     .int("max-seed-connections", d.max_seed_connections as i64, "ours: most HTTP/2 connections to the seed proxy that take new tunnels; another is opened only while every one is full of streams or refuses them (Envoy: circuit breaker max_connections, 1024)")
@@ -203,7 +215,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             Ok(v.duration("keepalive-timeout"))
         })?,
         connect_timeout: set(v, "connect-timeout", || Ok(v.duration("connect-timeout")))?,
-        idle_timeout: v.duration("idle-timeout"),
+        idle_timeout: set(v, "idle-timeout", || Ok(v.duration("idle-timeout")))?,
         drain_timeout: v.duration("drain-timeout"),
         max_connections_per_listener: usize::try_from(v.int("max-connections-per-listener"))
             .ok()
@@ -222,6 +234,16 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             .filter_map(|n| std::env::var(n).ok().map(|v| (*n, v)))
             .collect(),
         windows: windows(v)?,
+        allow_unknown_fields: v.bool("allow-unknown-static-fields"),
+    };
+    let validate_only = match v.string("mode").as_str() {
+        "serve" => false,
+        "validate" => true,
+        other => {
+            return Err(format!(
+                "--mode {other:?}: serve or validate (Envoy's init_only is not supported)"
+            ));
+        }
     };
     let path = [v.string("config-path"), v.string("config")]
         .into_iter()
@@ -231,7 +253,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
     let bootstrap = match &path {
         Some(p) => {
             config_bytes = crate::bootstrap::read(p)?;
-            crate::bootstrap::parse_any(&config_bytes)
+            crate::bootstrap::parse_any_with(&config_bytes, flags.bootstrap_options())
                 .map_err(|e| format!("{}: {e}", p.display()))?
         }
         None => None,
@@ -253,6 +275,8 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             config_path: path,
             config_bytes,
             flags,
+            notes: None,
+            validate_only,
             idle: true,
         });
     }
@@ -278,11 +302,20 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         config_path: path,
         config_bytes,
         flags,
+        notes: bootstrap.map(|b| b.notes),
+        validate_only,
         idle: false,
     })
 }
 
 impl FlagSettings {
+    /// How the bootstrap is read.
+    pub fn bootstrap_options(&self) -> crate::bootstrap::Options {
+        crate::bootstrap::Options {
+            allow_unknown_fields: self.allow_unknown_fields,
+        }
+    }
+
     /// The forward proxy for the seed `host:port`: `-http-proxy`, else the
     /// environment's.
     fn http_proxy_for(
@@ -330,6 +363,18 @@ impl FlagSettings {
                 c.keepalive_interval = interval;
                 c.keepalive_timeout = timeout;
             }
+            if let Some(n) = b.seed.max_concurrent_streams {
+                c.max_streams_per_connection = n as usize;
+            }
+            if let Some(n) = b.seed.max_requests_per_connection {
+                c.max_requests_per_connection = u64::from(n);
+            }
+            if let Some(d) = b.seed.idle_timeout {
+                c.pool_idle_timeout = d;
+            }
+            if let Some(d) = b.idle_timeout {
+                c.idle_timeout = d;
+            }
             c.listeners = b
                 .tunnels
                 .iter()
@@ -362,7 +407,9 @@ impl FlagSettings {
             c.connect_timeout = d;
         }
         c.http_proxy = self.http_proxy_for(&c.proxy_host, c.proxy_port)?;
-        c.idle_timeout = self.idle_timeout;
+        if let Some(d) = self.idle_timeout {
+            c.idle_timeout = d;
+        }
         c.drain_timeout = self.drain_timeout;
         c.max_connections_per_listener = self.max_connections_per_listener;
         c.max_seed_connections = self.max_seed_connections;
@@ -469,13 +516,13 @@ mod tests {
         let path = dir.join("envoy.yaml");
         let text = std::fs::read_to_string(fixture("kkp-envoy-agent.yaml"))
             .unwrap_or_else(|e| panic!("{e}"))
-            .replace("admin:\n", "admin:\n  profile_path: /x\n");
+            .replace("admin:\n", "admin:\n  profile_pathx: /x\n");
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
         let e = parse(&["--config-path", path.to_str().unwrap_or_default()])
             .err()
             .unwrap_or_default();
         assert!(
-            e.contains("envoy.yaml") && e.contains("profile_path"),
+            e.contains("envoy.yaml") && e.contains("profile_pathx"),
             "{e}"
         );
         let e = parse(&["--config-path", "/nonexistent/envoy.yaml"])

@@ -9,11 +9,15 @@ pub mod bootstrap;
 pub mod cli;
 pub mod config;
 pub mod envoy_rules;
+#[rustfmt::skip]
+pub mod envoy_schema;
 pub mod http_proxy;
 pub mod limits;
 pub mod metrics;
 pub mod reload;
+pub mod schema;
 pub mod seed;
+pub mod tree;
 
 pub use agent::{AgentError, AgentListeners, TunnelAgent, run};
 pub use config::{AgentConfig, ListenerSpec};

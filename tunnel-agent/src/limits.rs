@@ -22,6 +22,10 @@ pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
 pub const MAX_FLOW_DEPTH: usize = 32;
 /// Most listeners a bootstrap may declare (KKP renders two or three).
 pub const MAX_LISTENERS: usize = 1024;
+/// Most values (mappings, lists, scalars) a bootstrap may hold once its YAML
+/// aliases are expanded; KKP's has about 150, and a 64 KiB file without
+/// aliases fewer than 40,000. An alias bomb stops here.
+pub const MAX_NODES: usize = 100_000;
 
 /// Longest answer head read from an HTTP proxy to the CONNECT that opens the
 /// seed connection (`-http-proxy`); a real one is a status line and a few

@@ -15,6 +15,23 @@ fn main() {
         usage_error(&e);
     }
     daemon::process::init();
+    if values.string("mode") == "validate" {
+        // Envoy's --mode validate: the verdict, exit 0 or 1; nothing bound.
+        match cli::from_values(&values) {
+            Ok(cli) => {
+                let file = cli.config_path.as_ref().map(|p| p.display().to_string());
+                if let (Some(file), Some(notes)) = (&file, &cli.notes) {
+                    tunnel_agent::agent::report_notes(file, notes);
+                }
+                println!("configuration '{}' OK", file.unwrap_or_default());
+                std::process::exit(0);
+            }
+            Err(e) => {
+                eprintln!("Error: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
     let cli = cli::from_values(&values).unwrap_or_else(|e| usage_error(&e));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cli.worker_threads)
@@ -60,6 +77,9 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
         )
         .await?,
     );
+    if let (Some(path), Some(notes)) = (&cli.config_path, &cli.notes) {
+        agent.note_bootstrap(&path.display().to_string(), notes);
+    }
     let stop = CancellationToken::new();
     if let Some(path) = cli.config_path {
         let (tx, rx) = tokio::sync::mpsc::channel(1);

@@ -31,6 +31,10 @@ pub struct AgentMetrics {
     pub downstream_cx_total: Counter,
     pub downstream_rx_bytes: Counter,
     pub downstream_tx_bytes: Counter,
+    /// Envoy's `server.static_unknown_fields`.
+    pub static_unknown_fields: Counter,
+    /// Ours: fields Envoy knows that the agent ignores, per load.
+    pub static_ignored_fields: Counter,
     reloads_applied: Counter,
     reloads_unchanged: Counter,
     reloads_failed: Counter,
@@ -115,6 +119,14 @@ impl AgentMetrics {
             "Open connections, per listener.",
         );
         r.describe_counter(
+            "envoy_server_static_unknown_fields",
+            "Messages in the bootstrap with fields Envoy's schema does not know, counted at each load let through by --allow-unknown-static-fields (Envoy's server.static_unknown_fields).",
+        );
+        r.describe_counter(
+            "tunnel_agent_static_ignored_fields_total",
+            "Bootstrap fields Envoy's schema knows that the agent does not act on, counted at start and at each reload that loads the file.",
+        );
+        r.describe_counter(
             "tunnel_agent_config_reloads_total",
             "Configuration file reloads, by result (applied, unchanged, failed).",
         );
@@ -153,6 +165,8 @@ impl AgentMetrics {
             downstream_cx_total: r.counter("envoy_tcp_downstream_cx_total", &t),
             downstream_rx_bytes: r.counter("envoy_tcp_downstream_cx_rx_bytes_total", &t),
             downstream_tx_bytes: r.counter("envoy_tcp_downstream_cx_tx_bytes_total", &t),
+            static_unknown_fields: r.counter("envoy_server_static_unknown_fields", &[]),
+            static_ignored_fields: r.counter("tunnel_agent_static_ignored_fields_total", &[]),
             reloads_applied: r.counter(
                 "tunnel_agent_config_reloads_total",
                 &[("result", "applied")],

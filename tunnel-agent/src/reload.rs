@@ -116,21 +116,29 @@ impl Follower {
         let loaded = outcome
             .map_err(|e| format!("reading {name}: {e}"))
             .and_then(|bytes| {
-                let b = crate::bootstrap::parse(&bytes).map_err(|e| format!("{name}: {e}"))?;
-                self.flags
+                let b = crate::bootstrap::parse_with(&bytes, self.flags.bootstrap_options())
+                    .map_err(|e| format!("{name}: {e}"))?;
+                let (config, stats) = self
+                    .flags
                     .resolve(Some(&b))
-                    .map_err(|e| format!("{name}: {e}"))
+                    .map_err(|e| format!("{name}: {e}"))?;
+                Ok((config, stats, b.notes))
             });
         let result = match loaded {
             Err(e) => Err(e),
-            Ok((config, stats)) => {
+            Ok((config, stats, notes)) => {
                 if stats != self.stats {
                     tracing::warn!(path = %name, "the stats listener changed; that takes a restart, the rest is applied");
                 }
-                self.agent
+                let applied = self
+                    .agent
                     .apply(config)
                     .await
-                    .map_err(|e| format!("{name}: {e}"))
+                    .map_err(|e| format!("{name}: {e}"));
+                if applied.is_ok() {
+                    self.agent.note_bootstrap(name, &notes);
+                }
+                applied
             }
         };
         let metrics = self.agent.metrics();

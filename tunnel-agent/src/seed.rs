@@ -657,7 +657,10 @@ async fn drive(
         } else if idle_since.is_none() {
             idle_since = Some(Instant::now());
         }
-        let idle_at = idle_since.map(|t| t + idle_timeout);
+        // Envoy's idle_timeout 0: never.
+        let idle_at = idle_since
+            .filter(|_| !idle_timeout.is_zero())
+            .map(|t| t + idle_timeout);
         tokio::select! {
             r = std::future::poll_fn(|cx| poll_conn(&mut conn, &c, &pool, &mut last_limit, cx)) => break (match r {
                 Ok(()) => "closed by the seed proxy".into(),
