@@ -1268,3 +1268,102 @@ async fn the_pool_stops_at_max_seed_connections() {
     drop(open);
     agent.shutdown().await;
 }
+
+/// Readiness that means serving (issue 34.1): `/ready` on the stats
+/// listener answers 200 only while a seed connection takes tunnels, and 503
+/// with the reason otherwise: before the seed answers, after its connection
+/// is lost, and while the agent drains. `/healthz` stays the liveness
+/// answer (200 until the drain).
+#[tokio::test]
+async fn ready_only_while_a_seed_connection_is_up_with_the_reason_otherwise() {
+    let inv = openvpn_to(dest::echo().await);
+    // The seed's port, bound but not served yet: the agent's dial is
+    // accepted by the kernel and its first PING goes unanswered.
+    let seed_l = loopback().await;
+    let seed_port = seed_l.local_addr().unwrap().port();
+    let (local, stats_l) = (loopback().await, loopback().await);
+    let (addr, stats) = (local.local_addr().unwrap(), stats_l.local_addr().unwrap());
+    let config = AgentConfig {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: seed_port,
+        listeners: vec![spec(
+            &local,
+            "openvpn-server.cluster-a.svc.cluster.local:1194",
+        )],
+        keepalive_timeout: Duration::from_millis(300),
+        connect_timeout: Duration::from_millis(500),
+        backoff_max: Duration::from_millis(200),
+        drain_timeout: Duration::from_secs(10),
+        ..AgentConfig::default()
+    };
+    let agent = std::sync::Arc::new(
+        TunnelAgent::start(
+            config,
+            AgentListeners {
+                tunnels: vec![local],
+                stats: Some(stats_l),
+                admin: None,
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let (code, body) = http_get(stats, "/ready").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("seed proxy"), "{body}");
+    let body = integration_tests::eventually_some(
+        "the failed dial named on /ready",
+        Duration::from_secs(10),
+        || async {
+            let (code, body) = http_get(stats, "/ready").await;
+            (code == 503 && body.contains("seed proxy unreachable")).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        body.contains("PING") || body.contains("timed out"),
+        "{body}"
+    );
+    assert_eq!(http_get(stats, "/healthz").await.0, 200);
+
+    // The seed serves: ready.
+    let (p, _dir) = tunneling_proxy_on(seed_l, &inv).await;
+    integration_tests::eventually("/ready 200", Duration::from_secs(10), || async {
+        http_get(stats, "/ready").await == (200, "ok".to_string())
+    })
+    .await;
+
+    // The seed goes away: not ready, saying why.
+    p.shutdown().await;
+    let body = integration_tests::eventually_some(
+        "/ready 503 after the seed left",
+        Duration::from_secs(10),
+        || async {
+            let (code, body) = http_get(stats, "/ready").await;
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    assert!(body.contains("seed proxy"), "{body}");
+    assert_eq!(http_get(stats, "/healthz").await.0, 200);
+
+    // Back on its port: ready again; then draining is not ready.
+    let again = TcpListener::bind(("127.0.0.1", seed_port)).await.unwrap();
+    let (_p2, _dir2) = tunneling_proxy_on(again, &inv).await;
+    integration_tests::eventually("/ready 200 again", Duration::from_secs(10), || async {
+        http_get(stats, "/ready").await.0 == 200
+    })
+    .await;
+    let held = echo_once(addr, b"held through the drain").await;
+    let draining = {
+        let agent = agent.clone();
+        tokio::spawn(async move { agent.shutdown().await })
+    };
+    integration_tests::eventually("/ready 503 draining", Duration::from_secs(10), || async {
+        http_get(stats, "/ready").await == (503, "draining\n".to_string())
+    })
+    .await;
+    assert_eq!(http_get(stats, "/healthz").await.0, 503);
+    drop(held);
+    assert!(draining.await.unwrap());
+}

@@ -70,6 +70,17 @@ fn kkp_rendered_config_is_understood() {
         "openvpn-server.cluster-abc.svc.cluster.local:1194"
     );
     assert_eq!(b.notes, kkp_notes());
+    // Another stored version of KKP's template PINGs every 5 s with a 2 s
+    // timeout.
+    let b = ok(&kkp_with(
+        KEEPALIVE,
+        "                interval: 5s\n                timeout: 2s\n",
+    ));
+    assert_eq!(
+        b.seed.keepalive,
+        Some((Duration::from_secs(5), Duration::from_secs(2)))
+    );
+    assert_eq!(b.notes, kkp_notes());
 }
 
 /// What KKP's template gets reported: `admin.access_log_path`, which Envoy
