@@ -57,6 +57,7 @@ pub fn flags() -> FlagSet {
         .bool("sync-forever", false, "If true, the agent continues syncing, in order to support server count changes.")
         .int("xfr-channel-size", 150, "Packets queued per destination connection.")
         .duration("destination-stall-timeout", Duration::from_secs(10), "How long a destination may leave its queue full before only its connection is closed (protects the shared stream).")
+        .bool("allow-expired-certificates", false, "Ours: start even if --agent-cert holds a certificate that is expired or not yet valid (or --ca-cert none that is valid now), with a warning; without it that is a start-up error. Hot reloads refuse such files either way.")
         .string("allowed-destinations", "", "Ours: comma-separated CIDRs the agent may dial for its servers, each optionally with :PORT or :FIRST-LAST (IPv6 with ports: [CIDR]:PORT). Empty allows every destination, as upstream.")
         .duration("graceful-shutdown-timeout", GRACEFUL_SHUTDOWN_TIMEOUT, "Ours: after the first SIGTERM, how long connections still open may continue before the agent closes them and exits; with none open it exits at once. Keep it below the pod's terminationGracePeriodSeconds.")
         .int("flow-control-window", konnectivity_proto::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with servers of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream servers ignore the offer.")
@@ -136,13 +137,19 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         key: "agent-key",
         ca: "ca-cert",
     };
-    let tls = daemon::tls_reload::Reloading::from_files("server", flags, files, move |f| {
-        let identity = f.cert.as_deref().zip(f.key.as_deref());
-        match &f.ca {
-            Some(ca) => daemon::tls::client_config(ca, identity, &alpn),
-            None => Err(daemon::tls::TlsError::Verifier("no CA".into())),
-        }
-    })?;
+    let at_start = if v.bool("allow-expired-certificates") {
+        daemon::tls_reload::AtStart::Warn
+    } else {
+        daemon::tls_reload::AtStart::Refuse
+    };
+    let tls =
+        daemon::tls_reload::Reloading::from_files("server", flags, files, at_start, move |f| {
+            let identity = f.cert.as_deref().zip(f.key.as_deref());
+            match &f.ca {
+                Some(ca) => daemon::tls::client_config(ca, identity, &alpn),
+                None => Err(daemon::tls::TlsError::Verifier("no CA".into())),
+            }
+        })?;
 
     let identifiers = v.string("agent-identifiers");
     konnectivity_proto::header::validate_identifiers(&identifiers)

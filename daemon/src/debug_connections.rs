@@ -178,18 +178,17 @@ impl Connections {
         }
     }
 
-    /// [`Connections::reply`], but only to a client that reached the port on
-    /// a loopback address (one on the same host or in the same network
-    /// namespace: `kubectl port-forward` qualifies), even when the admin port
-    /// is bound to every interface so that Prometheus can scrape it.
+    /// [`Connections::reply`], but only to a client on a loopback address
+    /// ([`crate::endpoints::Head::from_loopback`]: one in the same network
+    /// namespace; `kubectl port-forward` qualifies), whatever the admin port
+    /// is bound to (every interface, so that Prometheus can scrape it, or
+    /// `::` with IPv4 clients arriving as `::ffff:127.0.0.1`). Others get
+    /// 403.
     pub fn reply_local(&self, head: &crate::endpoints::Head<'_>) -> crate::endpoints::Reply {
-        if head.local.is_some_and(|a| a.ip().is_loopback()) {
+        if head.from_loopback() {
             return self.reply(head.query);
         }
-        crate::endpoints::Reply::text(
-            http::StatusCode::FORBIDDEN,
-            "/debug/connections is served on loopback addresses only (curl it from inside the pod, or through kubectl port-forward)\n",
-        )
+        crate::endpoints::Reply::loopback_only("/debug/connections")
     }
 
     /// `limit` from a query string such as `limit=50`.
@@ -405,21 +404,30 @@ mod tests {
     fn served_only_to_clients_on_a_loopback_address() {
         let c = Connections::new();
         let _held = c.open("np", None);
-        let head = |local: &str| {
+        let head = |peer: &str| {
             let method = http::Method::GET;
-            let local = local.parse().ok();
             let h = crate::endpoints::Head {
                 method: &method,
                 path: "/debug/connections",
                 query: None,
-                local,
+                local: "[::]:8095".parse().ok(),
+                peer: peer.parse().ok(),
             };
             c.reply_local(&h).status
         };
-        assert_eq!(head("127.0.0.1:8095"), http::StatusCode::OK);
-        assert_eq!(head("[::1]:8095"), http::StatusCode::OK);
-        // The pod IP (the admin port bound to every interface for scrapes).
-        assert_eq!(head("10.244.0.7:8133"), http::StatusCode::FORBIDDEN);
-        assert_eq!(head("[fd00::7]:8133"), http::StatusCode::FORBIDDEN);
+        assert_eq!(head("127.0.0.1:40000"), http::StatusCode::OK);
+        assert_eq!(head("127.0.0.2:40000"), http::StatusCode::OK);
+        assert_eq!(head("[::1]:40000"), http::StatusCode::OK);
+        // An IPv4 client of a listener on `::`.
+        assert_eq!(head("[::ffff:127.0.0.1]:40000"), http::StatusCode::OK);
+        // Clients elsewhere (the admin port bound to every interface for
+        // scrapes), IPv4-mapped or not.
+        assert_eq!(head("10.244.0.7:40000"), http::StatusCode::FORBIDDEN);
+        assert_eq!(
+            head("[::ffff:10.244.0.7]:40000"),
+            http::StatusCode::FORBIDDEN
+        );
+        assert_eq!(head("[fd00::7]:40000"), http::StatusCode::FORBIDDEN);
+        assert_eq!(head("[::ffff:7f00:1]:40000"), http::StatusCode::OK);
     }
 }

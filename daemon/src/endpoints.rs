@@ -167,6 +167,17 @@ impl Reply {
         }
     }
 
+    /// The answer to a client that is not on loopback asking for `path`,
+    /// which is served only to such clients (see [`Head::from_loopback`]).
+    pub fn loopback_only(path: &str) -> Self {
+        Reply::text(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{path} is served on loopback addresses only (curl it from inside the pod, or through kubectl port-forward)\n"
+            ),
+        )
+    }
+
     pub fn redirect(location: String) -> Self {
         Reply {
             status: StatusCode::MOVED_PERMANENTLY,
@@ -185,6 +196,25 @@ pub struct Head<'a> {
     pub query: Option<&'a str>,
     /// The address the client connected to.
     pub local: Option<SocketAddr>,
+    /// The client's address.
+    pub peer: Option<SocketAddr>,
+}
+
+impl Head<'_> {
+    /// Whether the client is on this host, in this network namespace: its
+    /// address is a loopback one (`::ffff:127.0.0.1`, as an IPv4 client of
+    /// a listener on `::` appears, included). Only such a client can have
+    /// sent from a loopback address (a reply to it goes nowhere else), so
+    /// this holds whatever the listener is bound to; `kubectl port-forward`
+    /// and `kubectl exec … curl localhost` qualify.
+    pub fn from_loopback(&self) -> bool {
+        self.peer.is_some_and(|a| is_loopback(a.ip()))
+    }
+}
+
+/// A loopback address, IPv4-mapped IPv6 ones included.
+pub fn is_loopback(ip: std::net::IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
 }
 
 pub type Handler = Arc<dyn Fn(&Head<'_>) -> Reply + Send + Sync>;
@@ -215,16 +245,23 @@ pub async fn serve_with(
         let stop = stop.clone();
         async move {
             let local = io.local_addr().ok();
+            let peer = io.peer_addr().ok();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let handler = handler.clone();
                 async move {
                     #[cfg(feature = "pprof")]
                     if profiling && req.uri().path().starts_with("/debug/pprof") {
-                        let reply = crate::pprof::handle(req.uri().path(), req.uri().query()).await;
+                        // A profile shows what the process does: for the
+                        // host's eyes only, as /debug/connections.
+                        let reply = if peer.is_some_and(|a| is_loopback(a.ip())) {
+                            crate::pprof::handle(req.uri().path(), req.uri().query()).await
+                        } else {
+                            Reply::loopback_only("/debug/pprof")
+                        };
                         return Ok::<_, Infallible>(into_response(reply).0.map(Either::Left));
                     }
                     let _ = profiling;
-                    let (resp, render) = respond(&handler, &req, local);
+                    let (resp, render) = respond(&handler, &req, local, peer);
                     let Some(Render(make)) = render else {
                         return Ok::<_, Infallible>(resp.map(Either::Left));
                     };
@@ -260,12 +297,14 @@ fn respond(
     handler: &Handler,
     req: &Request<Incoming>,
     local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
 ) -> (Response<Full<Bytes>>, Option<Render>) {
     let head = Head {
         method: req.method(),
         path: req.uri().path(),
         query: req.uri().query(),
         local,
+        peer,
     };
     into_response(handler(&head))
 }

@@ -5,6 +5,7 @@
 
 pub mod authority;
 pub mod budget;
+pub mod cert_validity;
 pub mod chunks;
 pub mod debug_connections;
 pub mod drain;

@@ -5,9 +5,12 @@
 //!
 //! New handshakes take [`Reloading::current`]; connections already
 //! established keep the configuration they were made with. A rebuild that
-//! fails (a half-written file, a key that does not match) is logged with the
-//! flag that named the file and changes nothing: the previous material stays
-//! in use until the files are fixed.
+//! fails (a half-written file, a key that does not match, a certificate
+//! expired or not yet valid: [`crate::cert_validity`]) is logged with the
+//! flag that named the file, counted as a failed reload and changes nothing:
+//! the previous material stays in use until the files are fixed. Files
+//! refused because their certificate is not valid yet are read again at the
+//! next poll even if they did not change.
 //!
 //! Files are followed with [`crate::file_watch`] (their directories are
 //! watched) and, as a backstop for changes no event announces (a symlink
@@ -76,6 +79,32 @@ impl Files {
 
 type Build<T> = dyn Fn(&Files) -> Result<T, TlsError> + Send + Sync;
 
+/// What start-up does with a certificate outside its validity period
+/// (`--allow-expired-certificates`); reloads refuse one either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AtStart {
+    /// An error naming the flag (the default).
+    #[default]
+    Refuse,
+    /// A warning naming the flag; the material is used.
+    Warn,
+}
+
+/// Why files could not be taken.
+enum Refused {
+    Load(TlsError),
+    Validity(crate::cert_validity::OutsideValidity),
+}
+
+impl Refused {
+    fn text(&self, flags: FileFlags) -> String {
+        match self {
+            Refused::Load(e) => e.naming(flags),
+            Refused::Validity(e) => e.to_string(),
+        }
+    }
+}
+
 struct Source<T> {
     /// Names the material in logs and metrics (`frontend`, `agent`, …).
     name: &'static str,
@@ -119,13 +148,26 @@ impl<T> From<T> for Reloading<T> {
 impl<T: Send + Sync + 'static> Reloading<T> {
     /// Builds the configuration from `files` now (an error names the flag
     /// of the file at fault), and keeps `build` to rebuild it on a change.
+    /// A certificate outside its validity period is an error too, unless
+    /// `at_start` says to warn.
     pub fn from_files(
         name: &'static str,
         flags: FileFlags,
         files: Files,
+        at_start: AtStart,
         build: impl Fn(&Files) -> Result<T, TlsError> + Send + Sync + 'static,
     ) -> Result<Self, String> {
         let first = build(&files).map_err(|e| e.naming(flags))?;
+        if let Err(e) = crate::cert_validity::check_now(&files, flags) {
+            match at_start {
+                AtStart::Refuse => {
+                    return Err(format!("{e} (--allow-expired-certificates starts anyway)"));
+                }
+                AtStart::Warn => {
+                    tracing::warn!(tls = name, error = %e, "starting with a certificate outside its validity period (--allow-expired-certificates); peers will refuse it")
+                }
+            }
+        }
         let (tx, rx) = watch::channel(Arc::new(first));
         Ok(Reloading {
             rx,
@@ -173,7 +215,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
                     ),
                 }
             }
-            let last = digest(&src.files);
+            let last = Some(digest(&src.files));
             (src, watches, last)
         });
         async move {
@@ -197,12 +239,18 @@ impl<T: Send + Sync + 'static> Reloading<T> {
                 let Ok(now) = tokio::task::spawn_blocking(move || digest(&files)).await else {
                     continue;
                 };
-                if now == last {
+                if last == Some(now) {
                     continue;
                 }
-                last = now;
+                last = Some(now);
                 let s = src.clone();
-                match tokio::task::spawn_blocking(move || (s.build)(&s.files)).await {
+                let built = tokio::task::spawn_blocking(move || {
+                    let config = (s.build)(&s.files).map_err(Refused::Load)?;
+                    crate::cert_validity::check_now(&s.files, s.flags)
+                        .map_err(Refused::Validity)?;
+                    Ok(config)
+                });
+                match built.await {
                     Ok(Ok(config)) => {
                         src.tx.send_replace(Arc::new(config));
                         ok.increment(1);
@@ -214,7 +262,13 @@ impl<T: Send + Sync + 'static> Reloading<T> {
                     }
                     Ok(Err(e)) => {
                         failed.increment(1);
-                        tracing::warn!(tls = src.name, error = %e.naming(src.flags), "TLS files changed but cannot be loaded; the material loaded before stays in use");
+                        if let Refused::Validity(v) = &e
+                            && v.not_yet_valid()
+                        {
+                            // Valid later: read them again at the next poll.
+                            last = None;
+                        }
+                        tracing::warn!(tls = src.name, error = %e.text(src.flags), "TLS files changed but cannot be loaded; the material loaded before stays in use");
                     }
                     Err(e) => {
                         tracing::warn!(tls = src.name, error = %e, "TLS reload did not finish")
@@ -333,8 +387,8 @@ mod tests {
     }
 
     /// A Secret-volume layout (`tls.crt -> ..data/tls.crt`, `..data -> v1`)
-    /// swapped to v2 is picked up, the gauge follows it; a broken v3 is
-    /// refused, counted and the v2 material stays.
+    /// swapped to v2 is picked up, the gauge follows it; a broken v3 and an
+    /// expired v4 are refused, counted and the v2 material stays.
     #[tokio::test]
     async fn follows_a_secret_volume_swap_and_keeps_the_old_material_on_a_bad_one() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -359,7 +413,7 @@ mod tests {
             ca: Some(d.join("tls.crt")),
         };
         let provider = rustls::crypto::ring::default_provider();
-        let tls = Reloading::from_files("agent", FLAGS, files, move |f| {
+        let tls = Reloading::from_files("agent", FLAGS, files, AtStart::Refuse, move |f| {
             let (Some(c), Some(k)) = (&f.cert, &f.key) else {
                 return Err(TlsError::Verifier("no files".into()));
             };
@@ -422,6 +476,24 @@ mod tests {
         assert_eq!(
             gauge(&registry.render(), "cluster-cert").as_deref(),
             Some("2.1e+09")
+        );
+
+        // An expired pair that loads fine is refused all the same.
+        issue(d, "v4", 1_000_000_000);
+        swap(d, "v4");
+        let failed = tokio::time::timeout(Duration::from_secs(20), async {
+            while !registry
+                .render()
+                .contains("test_reloads_total{result=\"failure\",tls=\"agent\"} 2")
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        assert!(failed.await.is_ok(), "{}", registry.render());
+        assert_eq!(
+            serial(&tls.current()),
+            v2,
+            "an expired certificate replaced good material"
         );
         drain.start();
         let _ = drain.shutdown(Duration::ZERO).await;

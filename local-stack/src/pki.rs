@@ -95,8 +95,26 @@ impl Pki {
         sans: &[&str],
         usage: ExtendedKeyUsagePurpose,
     ) -> Result<Identity, PkiError> {
+        self.issue_valid(file, cn, orgs, sans, usage, None)
+    }
+
+    /// [`Pki::issue`], valid from January 1st of the first year to that of
+    /// the second if given.
+    fn issue_valid(
+        &self,
+        file: &str,
+        cn: &str,
+        orgs: &[&str],
+        sans: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+        validity: Option<(i32, i32)>,
+    ) -> Result<Identity, PkiError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
+        if let Some((from, to)) = validity {
+            params.not_before = rcgen::date_time_ymd(from, 1, 1);
+            params.not_after = rcgen::date_time_ymd(to, 1, 1);
+        }
         params.distinguished_name.push(DnType::CommonName, cn);
         for o in orgs {
             params.distinguished_name.push(DnType::OrganizationName, *o);
@@ -129,6 +147,22 @@ impl Pki {
         let mut sans = vec!["localhost", "127.0.0.1", "::1"];
         sans.extend_from_slice(extra);
         self.issue(name, name, &[], &sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// Like [`Pki::server`] (`server`) or [`Pki::client`], but valid only
+    /// in 2000 (expired), or only from 2999 (`future`): for tests of what
+    /// refuses such certificates.
+    pub fn outdated(&self, name: &str, server: bool, future: bool) -> Result<Identity, PkiError> {
+        let validity = Some(if future { (2999, 3000) } else { (2000, 2001) });
+        let (sans, usage) = if server {
+            (
+                vec!["localhost", "127.0.0.1", "::1"],
+                ExtendedKeyUsagePurpose::ServerAuth,
+            )
+        } else {
+            (vec![], ExtendedKeyUsagePurpose::ClientAuth)
+        };
+        self.issue_valid(name, name, &[], &sans, usage, validity)
     }
 
     /// A client certificate with common name `name`.

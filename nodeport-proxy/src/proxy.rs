@@ -146,7 +146,7 @@ impl NodePortProxy {
             tracing::info!(addr = ?addrs.admin, "serving /debug/connections");
             let connections = shared.connections.clone();
             let handler: daemon::endpoints::Handler = Arc::new(move |head| match head.path {
-                "/debug/connections" => connections.reply(head.query),
+                "/debug/connections" => connections.reply_local(head),
                 _ => daemon::endpoints::Reply::not_found(),
             });
             tokio::spawn(daemon::endpoints::serve(

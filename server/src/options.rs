@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use daemon::flags::{FlagSet, Values};
 use daemon::tls::{self, FileFlags, TlsPolicy};
-use daemon::tls_reload::{Files, Reloading};
+use daemon::tls_reload::{AtStart, Files, Reloading};
 use konnectivity_proto::ids::ServerId;
 
 use crate::backend::Strategy;
@@ -64,6 +64,7 @@ pub fn flags() -> FlagSet {
         .string("proxy-strategies", "default", "The list of proxy strategies used by the server to pick an agent/tunnel, available strategies are: default, destHost, defaultRoute.")
         .strings("cipher-suites", &[], "The comma separated list of allowed cipher suites. Has no effect on TLS1.3. Empty means allow default list.")
         .string("tls-min-version", "", "Minimum TLS version for server connections. Accepted values: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13. Empty defaults to VersionTLS12.")
+        .bool("allow-expired-certificates", false, "Ours: start even if a certificate file holds a certificate that is expired or not yet valid (or a CA file none that is valid now), with a warning; without it that is a start-up error. Hot reloads refuse such files either way.")
         .int("xfr-channel-size", 10, "Packets queued per frontend connection towards kube-apiserver (and, at least 16, per agent stream).")
         .bool("enable-lease-controller", false, "Enable lease controller to publish and garbage collect proxy server leases.")
         .string("lease-namespace", "kube-system", "The namespace where lease objects are managed by the controller.")
@@ -176,10 +177,11 @@ fn reloading_server_config(
     files: Files,
     policy: &TlsPolicy,
     alpn: &[&[u8]],
+    at_start: AtStart,
 ) -> Result<Reloading<rustls::ServerConfig>, String> {
     let policy = policy.clone();
     let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
-    Reloading::from_files(name, flags, files, move |f| {
+    Reloading::from_files(name, flags, files, at_start, move |f| {
         let alpn: Vec<&[u8]> = alpn.iter().map(Vec::as_slice).collect();
         match (&f.cert, &f.key) {
             (Some(cert), Some(key)) => {
@@ -251,6 +253,11 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     };
     // Plain value checks first, so their errors are not hidden behind file ones.
     let strategies = Strategy::parse_list(&v.string("proxy-strategies"))?;
+    let at_start = if v.bool("allow-expired-certificates") {
+        AtStart::Warn
+    } else {
+        AtStart::Refuse
+    };
     let policy = TlsPolicy::from_flags(&v.string("tls-min-version"), &v.strings("cipher-suites"))
         .map_err(|e| e.to_string())?;
 
@@ -275,7 +282,8 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             key: Some(key),
             ca: Some(ca),
         };
-        let tls = reloading_server_config("frontend", FRONTEND_FILES, files, &policy, alpn)?;
+        let tls =
+            reloading_server_config("frontend", FRONTEND_FILES, files, &policy, alpn, at_start)?;
         let host = v.string("server-bind-address");
         (
             FrontendAddr::Tcp {
@@ -334,7 +342,8 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         key: Some(cluster_key),
         ca: cluster_ca,
     };
-    let agent_tls = reloading_server_config("agent", AGENT_FILES, files, &policy, &[b"h2"])?;
+    let agent_tls =
+        reloading_server_config("agent", AGENT_FILES, files, &policy, &[b"h2"], at_start)?;
     let xfr = v.int("xfr-channel-size");
     if xfr <= 0 {
         return Err(format!(

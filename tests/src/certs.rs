@@ -30,6 +30,12 @@ impl Pki {
         self.inner.server(name, extra).unwrap()
     }
 
+    /// A server (`server`) or client certificate valid only in 2000, or only
+    /// from 2999 (`future`).
+    pub fn outdated(&self, name: &str, server: bool, future: bool) -> Identity {
+        self.inner.outdated(name, server, future).unwrap()
+    }
+
     /// A client certificate with common name `name`.
     pub fn client(&self, name: &str) -> Identity {
         self.inner.client(name).unwrap()

@@ -17,7 +17,14 @@ fn ip(args: &[&str]) {
     );
 }
 
-/// A namespace deleted on drop.
+/// The addresses of a [`Netns::with_veth`] pair.
+pub struct Veth {
+    pub host: std::net::Ipv4Addr,
+    pub inner: std::net::Ipv4Addr,
+    pub inner6: std::net::Ipv6Addr,
+}
+
+/// A namespace deleted on drop (its veth pair with it).
 pub struct Netns {
     name: String,
 }
@@ -37,6 +44,71 @@ impl Netns {
     /// configuration's) collide with nothing there.
     pub fn loopback_only() -> Netns {
         Self::with_loopback("lo")
+    }
+
+    /// A namespace with its loopback and a veth pair to this one: this
+    /// side is `host`, the namespace's side `inner` (IPv4 in 198.19.0.0/16,
+    /// RFC 2544's test space) and `inner6` (IPv6 in fd33::/16, a ULA), so a
+    /// client here reaches the namespace's listeners from outside its
+    /// loopback, and nothing leaves the machine.
+    pub fn with_veth() -> (Netns, Veth) {
+        let ns = Self::with_loopback("dv");
+        let n = ns
+            .name
+            .rsplit('x')
+            .next()
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0);
+        let pid = std::process::id();
+        let (third, fourth) = (pid % 250, (n % 64) * 4);
+        let host: std::net::Ipv4Addr = format!("198.19.{third}.{}", fourth + 1).parse().unwrap();
+        let inner: std::net::Ipv4Addr = format!("198.19.{third}.{}", fourth + 2).parse().unwrap();
+        let net6 = format!("fd33:{:x}:{n:x}", pid % 0xffff);
+        let inner6: std::net::Ipv6Addr = format!("{net6}::2").parse().unwrap();
+        let (h, p) = (format!("{}h", ns.name), format!("{}n", ns.name));
+        ip(&[
+            "link", "add", &h, "type", "veth", "peer", "name", &p, "netns", &ns.name,
+        ]);
+        ip(&["addr", "add", &format!("{host}/30"), "dev", &h]);
+        ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{net6}::1/64"),
+            "dev",
+            &h,
+            "nodad",
+        ]);
+        ip(&["link", "set", &h, "up"]);
+        ip(&[
+            "-n",
+            &ns.name,
+            "addr",
+            "add",
+            &format!("{inner}/30"),
+            "dev",
+            &p,
+        ]);
+        ip(&[
+            "-n",
+            &ns.name,
+            "-6",
+            "addr",
+            "add",
+            &format!("{inner6}/64"),
+            "dev",
+            &p,
+            "nodad",
+        ]);
+        ip(&["-n", &ns.name, "link", "set", &p, "up"]);
+        (
+            ns,
+            Veth {
+                host,
+                inner,
+                inner6,
+            },
+        )
     }
 
     fn with_loopback(prefix: &str) -> Netns {

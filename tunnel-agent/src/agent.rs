@@ -161,7 +161,7 @@ impl TunnelAgent {
         if let Some(l) = listeners.admin {
             let connections = inner.connections.clone();
             let handler: Handler = Arc::new(move |head| match head.path {
-                "/debug/connections" => connections.reply(head.query),
+                "/debug/connections" => connections.reply_local(head),
                 _ => Reply::not_found(),
             });
             tokio::spawn(daemon::endpoints::serve(
