@@ -69,6 +69,7 @@ pub fn flag_set() -> FlagSet {
     .duration("route-drain-timeout", p.route_drain_timeout, "how long connections on a removed route (Service gone or without a ready endpoint) may continue; Envoy's --drain-time-s")
     .duration("drain-timeout", p.drain_timeout, "after SIGTERM, how long connections may continue")
     .duration("shutdown-delay", p.shutdown_delay, "after SIGTERM, how long /healthz fails while traffic is still served")
+    .duration("ready-out-of-sync-limit", p.ready_out_of_sync_limit, "/ready fails once the routing source (Kubernetes watch or table file) has been out of sync this long; before its first table it fails anyway (0: only that)")
     .int("max-connections-per-listener", p.max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener; when full, the oldest connection without a ClientHello or request head yet is closed for a newcomer")
     .int("max-pending-connections-per-ip", p.max_pending_connections_per_ip as i64, "connections one client IP may hold on the SNI and tunneling listeners before sending a ClientHello or request head; past it, its oldest is closed (0: no limit). Behind -accept-proxy-protocol, the client IP the PROXY header names")
     .int("buffer-size", p.buffer_size as i64, "bytes per direction buffered for each proxied connection")
@@ -191,8 +192,8 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
     let source = match kind {
         "file" if config_path.is_empty() => return Err("-source=file needs -config".into()),
         "file" => TableSource::File(PathBuf::from(&config_path)),
-        // The watch feeds the table; it starts empty.
-        "kubernetes" => TableSource::Inline(crate::model::Inventory::default()),
+        // The watch feeds the table; there is none until its first batch.
+        "kubernetes" => TableSource::Kubernetes,
         _ => TableSource::Inline(source::embedded_default()),
     };
     let bind_address: IpAddr = v
@@ -226,6 +227,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         route_drain_timeout: v.duration("route-drain-timeout"),
         drain_timeout: v.duration("drain-timeout"),
         shutdown_delay: v.duration("shutdown-delay"),
+        ready_out_of_sync_limit: v.duration("ready-out-of-sync-limit"),
         max_connections_per_listener: positive(v, "max-connections-per-listener")?,
         max_pending_connections_per_ip: usize::try_from(v.int("max-pending-connections-per-ip"))
             .map_err(|_| "-max-pending-connections-per-ip must not be negative".to_string())?,

@@ -16,6 +16,21 @@ pub enum TableSource {
     File(PathBuf),
     /// A fixed inventory (tests, embedding); reload re-applies it.
     Inline(Inventory),
+    /// Fed from outside by a Kubernetes watch (`kube::follow` into
+    /// [`crate::NodePortProxy::apply_changes`]): no table until its first
+    /// batch, which is when the proxy becomes ready; reload does nothing.
+    Kubernetes,
+}
+
+impl TableSource {
+    /// The source, as `/ready` names it.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            TableSource::File(_) => "the table file (-config)",
+            TableSource::Inline(_) => "the inline table",
+            TableSource::Kubernetes => "the Kubernetes watch",
+        }
+    }
 }
 
 /// KKP's nine connection settings (Seed `connectionSettings`). Where KKP
@@ -110,6 +125,9 @@ pub struct ProxyConfig {
     /// After SIGTERM, how long `/healthz` fails while traffic is still served,
     /// so load balancers stop sending new connections first.
     pub shutdown_delay: Duration,
+    /// `/ready` fails once the source has been out of sync this long
+    /// (zero: never, once the first table is applied).
+    pub ready_out_of_sync_limit: Duration,
     /// Open connections per listener (CONNECT streams count on the tunneling
     /// listener); further ones wait in the kernel backlog.
     pub max_connections_per_listener: usize,
@@ -151,6 +169,7 @@ impl Default for ProxyConfig {
             route_drain_timeout: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(30),
             shutdown_delay: Duration::from_secs(5),
+            ready_out_of_sync_limit: crate::readiness::DEFAULT_OUT_OF_SYNC_LIMIT,
             max_connections_per_listener: 10_000,
             max_pending_connections_per_ip: 0,
             buffer_size: 16 * 1024,

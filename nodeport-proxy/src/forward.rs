@@ -217,7 +217,15 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         metrics.clone(),
     ));
     Arc::new(Shared {
-        health: Arc::new(crate::health::Health::new(table.subscribe())),
+        health: Arc::new(crate::health::Health::new(
+            table.subscribe(),
+            Arc::new(crate::readiness::Readiness::new(
+                table.subscribe(),
+                crate::readiness::SourceSync::new(),
+                config.ready_out_of_sync_limit,
+                config.source.describe(),
+            )),
+        )),
         connect: ConnectOptions {
             timeout: config.upstream_connect_timeout,
             attempts: config.upstream_connect_attempts,

@@ -1,7 +1,9 @@
-//! What `/healthz` says. It fails (503) only while shutting down, so load
-//! balancers drain this instance first; problems that leave it serving (a
-//! table file that does not load, a node port that cannot be bound) keep it
-//! at 200 and are listed in the body, one line each.
+//! What `/healthz` and `/ready` say. `/healthz` (liveness) fails (503) only
+//! while shutting down, so load balancers drain this instance first;
+//! problems that leave it serving (a table file that does not load, a node
+//! port that cannot be bound) keep it at 200 and are listed in the body, one
+//! line each. `/ready` also fails until the source's first table is applied
+//! and while the source is out of sync past its limit (readiness.rs).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,21 +12,24 @@ use std::time::SystemTime;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::readiness::Readiness;
 use crate::store::TableStatus;
 
 pub struct Health {
     /// Set once shutdown begins.
     pub failing: AtomicBool,
     table: watch::Receiver<TableStatus>,
+    pub readiness: std::sync::Arc<Readiness>,
     /// Node ports in the table without a listener, and why.
     unbound: Mutex<BTreeMap<u16, String>>,
 }
 
 impl Health {
-    pub fn new(table: watch::Receiver<TableStatus>) -> Self {
+    pub fn new(table: watch::Receiver<TableStatus>, readiness: std::sync::Arc<Readiness>) -> Self {
         Health {
             failing: AtomicBool::new(false),
             table,
+            readiness,
             unbound: Mutex::new(BTreeMap::new()),
         }
     }
@@ -59,6 +64,11 @@ impl Health {
             body.push_str(&format!("node port {port}: not listening: {why}\n"));
         }
         (ok, body)
+    }
+
+    /// The status and body `/ready` answers with.
+    pub fn ready(&self) -> (bool, String) {
+        self.readiness.report(self.failing.load(Ordering::Relaxed))
     }
 }
 

@@ -7,10 +7,19 @@
 //! a (re)list, objects not listed any more are deleted. Objects are not kept
 //! here: only what the plan reads is, in the index. Needs get/list/watch on
 //! services and discovery.k8s.io endpointslices, nothing else.
+//!
+//! Whether each watch is in sync goes to the proxy's [`SourceSync`]
+//! (`/ready`): out of sync from a failed list or watch request or a watch
+//! error on, in sync again at its next answered request or event. The
+//! requests are seen by a layer of the client's HTTP stack, because the
+//! watcher resumes a broken watch silently when nothing changed meanwhile.
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
@@ -23,7 +32,12 @@ use crate::model::{
     self, Endpoint, EndpointConditions, EndpointPort, ObjectMeta, Protocol, SERVICE_NAME_LABEL,
     ServicePort, ServiceSpec, ServiceType, Timestamp,
 };
+use crate::readiness::SourceSync;
 use crate::store::Change;
+
+/// The two watches, as `/ready` names them.
+const SERVICES: &str = "services watch";
+const SLICES: &str = "endpointslices watch";
 
 /// Changes applied in one go at most: a relist of a large seed is applied
 /// in slices of this, so one batch never holds everything twice.
@@ -44,7 +58,25 @@ pub enum KubeError {
 }
 
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, KubeError> {
-    let config = match kubeconfig {
+    let config = config(kubeconfig).await?;
+    kube::Client::try_from(config).map_err(|e| KubeError::Config(e.to_string()))
+}
+
+/// A client whose list and watch requests for Services and EndpointSlices
+/// report to `sync`: answered (2xx) puts that watch in sync, anything else
+/// (an error status, no answer) out of it.
+pub async fn watch_client(
+    kubeconfig: Option<&std::path::Path>,
+    sync: Arc<SourceSync>,
+) -> Result<kube::Client, KubeError> {
+    let config = config(kubeconfig).await?;
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| KubeError::Config(e.to_string()))?;
+    Ok(builder.with_layer(&ObserveWatches { sync }).build())
+}
+
+async fn config(kubeconfig: Option<&std::path::Path>) -> Result<kube::Config, KubeError> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| KubeError::Config(format!("{}: {e}", path.display())))?;
@@ -55,8 +87,74 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client
         None => kube::Config::infer()
             .await
             .map_err(|e| KubeError::Config(e.to_string()))?,
-    };
-    kube::Client::try_from(config).map_err(|e| KubeError::Config(e.to_string()))
+    })
+}
+
+struct ObserveWatches {
+    sync: Arc<SourceSync>,
+}
+
+impl<S> tower::Layer<S> for ObserveWatches {
+    type Service = Observed<S>;
+
+    fn layer(&self, inner: S) -> Observed<S> {
+        Observed {
+            inner,
+            sync: self.sync.clone(),
+        }
+    }
+}
+
+pub struct Observed<S> {
+    inner: S,
+    sync: Arc<SourceSync>,
+}
+
+/// Which watch a request belongs to: a GET of the Services or
+/// EndpointSlices collection (all namespaces or one), list or watch.
+fn watch_of<B>(req: &http::Request<B>) -> Option<&'static str> {
+    if req.method() != http::Method::GET {
+        return None;
+    }
+    match req.uri().path().rsplit('/').next()? {
+        "services" => Some(SERVICES),
+        "endpointslices" => Some(SLICES),
+        _ => None,
+    }
+}
+
+impl<S, ReqB, B> tower::Service<http::Request<ReqB>> for Observed<S>
+where
+    S: tower::Service<http::Request<ReqB>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: std::fmt::Display + Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<B>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqB>) -> Self::Future {
+        let part = watch_of(&req);
+        let what = format!("GET {}", req.uri().path());
+        let sync = self.sync.clone();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let result = fut.await;
+            if let Some(part) = part {
+                match &result {
+                    Ok(rsp) if rsp.status().is_success() => sync.in_sync(part),
+                    Ok(rsp) => sync.failing(part, format!("{what}: {}", rsp.status())),
+                    Err(e) => sync.failing(part, format!("{what}: {e}")),
+                }
+            }
+            result
+        })
+    }
 }
 
 fn api<K>(client: kube::Client, ns: Option<&str>) -> Api<K>
@@ -125,9 +223,14 @@ impl Known {
 /// Follows Services and EndpointSlices and hands every change to `apply`
 /// (the proxy's [`crate::NodePortProxy::apply_changes`]), waiting for one
 /// batch to be applied before the next, until the returned future is
-/// dropped. The first batch waits until both kinds are listed.
-pub async fn follow<F, Fut>(client: kube::Client, source: KubeSource, apply: F)
-where
+/// dropped. The first batch waits until both kinds are listed. Each watch's
+/// errors and events go to `sync`.
+pub async fn follow<F, Fut>(
+    client: kube::Client,
+    source: KubeSource,
+    sync: Arc<SourceSync>,
+    apply: F,
+) where
     F: Fn(Vec<Change>) -> Fut,
     Fut: Future<Output = bool>,
 {
@@ -137,20 +240,20 @@ where
         watcher::Config::default(),
     )
     .default_backoff()
-    .map(|e| e.map(|e| Event::Service(Box::new(e))));
+    .map(|e| (SERVICES, e.map(|e| Event::Service(Box::new(e)))));
     let slices = watcher(
         api::<discovery::EndpointSlice>(client, ns),
         watcher::Config::default().labels(SERVICE_NAME_LABEL),
     )
     .default_backoff()
-    .map(|e| e.map(|e| Event::Slice(Box::new(e))));
+    .map(|e| (SLICES, e.map(|e| Event::Slice(Box::new(e)))));
     let events = futures::stream::select(services, slices);
-    run(events, &source.expose_annotation_key, apply).await;
+    run(events, &source.expose_annotation_key, &sync, apply).await;
 }
 
-async fn run<S, F, Fut>(events: S, key: &str, apply: F)
+async fn run<S, F, Fut>(events: S, key: &str, sync: &SourceSync, apply: F)
 where
-    S: Stream<Item = Result<Event, watcher::Error>>,
+    S: Stream<Item = (&'static str, Result<Event, watcher::Error>)>,
     F: Fn(Vec<Change>) -> Fut,
     Fut: Future<Output = bool>,
 {
@@ -177,7 +280,14 @@ where
             return;
         };
         let mut next = Some(first);
-        while let Some(ev) = next.take() {
+        while let Some((part, ev)) = next.take() {
+            match &ev {
+                // Init comes before the list is requested: it proves nothing.
+                Ok(Event::Service(e)) if matches!(**e, watcher::Event::Init) => {}
+                Ok(Event::Slice(e)) if matches!(**e, watcher::Event::Init) => {}
+                Ok(_) => sync.in_sync(part),
+                Err(e) => sync.failing(part, e.to_string()),
+            }
             match ev {
                 Ok(Event::Service(e)) => {
                     svcs.changes(*e, service_change, Change::ServicesListed, &mut pending)
@@ -355,11 +465,12 @@ mod tests {
             }))
             .unwrap()
         };
-        let s = |e: watcher::Event<core::Service>| -> Result<Event, watcher::Error> {
-            Ok(Event::Service(Box::new(e)))
+        type Item = (&'static str, Result<Event, watcher::Error>);
+        let s = |e: watcher::Event<core::Service>| -> Item {
+            (SERVICES, Ok(Event::Service(Box::new(e))))
         };
-        let e = |e: watcher::Event<discovery::EndpointSlice>| -> Result<Event, watcher::Error> {
-            Ok(Event::Slice(Box::new(e)))
+        let e = |e: watcher::Event<discovery::EndpointSlice>| -> Item {
+            (SLICES, Ok(Event::Slice(Box::new(e))))
         };
         let events = vec![
             s(watcher::Event::Init),
@@ -396,6 +507,7 @@ mod tests {
         run(
             events,
             crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY,
+            &SourceSync::default(),
             move |changes| {
                 let (st, sn) = (st.clone(), sn.clone());
                 async move {

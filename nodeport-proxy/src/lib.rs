@@ -27,6 +27,7 @@ pub mod plan;
 pub mod policy;
 mod proxy;
 pub mod proxy_protocol;
+pub mod readiness;
 mod shards;
 mod sni;
 pub mod source;

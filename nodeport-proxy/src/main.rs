@@ -71,9 +71,7 @@ async fn bind_admin(cli: &cli::Cli) -> Option<TcpListener> {
 }
 
 async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
-    if cli.kubernetes.is_none()
-        && matches!(cli.config.source, nodeport_proxy::TableSource::Inline(_))
-    {
+    if matches!(cli.config.source, nodeport_proxy::TableSource::Inline(_)) {
         tracing::warn!("-source=demo: serving the embedded demo routing table");
     }
     let listeners = Listeners {
@@ -85,19 +83,16 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
     };
     let mut terms =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
-    let kube = match &cli.kubernetes {
-        Some(k) => Some((
-            nodeport_proxy::kube::client(k.kubeconfig.as_deref()).await?,
-            k.clone(),
-        )),
-        None => None,
-    };
     let proxy = Arc::new(NodePortProxy::start(cli.config, listeners).await?);
     let reloader = proxy.clone();
-    if let Some((client, source)) = kube {
+    if let Some(source) = cli.kubernetes {
+        let sync = proxy.source_sync();
+        let client =
+            nodeport_proxy::kube::watch_client(source.kubeconfig.as_deref(), sync.clone()).await?;
         let p = proxy.clone();
         tokio::spawn(async move {
-            nodeport_proxy::kube::follow(client, source, |changes| p.apply_changes(changes)).await;
+            nodeport_proxy::kube::follow(client, source, sync, |changes| p.apply_changes(changes))
+                .await;
         });
     } else {
         tokio::spawn(async move {

@@ -35,6 +35,9 @@ pub struct Metrics {
     reloads_unchanged: Counter,
     reloads_failed: Counter,
     last_reload_success: Gauge,
+    pub source_synced: Gauge,
+    /// Brings `source_synced` up to date before a scrape (readiness.rs).
+    sync_probe: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     pub node_ports_unbound: Gauge,
     pub node_port_bind_failures: Counter,
     pub access_log_dropped: Counter,
@@ -173,6 +176,8 @@ impl Metrics {
                 "nodeport_proxy_table_last_reload_success_timestamp_seconds",
                 &[],
             ),
+            source_synced: r.gauge("nodeport_proxy_source_synced", &[]),
+            sync_probe: std::sync::OnceLock::new(),
             node_ports_unbound: r.gauge("nodeport_proxy_node_ports_unbound", &[]),
             node_port_bind_failures: r.counter("nodeport_proxy_node_port_bind_failures_total", &[]),
             access_log_dropped: r.counter("nodeport_proxy_access_log_dropped_total", &[]),
@@ -258,6 +263,11 @@ impl Metrics {
         self.windows.watch(pool);
     }
 
+    /// Runs `probe` before every scrape from now on (the first caller wins).
+    pub fn watch_sync(&self, probe: impl Fn() + Send + Sync + 'static) {
+        let _ = self.sync_probe.set(Box::new(probe));
+    }
+
     pub fn render(&self, used_only: bool) -> String {
         let mut text = String::new();
         self.render_to(used_only, &mut |chunk| {
@@ -272,6 +282,9 @@ impl Metrics {
     /// whole; stops when `sink` refuses a chunk (the client left).
     pub fn render_to(&self, used_only: bool, sink: daemon::endpoints::Sink<'_>) {
         self.windows.update();
+        if let Some(probe) = self.sync_probe.get() {
+            probe();
+        }
         self.server_uptime
             .set(self.started.elapsed().as_secs() as f64);
         if let Some((allocated, heap)) = daemon::process::allocator_bytes() {
@@ -401,6 +414,10 @@ fn describe(r: &Registry) {
     r.describe_gauge(
         "nodeport_proxy_table_last_reload_success_timestamp_seconds",
         "When the routing table source was last loaded successfully (Unix seconds), changed or not.",
+    );
+    r.describe_gauge(
+        "nodeport_proxy_source_synced",
+        "1 while the routing table is the source's (its first table applied, no load or watch failing since); 0 before and while out of sync.",
     );
     r.describe_gauge(
         "nodeport_proxy_node_ports_unbound",

@@ -18,6 +18,7 @@ use crate::health::Health;
 use crate::metrics::{ListenerStats, Metrics};
 use crate::model::Inventory;
 use crate::plan::PlanOptions;
+use crate::readiness::{Readiness, SourceSync};
 use crate::source::{self, SourceError};
 use crate::store::{Change, TableStatus, TableStore};
 use crate::table::RoutingTable;
@@ -65,6 +66,8 @@ pub enum ProxyError {
 
 pub struct NodePortProxy {
     shared: Arc<Shared>,
+    /// What a Kubernetes source reports about its watches.
+    sync: Arc<SourceSync>,
     reload: Arc<Notify>,
     stats_drain: Drain,
     addrs: BoundAddrs,
@@ -95,11 +98,12 @@ impl NodePortProxy {
             metrics.clone(),
         ));
         let (follower, first) = source::Follower::start(config.source.clone());
-        let loaded = first.map_err(ProxyError::Source)?;
         // At seed scale the first table takes a while: not on a worker.
-        let s = store.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || loaded.apply(&s)).await {
-            return Err(ProxyError::Listener(std::io::Error::other(e)));
+        if let Some(loaded) = first.map_err(ProxyError::Source)? {
+            let s = store.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || loaded.apply(&s)).await {
+                return Err(ProxyError::Listener(std::io::Error::other(e)));
+            }
         }
         let addrs = BoundAddrs {
             stats: listeners.stats.as_ref().and_then(|l| l.local_addr().ok()),
@@ -110,7 +114,18 @@ impl NodePortProxy {
                 .as_ref()
                 .and_then(|l| l.local_addr().ok()),
         };
-        let health = Arc::new(Health::new(store.subscribe()));
+        let sync = SourceSync::new();
+        let readiness = Arc::new(Readiness::new(
+            store.subscribe(),
+            sync.clone(),
+            config.ready_out_of_sync_limit,
+            config.source.describe(),
+        ));
+        metrics.watch_sync(crate::readiness::gauge_probe(
+            readiness.clone(),
+            metrics.source_synced.clone(),
+        ));
+        let health = Arc::new(Health::new(store.subscribe(), readiness));
         let access_log = match &config.access_log {
             None => None,
             Some(c) => Some(
@@ -232,6 +247,7 @@ impl NodePortProxy {
         }
         Ok(NodePortProxy {
             shared,
+            sync,
             reload,
             stats_drain,
             addrs,
@@ -245,6 +261,17 @@ impl NodePortProxy {
     /// The table being served now.
     pub fn table(&self) -> Arc<RoutingTable> {
         self.shared.table.current()
+    }
+
+    /// Where a Kubernetes source reports its watches' failures and
+    /// recoveries (`kube::follow`, `kube::watch_client`).
+    pub fn source_sync(&self) -> Arc<SourceSync> {
+        self.sync.clone()
+    }
+
+    /// What `/ready` answers now: whether it is 200, and the body.
+    pub fn ready(&self) -> (bool, String) {
+        self.shared.health.ready()
     }
 
     /// Table version and load results, updated on every load attempt.

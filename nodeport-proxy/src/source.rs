@@ -72,10 +72,13 @@ pub fn load_file(path: &Path) -> Result<Inventory, SourceError> {
     parse_file(path, &bytes)
 }
 
+/// What `source` holds now (a Kubernetes source: nothing, its watch feeds
+/// the table).
 pub fn load(source: &TableSource) -> Result<Inventory, SourceError> {
     match source {
         TableSource::File(p) => load_file(p),
         TableSource::Inline(inv) => Ok(inv.clone()),
+        TableSource::Kubernetes => Ok(Inventory::default()),
     }
 }
 
@@ -236,8 +239,10 @@ pub struct Follower {
 
 impl Follower {
     /// Starts watching `source` and loads it once. Without a watch (the
-    /// directory cannot be watched) reloads happen on SIGHUP only.
-    pub fn start(source: TableSource) -> (Self, Result<Loaded, SourceError>) {
+    /// directory cannot be watched) reloads happen on SIGHUP only. A
+    /// Kubernetes source loads nothing here (`None`): its watch feeds the
+    /// table.
+    pub fn start(source: TableSource) -> (Self, Result<Option<Loaded>, SourceError>) {
         let mut cache = ItemCache::default();
         let (watch, first) = match &source {
             TableSource::File(path) => {
@@ -255,10 +260,12 @@ impl Follower {
                         path: path.clone(),
                         source,
                     })
-                    .and_then(|b| load_items(path, &b, &mut cache));
+                    .and_then(|b| load_items(path, &b, &mut cache))
+                    .map(Some);
                 (watch, first)
             }
-            TableSource::Inline(inv) => (None, Ok(Loaded::Whole(inv.clone()))),
+            TableSource::Inline(inv) => (None, Ok(Some(Loaded::Whole(inv.clone())))),
+            TableSource::Kubernetes => (None, Ok(None)),
         };
         let cache = Arc::new(Mutex::new(cache));
         (
@@ -294,6 +301,9 @@ impl Follower {
                 Some(read) = changed => Some(read),
                 _ = drain.draining() => return,
             };
+            if matches!(self.source, TableSource::Kubernetes) {
+                continue;
+            }
             let (source, store, cache) = (self.source.clone(), store.clone(), self.cache.clone());
             // Parsing and building the table take long at seed scale: not
             // on a worker that serves connections.
@@ -308,6 +318,7 @@ impl Follower {
                         })
                         .and_then(|b| load_items(path, &b, &mut cache)),
                     (TableSource::Inline(inv), _) => Ok(Loaded::Whole(inv.clone())),
+                    (TableSource::Kubernetes, _) => Ok(Loaded::Changes(Vec::new())),
                 };
                 drop(cache);
                 // The file's text, its items and the last load's hashes

@@ -1,8 +1,9 @@
 //! The stats/health listener (`-envoy-stats-port`, 8002): `/healthz` answers
 //! 200 until shutdown begins and 503 after, so probes and load balancers stop
 //! sending traffic before listeners close, and lists problems that leave the
-//! proxy serving (see [`Health`]); `/stats/prometheus` (and `/stats`) serve
-//! the metrics.
+//! proxy serving (see [`Health`]); `/ready` answers 200 only while the proxy
+//! serves its source's table (readiness.rs); `/stats/prometheus` (and
+//! `/stats`) serve the metrics.
 
 use std::sync::Arc;
 
@@ -17,7 +18,11 @@ use crate::metrics::Metrics;
 pub async fn run(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Health>, drain: Drain) {
     let handler: Handler = Arc::new(move |head| match head.path {
         "/healthz" | "/ready" => {
-            let (ok, body) = health.report();
+            let (ok, body) = if head.path == "/ready" {
+                health.ready()
+            } else {
+                health.report()
+            };
             let status = if ok {
                 StatusCode::OK
             } else {

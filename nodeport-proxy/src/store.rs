@@ -42,6 +42,9 @@ pub struct TableStatus {
     pub last_error: Option<String>,
     /// When the source last loaded, changed or not.
     pub last_success: Option<SystemTime>,
+    /// Since when loads have been failing (the first failure after the
+    /// last success); `None` while the last load succeeded.
+    pub failing_since: Option<std::time::Instant>,
 }
 
 pub struct TableStore {
@@ -166,6 +169,7 @@ impl TableStore {
             s.loads += 1;
             s.last_error = None;
             s.last_success = Some(SystemTime::now());
+            s.failing_since = None;
         });
         changed
     }
@@ -178,6 +182,7 @@ impl TableStore {
         self.status.send_modify(|s| {
             s.loads += 1;
             s.last_error = Some(error);
+            s.failing_since.get_or_insert_with(std::time::Instant::now);
         });
     }
 

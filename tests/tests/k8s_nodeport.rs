@@ -554,3 +554,155 @@ async fn kubectl_reaches_the_apiserver_through_sni_tunnel_and_node_port() {
     np.stop().await;
     cluster.stop().await;
 }
+
+/// A TCP relay on loopback to the apiserver that a test can cut (every
+/// connection through it closed, new ones closed at once) and restore.
+struct Relay {
+    addr: SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn start(to: SocketAddr) -> Relay {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (cut, _) = tokio::sync::watch::channel(false);
+        let cuts = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((mut down, _)) = l.accept().await {
+                let mut cut = cuts.subscribe();
+                if *cut.borrow() {
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut up) = TcpStream::connect(to).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                        _ = cut.wait_for(|c| *c) => {}
+                    }
+                });
+            }
+        });
+        Relay { addr, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// Readiness that means serving, against a real apiserver: a
+/// nodeport-proxy whose identity may not list Services or EndpointSlices
+/// yet stays unready (/ready 503 naming the refusal, /healthz 200,
+/// nodeport_proxy_source_synced 0); once RBAC allows it, the watcher's next
+/// attempt lists and the first table flips /ready to 200. Cut off from the
+/// apiserver for longer than -ready-out-of-sync-limit it is unready again,
+/// serving the last table; reconnected, it is ready once its watches are
+/// answered, though nothing changed meanwhile (no event arrives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodeport_proxy_is_ready_once_its_watch_serves_a_table() {
+    integration_tests::k8s::bins();
+    let _w = watchdog(Duration::from_secs(600));
+    let cluster = Cluster::start(ClusterOpts::default()).await;
+    let relay = Relay::start(SocketAddr::from(([127, 0, 0, 1], cluster.port))).await;
+    let kc = cluster.kubeconfig_for(
+        "nodeport-proxy",
+        "nodeport-proxy",
+        &[],
+        Some(&format!("https://{}", relay.addr)),
+        None,
+    );
+    let stats = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut np = Child::spawn_env(
+        "nodeport-proxy",
+        &ours("nodeport-proxy"),
+        &[
+            "-source=kubernetes".to_string(),
+            format!("-kubeconfig={}", kc.display()),
+            "-bind-address=127.0.0.1".into(),
+            format!("-envoy-stats-port={}", stats.port()),
+            "-envoy-admin-port=0".into(),
+            "-ready-out-of-sync-limit=2s".into(),
+            "-shutdown-delay=0s".into(),
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    np.wait_line("serving stats and health").await;
+    let get = |path: &'static str| integration_tests::http_get(stats, path);
+    // The gauge's value; it must be there, whatever it says.
+    let synced = |m: String| {
+        assert!(m.contains("\nnodeport_proxy_source_synced "), "{m}");
+        integration_tests::k8s::metric_sum(&m, "nodeport_proxy_source_synced", &[])
+    };
+
+    // No RBAC: every list is refused; /ready says so, for as long as it is.
+    let body = integration_tests::eventually_some(
+        "/ready naming the refused list",
+        Duration::from_secs(60),
+        || async {
+            let (code, body) = get("/ready").await;
+            (code == 503 && body.contains("403")).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        body.contains("no routing table from the Kubernetes watch yet"),
+        "{body}"
+    );
+    assert_eq!(get("/healthz").await.0, 200);
+    let m = get("/stats/prometheus").await.1;
+    assert!(
+        m.contains("\nnodeport_proxy_table_last_reload_success_timestamp_seconds 0\n"),
+        "no table yet: {m}"
+    );
+    assert_eq!(synced(m), 0.0);
+    np.wait_line("routing source out of sync").await;
+    assert_eq!(get("/ready").await.0, 503, "still no table");
+
+    // RBAC granted: the watcher's next attempt (back-off up to 30 s) lists.
+    cluster.apply(RBAC).await;
+    np.wait_line_within("kubernetes source synced", Duration::from_secs(90))
+        .await;
+    eventually("/ready 200", Duration::from_secs(10), || async {
+        get("/ready").await == (200, "ok\n".to_string())
+    })
+    .await;
+    assert_eq!(synced(get("/stats/prometheus").await.1), 1.0);
+
+    // Cut off: past the limit, unready with the last table still served.
+    relay.set_cut(true);
+    let body = integration_tests::eventually_some(
+        "/ready failing once cut off",
+        Duration::from_secs(60),
+        || async {
+            let (code, body) = get("/ready").await;
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        body.contains("the Kubernetes watch out of sync for")
+            && body.contains("serving the last table"),
+        "{body}"
+    );
+    assert_eq!(get("/healthz").await.0, 200);
+    assert_eq!(synced(get("/stats/prometheus").await.1), 0.0);
+
+    // Reconnected: nothing changed, so no event; the answered watch
+    // requests put it back in sync.
+    relay.set_cut(false);
+    eventually(
+        "/ready 200 after reconnecting",
+        Duration::from_secs(90),
+        || async { get("/ready").await == (200, "ok\n".to_string()) },
+    )
+    .await;
+    assert_eq!(synced(get("/stats/prometheus").await.1), 1.0);
+
+    let pid = ("nodeport-proxy".to_string(), np.pid());
+    np.stop().await;
+    integration_tests::k8s::assert_gone(&[pid]);
+    cluster.stop().await;
+}

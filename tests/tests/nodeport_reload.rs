@@ -337,15 +337,27 @@ async fn a_change_to_one_service_never_touches_another() {
 
 /// A broken table file is one failure, however busy its directory is; the
 /// proxy keeps its table, says why in /healthz (still 200) and in metrics,
-/// and takes the repaired file.
+/// and takes the repaired file. /ready fails once the file has been broken
+/// longer than -ready-out-of-sync-limit (1 ms here) and is 200 again with
+/// the repaired file; nodeport_proxy_source_synced follows.
 #[tokio::test]
 async fn a_broken_file_is_reported_once_and_shown_in_health() {
     let echo = dest::echo().await;
     let np = loopback().await;
     let port = np.local_addr().unwrap().port();
-    let p = start_proxy(&table(port, &[echo], false), vec![np], test_config()).await;
+    let config = nodeport_proxy::ProxyConfig {
+        ready_out_of_sync_limit: Duration::from_millis(1),
+        ..test_config()
+    };
+    let p = start_proxy(&table(port, &[echo], false), vec![np], config).await;
     let (code, body) = p.stats_get("/healthz").await;
     assert_eq!((code, body.as_str()), (200, "ok\n"));
+    assert_eq!(p.stats_get("/ready").await, (200, "ok\n".to_string()));
+    let synced = |m: &str| {
+        assert!(m.contains("\nnodeport_proxy_source_synced "), "{m}");
+        metric(m, "nodeport_proxy_source_synced ")
+    };
+    assert_eq!(synced(&p.stats_get("/stats/prometheus").await.1), 1.0);
     let before = p.proxy.status().borrow().clone();
     let mut status = p.proxy.status();
     let tmp = p.file.with_extension("tmp");
@@ -362,6 +374,22 @@ async fn a_broken_file_is_reported_once_and_shown_in_health() {
             && body.contains(p.file.to_str().unwrap()),
         "{body}"
     );
+    let body = integration_tests::eventually_some(
+        "/ready failing past the limit",
+        Duration::from_secs(10),
+        || async {
+            let (code, body) = p.stats_get("/ready").await;
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        body.contains("table file (-config) out of sync for")
+            && body.contains("-ready-out-of-sync-limit")
+            && body.contains("last load failed: parsing"),
+        "{body}"
+    );
+    assert_eq!(synced(&p.stats_get("/stats/prometheus").await.1), 0.0);
     // A busy directory (a log written next to the file) is not a reload.
     let log = p.file.with_file_name("proxy.log");
     for i in 0..50 {
@@ -388,7 +416,9 @@ async fn a_broken_file_is_reported_once_and_shown_in_health() {
         "nodeport_proxy_table_last_reload_success_timestamp_seconds ",
     );
     assert!((now - last).abs() < 60.0, "{last} vs {now}");
+    assert_eq!(synced(&m), 1.0);
     assert_eq!(p.stats_get("/healthz").await.1, "ok\n");
+    assert_eq!(p.stats_get("/ready").await, (200, "ok\n".to_string()));
 }
 
 /// A node port that another process holds is retried with back-off, shown
