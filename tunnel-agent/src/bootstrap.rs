@@ -621,7 +621,14 @@ pub fn parse_any(bytes: &[u8]) -> Result<Option<Bootstrap>, BootstrapError> {
     if flow_depth(bytes) > MAX_FLOW_DEPTH {
         return Err(BootstrapError::TooDeep);
     }
-    let file: File = serde_yaml_ng::from_slice(bytes).map_err(|e| {
+    // YAML 1.2 scalars (`yes` is no boolean), a repeated key left to the
+    // field's visitor (named in its error), the error on one line.
+    let options = serde_saphyr::options! {
+        strict_booleans: true,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::PassThrough,
+        with_snippet: false,
+    };
+    let file: File = serde_saphyr::from_slice_with_options(bytes, options).map_err(|e| {
         let e = e.to_string();
         if e.contains("unknown field `dynamic_resources`") {
             BootstrapError::Syntax(format!("{e} ({XDS_HINT})"))
