@@ -173,6 +173,9 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             "if --enable-contention-profiling is set, --enable-profiling must also be set".into(),
         );
     }
+    if v.bool("enable-profiling") && !daemon::endpoints::PROFILER_BUILT_IN {
+        tracing::warn!("{}", daemon::endpoints::NO_PROFILER);
+    }
     match v.string("server-count-source").as_str() {
         "" | "default" | "max" => {}
         other => {

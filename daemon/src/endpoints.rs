@@ -225,8 +225,16 @@ pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler, 
     serve_with(listener, name, handler, false, drain).await
 }
 
+/// Whether this build serves `/debug/pprof/` (the `pprof` feature, which
+/// the release binaries leave out): `--enable-profiling` warns without it.
+pub const PROFILER_BUILT_IN: bool = cfg!(feature = "pprof");
+
+/// The warning `--enable-profiling` gives in a build without the profiler.
+pub const NO_PROFILER: &str = "--enable-profiling has no effect: this build has no profiler (cargo feature `profiling`, which the released binaries and images leave out; docs/konnectivity.md)";
+
 /// [`serve`], plus `/debug/pprof/` when `profiling` is set (upstream's
-/// `--enable-profiling`; needs the `pprof` feature, else it is ignored).
+/// `--enable-profiling`; needs the `pprof` feature, else it is ignored and
+/// the binaries warn at start, [`NO_PROFILER`]).
 pub async fn serve_with(
     listener: TcpListener,
     name: &'static str,

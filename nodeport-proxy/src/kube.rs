@@ -389,9 +389,11 @@ pub fn endpoint_slice(s: &discovery::EndpointSlice) -> model::EndpointSlice {
                 protocol: protocol(p.protocol.as_deref()),
             })
             .collect(),
+        // Optional since Kubernetes 1.36's API (an empty slice may omit it).
         endpoints: s
             .endpoints
             .iter()
+            .flatten()
             .map(|e| Endpoint {
                 addresses: e.addresses.iter().filter_map(|a| a.parse().ok()).collect(),
                 conditions: EndpointConditions {

@@ -85,6 +85,14 @@ pub const REFUSAL_DRAIN_TIME: Duration = Duration::from_secs(1);
 /// and their EndpointSlices writes about 30 MB of YAML; a larger file is
 /// refused with an error naming it, and the current table stays.
 pub const MAX_TABLE_FILE: u64 = 256 << 20;
+/// The YAML parser's budget for a table file (events, nodes, scalar bytes):
+/// serde-saphyr's defaults (a million events, 250,000 nodes) fit a
+/// hand-written config, not a 20,000-Service table. Without aliases each
+/// event takes at least a byte of the file, so the file's bound bounds them
+/// as well; aliases are held to the parser's own replay limit.
+pub const MAX_TABLE_YAML_NODES: usize = MAX_TABLE_FILE as usize;
+/// Deepest nesting in a table file's YAML (an EndpointSlice's is about 6).
+pub const MAX_TABLE_YAML_DEPTH: usize = 64;
 
 /// Access-log lines queued for the writer thread; when it falls behind this
 /// far, further lines are dropped (and counted) rather than held.

@@ -40,7 +40,26 @@ pub fn parse(text: &str, json: bool) -> Result<Inventory, String> {
     if json {
         serde_json::from_str(text).map_err(|e| e.to_string())
     } else {
-        serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
+        serde_saphyr::from_str_with_options(text, yaml_options()).map_err(|e| e.to_string())
+    }
+}
+
+/// How table files are read as YAML: YAML 1.2 scalars (`yes` is a string,
+/// not a boolean), a repeated key refused in an object (`duplicate field`)
+/// and the last one kept in a map (labels), errors in one line (the
+/// log's), and a parse budget sized for the largest table file.
+fn yaml_options() -> serde_saphyr::Options {
+    use crate::limits::{MAX_TABLE_YAML_DEPTH, MAX_TABLE_YAML_NODES};
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_events = MAX_TABLE_YAML_NODES;
+    budget.max_nodes = MAX_TABLE_YAML_NODES;
+    budget.max_total_scalar_bytes = MAX_TABLE_YAML_NODES;
+    budget.max_depth = MAX_TABLE_YAML_DEPTH;
+    serde_saphyr::options! {
+        budget: Some(budget),
+        strict_booleans: true,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::PassThrough,
+        with_snippet: false,
     }
 }
 
@@ -146,7 +165,8 @@ fn diff_items<T: serde::de::DeserializeOwned>(
         let key = match before.get(&h) {
             Some(k) => k.clone(),
             None => {
-                let mut one: Vec<T> = serde_yaml_ng::from_str(text).ok()?;
+                let mut one: Vec<T> =
+                    serde_saphyr::from_str_with_options(text, yaml_options()).ok()?;
                 let item = one.pop().filter(|_| one.is_empty())?;
                 let k = key_of(&item);
                 changes.push(change(k.clone(), Some(item)));

@@ -4,7 +4,7 @@
 //! Services a one-Service edit costs one item's parse, not the whole file's
 //! (about half a second of CPU). Written by hand because no YAML crate
 //! exposes item boundaries; it only finds boundaries, each item is parsed by
-//! serde_yaml_ng, and anything but the plain layout (flow lists, documents,
+//! serde-saphyr, and anything but the plain layout (flow lists, documents,
 //! directives, other keys, odd indentation) returns `None`, for the whole
 //! file to be parsed as before.
 

@@ -84,7 +84,7 @@ impl Reviewer for KubeReviewer {
             let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
             let request = TokenReview {
                 spec: TokenReviewSpec {
-                    token: Some(token.to_string()),
+                    token: token.to_string(),
                     audiences: Some(vec![audience.to_string()]),
                 },
                 ..Default::default()

@@ -374,6 +374,9 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             "if --enable-contention-profiling is set, --enable-profiling must also be set".into(),
         );
     }
+    if v.bool("enable-profiling") && !daemon::endpoints::PROFILER_BUILT_IN {
+        tracing::warn!("{}", daemon::endpoints::NO_PROFILER);
+    }
     if v.bool("enable-contention-profiling") {
         tracing::warn!(
             "--enable-contention-profiling has no effect: Go's block profile has no counterpart here"

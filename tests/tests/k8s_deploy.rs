@@ -65,9 +65,10 @@ async fn render() -> String {
 }
 
 fn documents(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .filter(|v: &Value| !v.is_null())
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap()
+        .into_iter()
+        .filter(|v| !v.is_null())
         .collect()
 }
 

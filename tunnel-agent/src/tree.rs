@@ -92,7 +92,15 @@ fn spend<E: Error>() -> Result<(), E> {
 pub fn parse(bytes: &[u8]) -> Result<Node, String> {
     BUDGET.with(|b| b.set(MAX_NODES));
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-    let node = serde_yaml_ng::from_str::<Node>(text).map_err(|e| e.to_string());
+    // YAML 1.2 scalars (`yes` is no boolean), a repeated key kept in the
+    // tree (the schema check names it), the error on one line.
+    let options = serde_saphyr::options! {
+        strict_booleans: true,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::PassThrough,
+        with_snippet: false,
+    };
+    let node =
+        serde_saphyr::from_str_with_options::<Node>(text, options).map_err(|e| e.to_string());
     BUDGET.with(|b| b.set(0));
     node
 }

@@ -34,7 +34,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::hpack::{Decoder, Repr};
+use super::hpack::{Decoder, Repr, encode_integer};
 use crate::limits::{HEADER_TABLE_SIZE, MAX_CONTINUATIONS, MAX_HEADER_BLOCK, MAX_HEADER_LIST_SIZE};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -144,7 +144,7 @@ fn replacement(repr: Repr, len: usize) -> Option<Vec<u8>> {
             REPLACEMENT.to_vec()
         }
     };
-    let _ = loona_hpack::encoder::encode_integer_into(value.len(), 7, 0, &mut out);
+    encode_integer(value.len(), 7, 0, &mut out);
     out.extend_from_slice(&value);
     Some(out)
 }
