@@ -194,7 +194,9 @@ where
         .max_concurrent_streams(cfg.max_concurrent_streams)
         .max_send_buffer_size(cfg.max_send_buffer);
     let meter = Meter::new();
-    let io = meter.counted(io);
+    // h2 bounds reset and CONTINUATION floods itself; the guard bounds the
+    // other control frames.
+    let io = meter.counted(crate::h2flood::FloodGuard::server(io));
     let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, builder.handshake(io)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {

@@ -18,6 +18,7 @@ pub mod flags;
 pub mod forward;
 pub mod gofmt;
 pub mod gometrics;
+pub mod h2flood;
 pub mod h2grpc;
 pub mod h2io;
 pub mod h2window;

@@ -17,6 +17,20 @@ pub const ENDPOINT_HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// (hyper's minimum).
 pub const ENDPOINT_MAX_BUF: usize = 8 << 10;
 
+/// HTTP/2 control frames (SETTINGS, PING, WINDOW_UPDATE, PRIORITY,
+/// RST_STREAM, GOAWAY, empty DATA, unknown types) a client may send on one
+/// server connection at once, before [`H2_CONTROL_RATE`] and
+/// [`H2_CONTROL_CREDIT`] refill it; past it the connection ends with GOAWAY
+/// ENHANCE_YOUR_CALM (`crate::h2flood`).
+pub const H2_CONTROL_BURST: f64 = 1000.0;
+
+/// Control frames per second a client may send on top of the burst.
+pub const H2_CONTROL_RATE: f64 = 100.0;
+
+/// Control frames a client earns per DATA frame with data or HEADERS frame
+/// either way (WINDOW_UPDATEs and BDP PINGs follow the data).
+pub const H2_CONTROL_CREDIT: f64 = 4.0;
+
 /// Largest certificate, key or CA bundle file read (a bundle of a few
 /// hundred CAs fits; a wrong path naming a huge file does not fill memory).
 pub const MAX_PEM_FILE: u64 = 1 << 20;

@@ -178,7 +178,9 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         }
         let _h2 = Active::new(&http.downstream_cx_http2_active);
         conn.set_state("http2");
-        let io = PrefixedIo::new(buf.into(), client);
+        // h2 bounds reset and CONTINUATION floods itself; the guard bounds
+        // the other control frames.
+        let io = daemon::h2flood::FloodGuard::server(PrefixedIo::new(buf.into(), client));
         Box::pin(crate::tunnel_h2::serve(
             io,
             l.clone(),

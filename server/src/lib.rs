@@ -23,6 +23,7 @@ pub mod options;
 mod transport;
 mod tunnel;
 
+use daemon::h2flood::FloodGuard;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -444,12 +445,14 @@ fn serve_frontend<L: Listener>(
             async move {
                 match (mode, tls) {
                     (Mode::Grpc, None) => {
-                        let io = frontend::FixAuthority::new(frontend::HoldPreface::new(io));
+                        let io = frontend::FixAuthority::new(frontend::HoldPreface::new(
+                            FloodGuard::server(io),
+                        ));
                         Box::pin(serve_h2(io, svc, &settings, &d)).await
                     }
                     (Mode::Grpc, Some(tls)) => {
                         if let Some(io) = Box::pin(tls_handshake(&tls, io)).await {
-                            let io = frontend::HoldPreface::new(io);
+                            let io = frontend::HoldPreface::new(FloodGuard::server(io));
                             Box::pin(serve_h2(io, svc, &settings, &d)).await
                         }
                     }

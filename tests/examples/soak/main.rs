@@ -14,11 +14,14 @@
 //! clients timed through them), `peers` (frozen, killed and restarted
 //! peers), `config` (a broken table file, a taken node port), `kkp` (an
 //! idle tunnel-agent keeps one connection to nodeport-proxy: 65 s, quick
-//! 12 s; issue 15.1). Limits that
+//! 12 s; issue 15.1), `floods` (HTTP/2 control-frame floods on the agent
+//! port with legitimate tunnels timed through them, and an agent without
+//! flow control sending 4 MiB packets to stalled tunnels; issue 33). Limits that
 //! are not wall-clock figures (memory, counts, "still serving") make the run
 //! fail; times are reported beside their aims.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod floods;
 mod nodeport;
 
 use std::collections::HashMap;
@@ -922,6 +925,9 @@ async fn main() {
     }
     if run("config") {
         nodeport::config(&mut report, scale.nodeport(), None).await;
+    }
+    if run("floods") {
+        floods::run(&mut report, scale).await;
     }
     if run("kkp") {
         nodeport::idle_agent(&mut report, scale.nodeport(), None).await;

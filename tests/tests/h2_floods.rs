@@ -1,0 +1,189 @@
+//! HTTP/2 control-frame floods (SETTINGS, PING, WINDOW_UPDATE, PRIORITY,
+//! RST_STREAM on a reset stream, empty DATA) on every HTTP/2 listener:
+//! proxy-server's agent port (TLS) and gRPC frontend, nodeport-proxy's
+//! HTTP/2 CONNECT listener. Each flood ends in GOAWAY `ENHANCE_YOUR_CALM`
+//! (daemon::h2flood), and a tunnel opened before the floods, and one
+//! opened after, keep working (issue 33.4). Latency under a flood is a soak
+//! figure (scripts/soak, section `floods`), not asserted here.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use integration_tests::client::grpc_dial;
+use integration_tests::dest;
+use integration_tests::h2raw::{self, frame, hpack_literal};
+use integration_tests::konnectivity::{ServerOpts, Stack};
+use integration_tests::nodeport::{
+    connect_h2, h2_client, inventory, service, slices, start_proxy, test_config,
+};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+const PING: u8 = 6;
+const PRIORITY: u8 = 2;
+const WINDOW_UPDATE: u8 = 8;
+/// More than any budget allows: a flood that gets this far was not stopped.
+const MAX_FRAMES: usize = 200_000;
+
+/// A request HEADERS frame (END_HEADERS) with these fields.
+fn headers(stream: u32, fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (k, v) in fields {
+        hpack_literal(&mut block, k, v);
+    }
+    frame(h2raw::HEADERS, 0x4, stream, &block)
+}
+
+/// The kinds of flood: (name, frames opening it, the frame repeated).
+fn floods(open: &[u8]) -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
+    vec![
+        ("SETTINGS", vec![], frame(h2raw::SETTINGS, 0, 0, &[])),
+        ("PING", vec![], frame(PING, 0, 0, &[7; 8])),
+        (
+            "WINDOW_UPDATE",
+            vec![],
+            frame(WINDOW_UPDATE, 0, 0, &1u32.to_be_bytes()),
+        ),
+        (
+            "PRIORITY",
+            vec![],
+            frame(PRIORITY, 0, 101, &[0, 0, 0, 0, 16]),
+        ),
+        ("empty DATA", open.to_vec(), frame(h2raw::DATA, 0, 1, &[])),
+        (
+            "RST_STREAM on a reset stream",
+            [open, &frame(h2raw::RST_STREAM, 0, 1, &[0, 0, 0, 8])].concat(),
+            frame(h2raw::RST_STREAM, 0, 1, &[0, 0, 0, 8]),
+        ),
+    ]
+}
+
+/// Sends `open` and then `one` over and over on a new connection; returns
+/// the error code of the GOAWAY the server ends it with.
+async fn flood<S>(mut s: S, open: &[u8], one: &[u8]) -> u32
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    h2raw::start(&mut s).await.unwrap();
+    s.write_all(open).await.unwrap();
+    let (mut rd, mut wr) = tokio::io::split(s);
+    let batch: Vec<u8> = one.repeat(100);
+    let writer = tokio::spawn(async move {
+        for _ in 0..MAX_FRAMES / 100 {
+            if wr.write_all(&batch).await.is_err() {
+                return;
+            }
+        }
+    });
+    let code = loop {
+        let read = tokio::time::timeout(Duration::from_secs(60), h2raw::read_frame(&mut rd));
+        match read.await {
+            Ok(Ok((h2raw::GOAWAY, _, _, payload))) => {
+                break u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+            }
+            Ok(Ok(_)) => continue,
+            Ok(Err(e)) => panic!("connection ended without GOAWAY: {e}"),
+            Err(_) => panic!("server silent"),
+        }
+    };
+    writer.abort();
+    code
+}
+
+#[tokio::test]
+async fn control_frame_floods_end_in_enhance_your_calm_on_the_konnectivity_listeners() {
+    let stack = Stack::start(ServerOpts::default()).await;
+    let echo = dest::echo().await;
+    let frontend = stack.server.frontend.clone();
+    // A tunnel opened before the floods.
+    let mut before = grpc_dial(&frontend, &echo.to_string()).await.unwrap();
+    before.write(b"before").await;
+    assert_eq!(before.read_exact(6).await, b"before");
+
+    // The agent port, over TLS with an agent's certificate.
+    let identity = stack.pki.client("flooder");
+    let tls = Arc::new(
+        daemon::tls::client_config(
+            &stack.pki.ca(),
+            Some((&identity.cert, &identity.key)),
+            &[b"h2".to_vec()],
+        )
+        .unwrap(),
+    );
+    let agent_open = headers(
+        1,
+        &[
+            (":method", "POST"),
+            (":scheme", "https"),
+            (":path", "/agent.AgentService/Connect"),
+            (":authority", "127.0.0.1"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("agentid", "flooder"),
+        ],
+    );
+    for (name, open, one) in floods(&agent_open) {
+        let tcp = tokio::net::TcpStream::connect(stack.server.agent_addr)
+            .await
+            .unwrap();
+        let name_ = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let s = tokio_rustls::TlsConnector::from(tls.clone())
+            .connect(name_, tcp)
+            .await
+            .unwrap();
+        let code = flood(s, &open, &one).await;
+        assert_eq!(code, 0xb, "agent port, {name}: GOAWAY ENHANCE_YOUR_CALM");
+    }
+
+    // The gRPC frontend (Unix socket).
+    let frontend_open = h2raw::grpc_headers(1, "/konnectivity.ProxyService/Proxy", "localhost");
+    for (name, open, one) in floods(&frontend_open) {
+        let s = frontend.connect().await.unwrap();
+        let code = flood(s, &open, &one).await;
+        assert_eq!(code, 0xb, "gRPC frontend, {name}: GOAWAY ENHANCE_YOUR_CALM");
+    }
+
+    // Other connections kept working: the tunnel from before, and a new one.
+    before.write(b"after").await;
+    assert_eq!(before.read_exact(5).await, b"after");
+    let mut after = grpc_dial(&frontend, &echo.to_string()).await.unwrap();
+    after.write(b"new").await;
+    assert_eq!(after.read_exact(3).await, b"new");
+}
+
+#[tokio::test]
+async fn control_frame_floods_end_in_enhance_your_calm_on_the_tunneling_listener() {
+    const ECHO: &str = "echo.cluster-a.svc.cluster.local:7000";
+    let echo = dest::echo().await;
+    let inv = inventory(
+        vec![service(
+            "cluster-a",
+            "echo",
+            "Tunneling",
+            "ClusterIP",
+            &[("raw", 7000, 0)],
+        )],
+        vec![slices("cluster-a", "echo", "raw", &[(echo, true)])],
+    );
+    let p = start_proxy(&inv, vec![], test_config()).await;
+    let legit = h2_client(p.tunnel).await;
+    let (code, stream) = connect_h2(&legit, ECHO).await;
+    assert_eq!(code, 200);
+    let mut before = stream.unwrap();
+    assert_eq!(dest::roundtrip(&mut before, b"before").await, b"before");
+
+    let open = headers(1, &[(":method", "CONNECT"), (":authority", ECHO)]);
+    for (name, open, one) in floods(&open) {
+        let s = tokio::net::TcpStream::connect(p.tunnel).await.unwrap();
+        let code = flood(s, &open, &one).await;
+        assert_eq!(
+            code, 0xb,
+            "tunneling listener, {name}: GOAWAY ENHANCE_YOUR_CALM"
+        );
+    }
+
+    assert_eq!(dest::roundtrip(&mut before, b"after").await, b"after");
+    let (code, stream) = connect_h2(&legit, ECHO).await;
+    assert_eq!(code, 200);
+    assert_eq!(dest::roundtrip(&mut stream.unwrap(), b"new").await, b"new");
+}
