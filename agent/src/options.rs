@@ -1,5 +1,6 @@
 //! `proxy-agent` flags: upstream's names, defaults and Go value syntax, and
-//! their validation into a [`Config`]; the binary exits 2 on any error.
+//! their validation into a [`Config`]; the binary exits 1 on any error, as
+//! upstream's (cobra) does.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! `proxy-server` flags: upstream's names, defaults and Go value syntax, and
 //! their validation into a [`Config`]. Invalid input is reported as a message;
-//! the binary prints it and exits 2.
+//! the binary prints it and exits 1, as upstream's (cobra) does.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -64,7 +64,7 @@ func startKube() (*kube, error) {
 	bin := k8sBinDir()
 	for _, b := range []string{"etcd", "kube-apiserver", "kubectl"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			return nil, fmt.Errorf("%s missing in %s: build it with tests/k8s/build.sh (run.sh does) or set K8S_BIN_DIR", b, bin)
+			return nil, fmt.Errorf("%s missing in %s: run tests/interop/run.sh (it builds them there when missing), or tests/k8s/build.sh, or set K8S_BIN_DIR", b, bin)
 		}
 	}
 	dir, err := os.MkdirTemp("", "interop-kube-")

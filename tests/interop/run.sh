@@ -9,6 +9,9 @@
 #   INTEROP_CACHE_DIR         where upstream binaries are built (default tests/interop/bin)
 #   INTEROP_LOG_DIR           write each child process's full log there when it stops
 #   INTEROP_GO_TEST_FLAGS     extra `go test` flags, e.g. "-run TestInterop/pairs/server=ours"
+#   K8S_BIN_DIR               etcd, kube-apiserver and kubectl for the lease
+#                             scenarios (default tests/k8s/bin, built there by
+#                             tests/k8s/build.sh when missing)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -35,6 +38,15 @@ if [ -z "${INTEROP_RUST_BIN_DIR:-}" ]; then
   (cd "$root" && cargo build --bins -p proxy-server -p proxy-agent)
   export INTEROP_RUST_BIN_DIR="$root/target/debug"
 fi
+
+export K8S_BIN_DIR="${K8S_BIN_DIR:-$root/tests/k8s/bin}"
+for b in etcd kube-apiserver kubectl; do
+  if [ ! -x "$K8S_BIN_DIR/$b" ]; then
+    echo "==> tests/k8s/build.sh ($b missing in $K8S_BIN_DIR)" >&2
+    "$root/tests/k8s/build.sh"
+    break
+  fi
+done
 
 cd "$here"
 echo "==> go test (interop, $(go env GOVERSION))" >&2

@@ -5,7 +5,11 @@
 //!   `--version` prints, the Dockerfiles' user is the manifests' user;
 //! * the probes fit the binary: proxy-server's readiness path answers 200
 //!   with no agent connected, and its admin port is reachable on an address
-//!   other than loopback's 127.0.0.1 (Prometheus scrapes the pod IP);
+//!   other than loopback's 127.0.0.1 (Prometheus scrapes the pod IP); the
+//!   keepalive finds a frozen peer within the 30 s the docs promise;
+//! * applied for real after `deploy/konnectivity/certs.sh`, every Secret,
+//!   ConfigMap and ServiceAccount a workload mounts or runs as exists, the
+//!   agent port has its Service, and the made certificates work;
 //! * the `restricted` Pod Security Standard, enforced by a real apiserver
 //!   (server-side dry run with admission) on the namespaces; the one pod that
 //!   cannot meet it (tunnel-agent's, hostNetwork and KKP's NET_ADMIN
@@ -207,7 +211,12 @@ async fn workloads_are_hardened_sized_and_spread() {
         .collect();
     for doc in &docs {
         let Some(spec) = pod_spec(doc) else { continue };
-        for c in spec["containers"].as_array().unwrap() {
+        let all = spec["containers"]
+            .as_array()
+            .into_iter()
+            .chain(spec["initContainers"].as_array())
+            .flatten();
+        for c in all {
             let r = &c["resources"];
             let ours = OURS.iter().any(|b| {
                 c["command"][0]
@@ -263,6 +272,36 @@ async fn workloads_are_hardened_sized_and_spread() {
             );
         }
     }
+}
+
+/// The keepalive the manifests pass is the one the docs promise: a frozen
+/// agent (server side) or server (agent side) is found within 30 s, PING
+/// interval plus its timeout, flags as deployed over the binaries' defaults.
+#[tokio::test]
+async fn keepalive_as_deployed_finds_a_frozen_peer_within_30_seconds() {
+    integration_tests::k8s::bins();
+    let docs = documents(&render().await);
+    let mut seen = BTreeSet::new();
+    for (doc, c, name) in our_containers(&docs) {
+        if name != "proxy-server" && name != "proxy-agent" {
+            continue;
+        }
+        let args = argv(c);
+        let v = flag_set(&name)
+            .unwrap()
+            .parse(args.iter().map(String::as_str))
+            .unwrap();
+        // The agent raises a keepalive below 10 s to 10 s, as grpc-go does.
+        let ping = v.duration("keepalive-time").max(Duration::from_secs(10));
+        let found = ping + v.duration("keepalive-timeout");
+        assert!(
+            found <= Duration::from_secs(30),
+            "{} {name}: a frozen peer is found after {found:?}",
+            name_of(doc)
+        );
+        seen.insert(name);
+    }
+    assert_eq!(seen.len(), 2);
 }
 
 /// The sidecar's readiness probe answers 200 on a proxy-server that has no
@@ -959,4 +998,250 @@ fn images_ship_the_binaries_the_test_command_builds() {
             panic!(".dockerignore pattern {p} leaves out {file}, which git tracks");
         }
     }
+}
+
+/// The volumes of a pod spec, by name.
+fn volumes(spec: &Value) -> BTreeMap<String, Value> {
+    spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| (v["name"].as_str().unwrap().to_string(), v.clone()))
+        .collect()
+}
+
+/// (kind, name) of every Secret and ConfigMap a volume draws from.
+fn volume_objects(v: &Value) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let mut add = |src: &Value| {
+        if let Some(n) = src["secret"]["secretName"]
+            .as_str()
+            .or(src["secret"]["name"].as_str())
+        {
+            out.push(("secret", n.to_string()));
+        }
+        if let Some(n) = src["configMap"]["name"].as_str() {
+            out.push(("configmap", n.to_string()));
+        }
+    };
+    add(v);
+    for s in v["projected"]["sources"].as_array().into_iter().flatten() {
+        add(s);
+    }
+    out
+}
+
+/// What an operator runs, unedited, on a fresh cluster (docs/kubernetes.md,
+/// "Deployment"): `deploy/konnectivity/certs.sh`, then `kubectl apply -k
+/// deploy/`, for real, not a dry run. Then: every Secret, ConfigMap and
+/// ServiceAccount a workload mounts or runs as exists, holding every key a
+/// flag names under its mount path; the agent port's Service selects the
+/// kube-apiserver pods, targets the sidecar's `--agent-port`, publishes
+/// not-ready addresses and is what the agents dial; the certificate names
+/// that Service; and proxy-server and proxy-agent started on those very
+/// files (the agent port reached by an extra address given to the script)
+/// connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applied_unedited_every_mounted_object_exists() {
+    integration_tests::k8s::bins();
+    let _w = watchdog(Duration::from_secs(300));
+    let docs = documents(&render().await);
+    let cluster = Cluster::start(ClusterOpts::default()).await;
+    let script = tokio::process::Command::new(repo().join("deploy/konnectivity/certs.sh"))
+        .arg("127.0.0.1")
+        .env("KUBECTL", &bins().kubectl)
+        .env("KUBECONFIG", &cluster.admin_kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    assert!(script.status.success(), "certs.sh: {script:?}");
+    let (code, out, err) = cluster
+        .kubectl(&["apply", "-k", repo().join("deploy").to_str().unwrap()])
+        .await;
+    assert_eq!(code, Some(0), "kubectl apply -k deploy/: {err}{out}");
+    // A second run of the script keeps what exists.
+    let again = tokio::process::Command::new(repo().join("deploy/konnectivity/certs.sh"))
+        .env("KUBECTL", &bins().kubectl)
+        .env("KUBECONFIG", &cluster.admin_kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        again.status.success() && String::from_utf8_lossy(&again.stderr).contains("left as it is"),
+        "{again:?}"
+    );
+
+    let get = |kind: &'static str, ns: String, name: String| {
+        let cluster = &cluster;
+        async move {
+            let (code, out, err) = cluster
+                .kubectl(&["-n", &ns, "get", kind, &name, "-o", "json"])
+                .await;
+            assert_eq!(
+                code,
+                Some(0),
+                "{kind} {ns}/{name} is mounted but missing: {err}"
+            );
+            serde_json::from_str::<Value>(&out).unwrap()
+        }
+    };
+    let mut checked = BTreeSet::new();
+    for doc in &docs {
+        let Some(spec) = pod_spec(doc) else { continue };
+        let ns = doc["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        if let Some(sa) = spec["serviceAccountName"].as_str() {
+            get("serviceaccount", ns.clone(), sa.to_string()).await;
+            checked.insert(format!("serviceaccount {ns}/{sa}"));
+        }
+        let vols = volumes(spec);
+        for v in vols.values() {
+            for (kind, name) in volume_objects(v) {
+                get(kind, ns.clone(), name.clone()).await;
+                checked.insert(format!("{kind} {ns}/{name}"));
+            }
+        }
+        // Every file a flag names under a Secret or ConfigMap mount is a
+        // key of that object.
+        let containers = spec["containers"]
+            .as_array()
+            .into_iter()
+            .chain(spec["initContainers"].as_array())
+            .flatten();
+        for c in containers {
+            let mounts: Vec<(&str, &str)> = c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    (
+                        m["mountPath"].as_str().unwrap(),
+                        m["name"].as_str().unwrap(),
+                    )
+                })
+                .collect();
+            for arg in argv(c) {
+                let Some((_, path)) = arg.split_once("=/") else {
+                    continue;
+                };
+                let path = format!("/{path}");
+                let Some((dir, vol)) = mounts
+                    .iter()
+                    .filter(|(dir, _)| path.starts_with(&format!("{dir}/")))
+                    .max_by_key(|(dir, _)| dir.len())
+                else {
+                    continue;
+                };
+                let key = &path[dir.len() + 1..];
+                for (kind, name) in volume_objects(&vols[*vol]) {
+                    let obj = get(kind, ns.clone(), name.clone()).await;
+                    assert!(
+                        obj["data"].get(key).is_some(),
+                        "{} passes {arg}: {kind} {ns}/{name} has no key {key}",
+                        name_of(doc)
+                    );
+                }
+            }
+        }
+    }
+    for want in [
+        "secret kube-system/konnectivity-server-tls",
+        "configmap kube-system/konnectivity-ca",
+        "configmap kube-system/egress-selector-configuration",
+        "serviceaccount kube-system/konnectivity-server",
+        "serviceaccount nodeport-proxy/nodeport-proxy",
+    ] {
+        assert!(checked.contains(want), "{want} not mounted: {checked:#?}");
+    }
+
+    // The agent port's Service, as applied.
+    let (doc, server, _) = our_containers(&docs)
+        .into_iter()
+        .find(|(_, _, n)| n == "proxy-server")
+        .unwrap();
+    let (_, agent, _) = our_containers(&docs)
+        .into_iter()
+        .find(|(_, _, n)| n == "proxy-agent")
+        .unwrap();
+    assert_eq!(server["restartPolicy"], "Always", "a native sidecar");
+    let agent_port = flag_value(server, "agent-port").unwrap();
+    let host = flag_value(agent, "proxy-server-host").unwrap();
+    let (svc_name, svc_ns) = host
+        .strip_suffix(".svc")
+        .and_then(|h| h.split_once('.'))
+        .unwrap_or_else(|| panic!("agents dial {host}, not a Service"));
+    let svc = get("service", svc_ns.to_string(), svc_name.to_string()).await;
+    assert_eq!(svc["spec"]["publishNotReadyAddresses"], true, "{svc}");
+    let labels = &doc["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "the Service selects the kube-apiserver pods");
+    }
+    let dialed: u64 = flag_value(agent, "proxy-server-port")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let port = svc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"].as_u64() == Some(dialed))
+        .unwrap_or_else(|| panic!("no Service port the agents dial: {svc}"));
+    let target = server["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port["targetPort"])
+        .unwrap();
+    assert_eq!(target["containerPort"].to_string(), agent_port);
+
+    // The certificate names that Service, and the agents' CA verifies it.
+    let dir = tempfile::tempdir().unwrap();
+    let tls = get(
+        "secret",
+        "kube-system".into(),
+        "konnectivity-server-tls".into(),
+    )
+    .await;
+    let ca = get("configmap", "kube-system".into(), "konnectivity-ca".into()).await;
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for key in ["tls.crt", "tls.key"] {
+        let bytes = b64.decode(tls["data"][key].as_str().unwrap()).unwrap();
+        std::fs::write(dir.path().join(key), bytes).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("ca.crt"),
+        ca["data"]["ca.crt"].as_str().unwrap(),
+    )
+    .unwrap();
+    let sans = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+        .arg(dir.path().join("tls.crt"))
+        .output()
+        .unwrap();
+    let sans = String::from_utf8_lossy(&sans.stdout).to_string();
+    assert!(
+        sans.contains(&format!("DNS:{host}")) && sans.contains("IP Address:127.0.0.1"),
+        "{sans}"
+    );
+    let identity = integration_tests::k8s::Cert {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+    };
+    let mut server =
+        integration_tests::k8s::ProxyServer::start(dir.path(), "deployed", "grpc", &identity, &[])
+            .await;
+    let mut agent = integration_tests::k8s::ProxyAgent::start(
+        "deployed",
+        server.agent_addr,
+        &dir.path().join("ca.crt"),
+        &[],
+    )
+    .await;
+    agent.wait_servers(1, Duration::from_secs(30)).await;
+    agent.stop().await;
+    server.child.stop().await;
+    cluster.stop().await;
 }

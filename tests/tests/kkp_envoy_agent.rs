@@ -456,4 +456,155 @@ async fn mode_validate_gives_envoys_verdict_without_serving() {
         out.contains("Envoy's schema does not know") && out.contains("profile_pathx"),
         "{out}"
     );
+
+/// argv of a container of a KKP Deployment, `$(VAR)` replaced as the
+/// kubelet does from `env`.
+fn container_argv(c: &serde_json::Value, env: &[(&str, &str)]) -> Vec<String> {
+    c["command"]
+        .as_array()
+        .into_iter()
+        .chain(c["args"].as_array())
+        .flatten()
+        .map(|a| {
+            let mut a = a.as_str().unwrap().to_string();
+            for (k, v) in env {
+                a = a.replace(&format!("$({k})"), v);
+            }
+            a
+        })
+        .collect()
+}
+
+/// The URL the kubelet's HTTP probe requests on a pod at 127.0.0.1: the
+/// path gets its leading slash (KKP's per-cluster probe says `healthz`).
+fn probe_url(probe: &serde_json::Value) -> String {
+    let get = &probe["httpGet"];
+    assert_eq!(get["scheme"].as_str().unwrap_or("HTTP"), "HTTP");
+    let path = get["path"].as_str().unwrap_or("/");
+    let slash = if path.starts_with('/') { "" } else { "/" };
+    format!("http://127.0.0.1:{}{slash}{path}", get["port"])
+}
+
+/// KKP's probes, on KKP's own Deployments with our images (tests/kkp: the
+/// per-cluster one KKP's tests generate, the seed one its operator makes),
+/// reach the process that carries the traffic. The probes sit on the
+/// `envoy` container, which with the kkp-envoy image is tunnel-agent idling
+/// on a bootstrap that declares nothing (it binds no port); an HTTP probe
+/// is a request to the pod's address, and the pod's containers share one
+/// network, so the port the probe names (8002) is nodeport-proxy's, in the
+/// `envoy-manager` container. Each container runs with its command from
+/// the Deployment (`/bin/cp` and `/envoy-manager` are nodeport-proxy,
+/// `/usr/local/bin/envoy` tunnel-agent; nodeport-proxy reads a table file
+/// here, where a pod would watch its apiserver). Every probe answers 200
+/// while nodeport-proxy serves, 503 once it is shutting down, and fails
+/// once it is gone, while tunnel-agent in `envoy` runs on throughout.
+#[tokio::test]
+async fn kkp_probes_reach_the_process_that_carries_traffic() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for (fixture, kind) in [
+        ("nodeport-proxy-envoy-seed.yaml", "livenessProbe"),
+        ("nodeport-proxy-envoy-cluster.yaml", "readinessProbe"),
+    ] {
+        let text = std::fs::read_to_string(repo.join("tests/kkp").join(fixture)).unwrap();
+        let deployment: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        let spec = &deployment["spec"]["template"]["spec"];
+        let containers = spec["containers"].as_array().unwrap();
+        let named = |name: &str| containers.iter().find(|c| c["name"] == name).unwrap();
+        // The premise: KKP probes the envoy container, and only it.
+        let probes: Vec<(String, &str, String)> = containers
+            .iter()
+            .flat_map(|c| {
+                ["livenessProbe", "readinessProbe", "startupProbe"]
+                    .into_iter()
+                    .filter(|k| !c[*k].is_null())
+                    .map(|k| (c["name"].as_str().unwrap().to_string(), k, probe_url(&c[k])))
+            })
+            .collect();
+        assert_eq!(
+            probes,
+            vec![(
+                "envoy".to_string(),
+                kind,
+                "http://127.0.0.1:8002/healthz".to_string()
+            )],
+            "{fixture}"
+        );
+
+        let ns = Netns::loopback_only();
+        let dir = tempfile::tempdir().unwrap();
+        let etc_envoy = dir.path().join("etc-envoy");
+        std::fs::create_dir(&etc_envoy).unwrap();
+        let cp = dir.path().join("cp");
+        std::os::unix::fs::symlink(binary("nodeport-proxy"), &cp).unwrap();
+        let table = dir.path().join("table.yaml");
+        std::fs::write(&table, "services: []\nendpointSlices: []\n").unwrap();
+        let env = [
+            ("PODNAME", "nodeport-proxy-envoy-0"),
+            ("PODNAMESPACE", "cluster-abc"),
+        ];
+        // The image's paths, here.
+        let local = |a: String| -> String {
+            let marker = repo.join("deploy/docker/kkp-envoy.yaml");
+            match a.as_str() {
+                "/envoy.yaml" => marker.display().to_string(),
+                _ => a.replace("/etc/envoy", &etc_envoy.display().to_string()),
+            }
+        };
+        let init = &spec["initContainers"][0];
+        let argv: Vec<String> = container_argv(init, &env).into_iter().map(local).collect();
+        assert_eq!(argv[0], "/bin/cp", "{fixture}");
+        let out = std::process::Command::new(&cp)
+            .args(&argv[1..])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{fixture}: {out:?}");
+
+        let manager = container_argv(named("envoy-manager"), &env);
+        assert_eq!(manager[0], "/envoy-manager", "{fixture}");
+        let mut args: Vec<String> = manager[1..].to_vec();
+        args.push(format!("-config={}", table.display()));
+        let mut proxy = ns.spawn(&binary("nodeport-proxy"), &args);
+        proxy.wait_line("serving stats and health").await;
+        let envoy = container_argv(named("envoy"), &env);
+        assert_eq!(envoy[0], "/usr/local/bin/envoy", "{fixture}");
+        let args: Vec<String> = envoy[1..].iter().cloned().map(local).collect();
+        let mut idle = ns.spawn(&binary("tunnel-agent"), &args);
+        idle.wait_line("nothing to serve here").await;
+
+        let probe = |url: String| {
+            let (_, code) = ns.run(&[
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "1",
+                &url,
+            ]);
+            code
+        };
+        let url = probes[0].2.clone();
+        assert_eq!(probe(url.clone()), "200", "{fixture}: {kind} while serving");
+        // nodeport-proxy shutting down: the probe fails (503) at once,
+        // while its listeners still serve for -shutdown-delay (5s).
+        proxy.signal(15);
+        proxy.wait_line("health failing; still serving").await;
+        assert_eq!(
+            probe(url.clone()),
+            "503",
+            "{fixture}: {kind} while draining"
+        );
+        assert_eq!(proxy.wait_exit().await, Some(0), "{fixture}");
+        // Gone: nothing answers on 8002, though envoy's process runs on.
+        assert_eq!(probe(url.clone()), "000", "{fixture}: {kind} after exit");
+        let pid = idle.child.id().unwrap();
+        assert!(
+            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+            "{fixture}: the envoy container's process ended"
+        );
+        idle.signal(15);
+        assert_eq!(idle.wait_exit().await, Some(0), "{fixture}");
+    }
 }
