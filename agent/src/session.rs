@@ -255,7 +255,15 @@ impl Session {
                         let back = send.give_back(b.saturating_neg());
                         self.control(Packet::credit_returned(w.connect_id, back));
                     }
-                    (0, _) => gate.returned(w.returned),
+                    (0, _) => {
+                        if let Some(credit) = gate.returned(w.returned) {
+                            let _ = self
+                                .control
+                                .send(Packet::window_update(w.connect_id, credit));
+                            self.metrics
+                                .packet(Segment::FromAgent, PacketType::WindowUpdate as i32);
+                        }
+                    }
                     _ => {}
                 }
             }

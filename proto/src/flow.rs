@@ -574,10 +574,14 @@ impl RecvGate {
         }
     }
 
-    /// The sender gave back `bytes` of credit we asked for.
-    pub fn returned(&self, bytes: i64) {
-        if let RecvGate::Window(w) = self {
-            w.returned(bytes);
+    /// The sender gave back `bytes` of credit we asked for. Returns credit
+    /// to grant the peer now: what it gave back may have been more than its
+    /// window allows once the data it had in flight was passed on.
+    #[must_use = "a grant that is due must be sent, or both sides wait"]
+    pub fn returned(&self, bytes: i64) -> Option<i64> {
+        match self {
+            RecvGate::Legacy(_) => None,
+            RecvGate::Window(w) => w.returned(bytes, Instant::now()),
         }
     }
 
@@ -893,12 +897,20 @@ impl RecvWindow {
         set_counted(&mut s.starved, starved, &self.link.starved);
     }
 
-    fn returned(&self, bytes: i64) {
+    /// The sender gave back credit we asked for (see [`RecvWindow::sweep`]).
+    /// The request was sized from the sender's credit as we saw it then;
+    /// data it had already spent credit on may have arrived and been passed
+    /// on since, and no later passing-on would then top it up again: the
+    /// grant that is due goes out now, or the sender, holding less than a
+    /// packet needs, and we, with nothing left to pass on, would both wait
+    /// for ever (300 tunnels on one reusable tunnel, issue 35).
+    fn returned(&self, bytes: i64, now: Instant) -> Option<i64> {
         let mut s = self.inner.lock();
         let back = bytes.clamp(0, (s.granted - s.received).max(0));
         s.granted -= back;
         s.revoking = false;
         self.settle(&mut s);
+        self.grant(&mut s, now)
     }
 }
 
@@ -1485,7 +1497,9 @@ mod tests {
                 Some(Sweep::Revoke(n)) => {
                     revoked += n;
                     let back = send.give_back(n);
-                    gate.returned(back);
+                    if let Some(g) = gate.returned(back) {
+                        send.grant(g);
+                    }
                 }
                 Some(Sweep::Grant(_)) | None => {}
             }
@@ -1497,6 +1511,52 @@ mod tests {
         assert!(send.credit() <= 64 << 10, "{}", send.credit());
         assert_eq!(l.budget.used(), 64 << 10);
         assert_eq!(l.stats.windows(), 64 << 10);
+    }
+
+    /// The receiver asks for unused credit back while the sender has data
+    /// on its way, and passes that data on before the sender's answer
+    /// arrives. The sender gave back what it held, so it is left with less
+    /// than a packet needs, and nothing more will be passed on to trigger a
+    /// grant: the answer itself must bring the grant that is due, or both
+    /// sides wait for ever. (With 300 tunnels on one reusable tunnel the
+    /// frontend's HTTP/2 window kept some tunnels' data back for a second,
+    /// their windows at the agent shrank, and 3 of 4 runs hung.)
+    #[tokio::test]
+    async fn credit_given_back_after_the_data_in_flight_was_passed_on_is_granted_again() {
+        let l = link(16 << 20, 16 << 20, 1 << 30);
+        let gate = l.open_recv();
+        assert_eq!(gate.initial(), Some(16 << 20));
+        let send = l.open_send(16 << 20);
+        // Two packets leave; nothing has arrived yet.
+        send.acquire(MAX_PACKET as usize).await;
+        send.acquire(MAX_PACKET as usize).await;
+        // The receiver saw nothing move for a while: its window halves and
+        // it asks for the credit above the new window.
+        let asked = match gate.sweep(Instant::now() + DEFAULT_IDLE + SWEEP_INTERVAL) {
+            Some(Sweep::Revoke(n)) => n,
+            other => panic!("want a request for credit back, got {other:?}"),
+        };
+        assert_eq!(window(&gate), 8 << 20);
+        // The packets arrive and are passed on before the request reaches
+        // the sender; passing them on grants nothing (the sender still
+        // seems to hold a window's worth).
+        for _ in 0..2 {
+            assert_eq!(gate.admit(MAX_PACKET as usize).await, Ok(()));
+            assert_eq!(gate.consumed(MAX_PACKET as usize), None);
+        }
+        // The sender answers with all it had left.
+        let back = send.give_back(asked);
+        assert_eq!(send.credit(), 0);
+        if let Some(g) = gate.returned(back) {
+            send.grant(g);
+        }
+        assert_eq!(send.credit(), 8 << 20, "topped up to the window");
+        let next = tokio::time::timeout(Duration::from_secs(5), send.acquire(MAX_PACKET as usize));
+        assert!(
+            next.await.is_ok(),
+            "the sender's next packet waited for ever"
+        );
+        assert_eq!(gate.admit(MAX_PACKET as usize).await, Ok(()));
     }
 
     #[tokio::test]
@@ -1521,8 +1581,10 @@ mod tests {
         );
         let start = Instant::now();
         for i in 1..40 {
-            if let Some(Sweep::Revoke(n)) = gate.sweep(start + DEFAULT_IDLE + SWEEP_INTERVAL * i) {
-                gate.returned(send.give_back(n));
+            if let Some(Sweep::Revoke(n)) = gate.sweep(start + DEFAULT_IDLE + SWEEP_INTERVAL * i)
+                && let Some(g) = gate.returned(send.give_back(n))
+            {
+                send.grant(g);
             }
         }
         assert_eq!(window(&gate), 256 << 10);

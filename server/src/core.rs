@@ -532,7 +532,11 @@ impl Core {
                         let back = send.give_back(b.saturating_neg());
                         backend.control(Packet::credit_returned(w.connect_id, back));
                     }
-                    (0, _) => flow.recv.returned(w.returned),
+                    (0, _) => {
+                        if let Some(credit) = flow.recv.returned(w.returned) {
+                            backend.control(Packet::window_update(w.connect_id, credit));
+                        }
+                    }
                     _ => {}
                 }
             }
