@@ -456,6 +456,7 @@ async fn mode_validate_gives_envoys_verdict_without_serving() {
         out.contains("Envoy's schema does not know") && out.contains("profile_pathx"),
         "{out}"
     );
+}
 
 /// argv of a container of a KKP Deployment, `$(VAR)` replaced as the
 /// kubelet does from `env`.
