@@ -440,8 +440,36 @@ fn exit_statuses_in_the_docs_are_the_binaries() {
             )),
         }
     }
+    fn validate_mode() -> Result<(), String> {
+        let good = repo().join("tunnel-agent/testdata/kkp-envoy-agent.yaml");
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad.yaml");
+        let text = std::fs::read_to_string(&good).unwrap();
+        std::fs::write(
+            &bad,
+            text.replacen("admin:", "admin:\n  no_such_field: 1", 1),
+        )
+        .unwrap();
+        let validate = |f: &Path| {
+            let out = std::process::Command::new(integration_tests::procs::binary("tunnel-agent"))
+                .args(["--mode", "validate", "-c"])
+                .arg(f)
+                .output()
+                .unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        match (validate(&good), validate(&bad)) {
+            ((Some(0), ok), (Some(1), _)) if ok.contains("OK") => Ok(()),
+            other => Err(format!(
+                "tunnel-agent --mode validate on a good and a bad file: {other:?}"
+            )),
+        }
+    }
     // (file, a statement as it reads there, whitespace collapsed; what checks it)
-    let claims: [(&str, &str, Check); 7] = [
+    let claims: [(&str, &str, Check); 9] = [
         (
             "README.md",
             "prints the reason and exits 1, as upstream's commands do",
@@ -472,6 +500,16 @@ fn exit_statuses_in_the_docs_are_the_binaries() {
             "docs/nodeport-proxy.md",
             "the binary exits 2 naming the flags and opens no listener",
             no_source,
+        ),
+        (
+            "docs/nodeport-proxy.md",
+            "prints `configuration '<file>' OK` and exits 0, or prints the error and exits 1",
+            validate_mode,
+        ),
+        (
+            "docs/operations.md",
+            "print `configuration '<file>' OK` and exit 0, else exit 1",
+            validate_mode,
         ),
     ];
     let mut files: BTreeSet<String> = ["README.md".to_string()].into();

@@ -507,7 +507,7 @@ async fn kkp_probes_reach_the_process_that_carries_traffic() {
         ("nodeport-proxy-envoy-cluster.yaml", "readinessProbe"),
     ] {
         let text = std::fs::read_to_string(repo.join("tests/kkp").join(fixture)).unwrap();
-        let deployment: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        let deployment: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
         let spec = &deployment["spec"]["template"]["spec"];
         let containers = spec["containers"].as_array().unwrap();
         let named = |name: &str| containers.iter().find(|c| c["name"] == name).unwrap();
