@@ -8,10 +8,12 @@
 #   INTEROP_UPSTREAM_BIN_DIR  prebuilt upstream-proxy-server and upstream-proxy-agent
 #   INTEROP_CACHE_DIR         where upstream binaries are built (default tests/interop/bin)
 #   INTEROP_LOG_DIR           write each child process's full log there when it stops
-#   INTEROP_GO_TEST_FLAGS     extra `go test` flags, e.g. "-run TestInterop/pairs/server=ours"
+#   INTEROP_GO_TEST_FLAGS     extra `go test` flags for the main suite, e.g. "-run TestInterop/pairs/server=ours"
 #   K8S_BIN_DIR               etcd, kube-apiserver and kubectl for the lease
 #                             scenarios (default tests/k8s/bin, built there by
 #                             tests/k8s/build.sh when missing)
+#   INTEROP_CLIENTS=0         skip the konnectivity-client versions (clients/)
+#   INTEROP_HEAVY=1           clients/: 300 x 4 MiB on one ReusableTunnel instead of 300 x 256 KiB
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -53,4 +55,16 @@ echo "==> go test (interop, $(go env GOVERSION))" >&2
 # -parallel: the environments (one server and its agents each) mostly wait
 # on sockets and timers, so they run together even on 2 cores.
 # shellcheck disable=SC2086
-exec go test -count=1 -timeout 14m -parallel 16 -v ${INTEROP_GO_TEST_FLAGS:-} .
+go test -count=1 -timeout 14m -parallel 16 -v ${INTEROP_GO_TEST_FLAGS:-} .
+
+# konnectivity-client v0.33.0 … v0.36.0 (single-use tunnel) and v0.37.0
+# (single-use and ReusableTunnel) against our server: one build per version
+# of clients/ (go.v*.mod picks the version; go.mod is v0.37.0).
+if [ "${INTEROP_CLIENTS:-1}" != 0 ]; then
+  for v in v0.33.0 v0.34.0 v0.35.0 v0.36.0; do
+    echo "==> go test (clients/, konnectivity-client $v)" >&2
+    GOFLAGS="${GOFLAGS:-} -modfile=go.$v.mod" go test -C clients -count=1 -timeout 10m -v .
+  done
+  echo "==> go test (clients/, konnectivity-client v0.37.0, ReusableTunnel too)" >&2
+  go test -C clients -tags reusable -count=1 -timeout 20m -v .
+fi
