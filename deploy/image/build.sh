@@ -31,7 +31,8 @@ root="$(cd "$here/../.." && pwd)"
 . "$here/apt.sh"
 
 [ $# -ge 2 ] || { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-out="$1"
+mkdir -p "$1"
+out="$(cd "$1" && pwd)"
 shift
 for a in "$@"; do
   case "${a%%=*}" in
@@ -199,7 +200,7 @@ for img in "${images[@]}"; do
   manifests=()
   for a in "$@"; do
     arch="${a%%=*}"
-    app "$img" "$arch" "${a#*=}"
+    app "$img" "$arch" "$(cd "${a#*=}" && pwd)"
     ref="$reg/$img:$version-$arch"
     "$crane" append --oci-empty-base -f "$work/base-$arch.tar" -f "$work/app-$img-$arch.tar" -t "$ref" >/dev/null 2>"$work/crane.log" ||
       { cat "$work/crane.log" >&2; exit 1; }
