@@ -129,6 +129,22 @@ impl AgentHandle {
         }
     }
 
+    /// Resolves once this agent holds no stream to any server and no
+    /// connection or dial is left on any: nobody can reach it any more.
+    /// While it holds a stream, a server may still route a dial to it (a
+    /// draining agent is the last resort when no other agent serves the
+    /// destination, as upstream's server does).
+    pub async fn unreachable(&self) {
+        let mut streams = self.watch_connected();
+        loop {
+            let _ = streams.wait_for(|n| *n == 0).await;
+            self.idle().await;
+            if self.connected_servers() == 0 {
+                return;
+            }
+        }
+    }
+
     /// Waits until at most `n` tracked tasks are running.
     pub async fn wait_tasks_at_most(&self, n: usize) {
         self.drain.wait_tasks_at_most(n).await

@@ -1,6 +1,8 @@
 //! `proxy-agent`: parse flags, bind, run. The first SIGTERM drains: the agent
-//! exits as soon as no connection is left, at most
-//! `--graceful-shutdown-timeout` later; a second one exits at once.
+//! sends DRAIN and keeps serving (servers still route dials to it when no
+//! other agent can take them) until a second signal or
+//! `--graceful-shutdown-timeout`, whichever comes first; it exits sooner only
+//! when it holds no stream to any server and no connection.
 
 use anyhow::Context;
 use daemon::flags::{fatal, usage_error};
@@ -45,15 +47,23 @@ async fn main() -> anyhow::Result<()> {
     let stop = async move {
         let _ = drained.await;
         tokio::select! {
-            _ = handle.idle() => tracing::info!("no connection left: exiting"),
+            _ = handle.unreachable() => {
+                tracing::info!("no server stream and no connection left: exiting");
+            }
             _ = signalled.wait_for(|n| *n >= 2) => {
                 tracing::info!("second termination signal: exiting now");
             }
-            _ = tokio::time::sleep(grace) => tracing::warn!(
-                connections = handle.open_connections(),
-                "--graceful-shutdown-timeout ({}) is over: closing the connections left",
-                daemon::duration::format(grace)
-            ),
+            _ = tokio::time::sleep(grace) => match handle.open_connections() {
+                0 => tracing::info!(
+                    "--graceful-shutdown-timeout ({}) is over: exiting",
+                    daemon::duration::format(grace)
+                ),
+                n => tracing::warn!(
+                    connections = n,
+                    "--graceful-shutdown-timeout ({}) is over: closing the connections left",
+                    daemon::duration::format(grace)
+                ),
+            },
         }
     };
     agent.run(listeners, drain, stop).await;

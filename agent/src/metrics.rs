@@ -158,7 +158,12 @@ impl Metrics {
             server_failure_to: r.counter(SERVER_CONNECTION_FAILURES, &[("direction", "to_server")]),
             server_failure_from: r
                 .counter(SERVER_CONNECTION_FAILURES, &[("direction", "from_server")]),
-            open_server_connections: r.gauge(OPEN_SERVER_CONNECTIONS, &[]),
+            // From the start, at 0 (upstream's appears with the first
+            // server stream): an agent that never reaches a server shows 0,
+            // so `open < known` alerts fire, and a scrape right after
+            // /healthz answers finds it (upstream's own test suite reads it
+            // then). docs/konnectivity.md, differences.
+            open_server_connections: r.gauge_always(OPEN_SERVER_CONNECTIONS, &[]),
             known_server_count: r.gauge_always(KNOWN_SERVER_COUNT, &[]),
             open_endpoint_connections: r.gauge(OPEN_ENDPOINT_CONNECTIONS, &[]),
             packets: CounterGrid::new(

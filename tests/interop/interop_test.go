@@ -12,6 +12,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"konnectivity-goharness"
 )
 
 var pairs = []pair{
@@ -186,8 +188,7 @@ func runLifecycle(t *testing.T, p pair) {
 				logTails(t, srv, []*agent{a})
 			}
 		}()
-		// A connection held open across the signal: ours exits as soon as
-		// nothing is left to drain, so the drain is watched while it lives.
+		// A connection held open across the signal, used after the drain.
 		d := newTCPDest(t, echoHandler)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -226,13 +227,22 @@ func runLifecycle(t *testing.T, p pair) {
 		if err := roundtrip(hold, []byte("held across the drain")); err != nil {
 			x.fatalf("echo on the connection held across SIGTERM: %v", err)
 		}
-		if p.agent != ours {
-			return // upstream's agent waits for a second signal, however idle
-		}
-		// Ours leaves once its last connection is gone; a new one takes over.
+		// Idle, it keeps serving as the only agent (both agents wait for a
+		// second signal; ours at most --graceful-shutdown-timeout), and the
+		// second signal ends it; a new one takes over.
 		hold.Close()
-		if _, _, err := a.p.WaitLine(afrom, 20*time.Second, "no connection left: exiting"); err != nil {
-			x.fatalf("want the drained agent to exit once its last connection closed: %v", err)
+		basic(x, "after the drained agent's last connection closed")
+		if err := a.p.Signal(syscall.SIGTERM); err != nil {
+			x.fatalf("second SIGTERM: %v", err)
+		}
+		exited := goharness.Eventually(context.Background(), 20*time.Second, 20*time.Millisecond, func() error {
+			if !a.p.Exited() {
+				return fmt.Errorf("%s proxy-agent still running after the second SIGTERM", p.agent)
+			}
+			return nil
+		})
+		if exited != nil {
+			x.fatalf("want the drained agent to exit on the second signal: %v", exited)
 		}
 		if err := srv.waitBackends(0); err != nil {
 			x.fatalf("want the server to drop the agent that exited: %v", err)

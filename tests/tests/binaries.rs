@@ -293,9 +293,11 @@ async fn agent_without_a_server_exits_on_one_sigterm() {
     );
 }
 
-/// With a tunnel open, the first SIGTERM drains: the tunnel keeps working
-/// and the agent exits once it is closed; a tunnel that outlives
-/// --graceful-shutdown-timeout is closed and the agent exits then.
+/// With a tunnel open, the first SIGTERM drains: the tunnel keeps working,
+/// and once it is closed the agent still serves new dials (the only agent
+/// is the server's last resort, as with upstream) until a second SIGTERM;
+/// a tunnel that outlives --graceful-shutdown-timeout is closed and the
+/// agent exits then.
 #[tokio::test]
 async fn agent_drains_its_tunnels_within_the_grace_period() {
     use integration_tests::client::{Frontend, grpc_dial};
@@ -321,8 +323,19 @@ async fn agent_drains_its_tunnels_within_the_grace_period() {
         "agent left early"
     );
     assert_eq!(tunnel.close().await.as_deref(), Some(""));
+    // Idle and draining, it is still the only agent: dials go to it.
+    let mut again = grpc_dial(&frontend, &echo).await.unwrap();
+    again.write(b"last resort").await;
+    assert_eq!(again.read_exact(11).await, b"last resort");
+    assert_eq!(again.close().await.as_deref(), Some(""));
+    assert_eq!(
+        http_get(health, "/healthz").await.0,
+        200,
+        "agent left while it could still serve"
+    );
+    agent.signal(15);
     assert_eq!(agent.wait_exit().await, Some(0));
-    agent.wait_line("no connection left").await;
+    agent.wait_line("second termination signal").await;
     server.wait_line("agent stream closed").await;
 
     // A tunnel that stays open is closed when the grace period ends.
