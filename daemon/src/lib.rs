@@ -11,6 +11,7 @@ pub mod debug_connections;
 pub mod drain;
 pub mod duplex;
 pub mod duration;
+pub mod egress_proxy;
 pub mod endpoints;
 pub mod errors;
 pub mod file_watch;

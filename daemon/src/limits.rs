@@ -34,3 +34,10 @@ pub const H2_CONTROL_CREDIT: f64 = 4.0;
 /// Largest certificate, key or CA bundle file read (a bundle of a few
 /// hundred CAs fits; a wrong path naming a huge file does not fill memory).
 pub const MAX_PEM_FILE: u64 = 1 << 20;
+
+/// Longest answer head read from an egress HTTP proxy to the CONNECT that
+/// opens a peer connection through it (`crate::egress_proxy`); a real one is
+/// a status line and a few headers.
+pub const MAX_PROXY_RESPONSE_HEAD: usize = 8 << 10;
+/// Longest `NO_PROXY` value read; a longer one is ignored (the proxy used).
+pub const MAX_NO_PROXY: usize = 64 << 10;

@@ -322,8 +322,8 @@ impl FlagSettings {
         &self,
         host: &str,
         port: u16,
-    ) -> Result<Option<crate::http_proxy::HttpProxy>, String> {
-        use crate::http_proxy::HttpProxy;
+    ) -> Result<Option<daemon::egress_proxy::HttpProxy>, String> {
+        use daemon::egress_proxy::HttpProxy;
         let ca = self.http_proxy_ca.clone();
         match self.http_proxy.as_str() {
             "direct" => Ok(None),

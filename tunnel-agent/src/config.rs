@@ -77,7 +77,7 @@ pub struct AgentConfig {
     pub drain_timeout: Duration,
     /// A forward proxy the seed connection goes through (`-http-proxy`,
     /// `HTTPS_PROXY`); `None`: direct.
-    pub http_proxy: Option<crate::http_proxy::HttpProxy>,
+    pub http_proxy: Option<daemon::egress_proxy::HttpProxy>,
     /// How the seed connection's HTTP/2 windows grow with the link
     /// (`daemon::h2window`) and what they may hold.
     pub windows: daemon::h2window::WindowSettings,

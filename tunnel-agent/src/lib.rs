@@ -11,7 +11,6 @@ pub mod config;
 pub mod envoy_rules;
 #[rustfmt::skip]
 pub mod envoy_schema;
-pub mod http_proxy;
 pub mod limits;
 pub mod metrics;
 pub mod reload;

@@ -26,10 +26,3 @@ pub const MAX_LISTENERS: usize = 1024;
 /// aliases are expanded; KKP's has about 150, and a 64 KiB file without
 /// aliases fewer than 40,000. An alias bomb stops here.
 pub const MAX_NODES: usize = 100_000;
-
-/// Longest answer head read from an HTTP proxy to the CONNECT that opens the
-/// seed connection (`-http-proxy`); a real one is a status line and a few
-/// headers.
-pub const MAX_PROXY_RESPONSE_HEAD: usize = 8 << 10;
-/// Longest `NO_PROXY` value read; a longer one is ignored (the proxy used).
-pub const MAX_NO_PROXY: usize = 64 << 10;

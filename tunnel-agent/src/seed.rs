@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::drain::Drain;
+use daemon::egress_proxy::{HttpProxy, ProxiedIo, ProxyError};
 use daemon::h2window::{Action, Controller, Keepalive, Meter, Start};
 use h2::client::SendRequest;
 use h2::{Ping, PingPong};
@@ -39,7 +40,6 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::config::AgentConfig;
-use crate::http_proxy::{HttpProxy, ProxyError, SeedIo};
 use crate::limits;
 use crate::metrics::AgentMetrics;
 
@@ -342,7 +342,7 @@ impl SeedPool {
     }
 }
 
-type Connection = h2::client::Connection<SeedIo, Bytes>;
+type Connection = h2::client::Connection<ProxiedIo, Bytes>;
 
 /// What a seed connection is dialled and kept with; a change means new ones.
 fn target(
@@ -522,7 +522,7 @@ struct Established {
 }
 
 async fn handshake(
-    io: SeedIo,
+    io: ProxiedIo,
     config: &AgentConfig,
     start: &Start,
 ) -> Result<(SendRequest<Bytes>, Connection), SeedError> {

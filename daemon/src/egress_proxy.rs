@@ -1,11 +1,12 @@
-//! Reaching the seed through a corporate HTTP proxy (KKP #7122, beyond
-//! KKP): the h2c connection to the seed's 8088 runs inside an HTTP/1.1
-//! CONNECT tunnel opened on a forward proxy, plain or over TLS, with basic
-//! authentication. The proxy comes from `-http-proxy` or, without it, from
-//! `HTTPS_PROXY`/`https_proxy` unless `NO_PROXY`/`no_proxy` names the seed.
+//! Reaching a peer through a corporate egress proxy: an HTTP/1.1 CONNECT
+//! tunnel opened on a forward proxy, plain or over TLS, with basic
+//! authentication, and the connection to the peer inside it. tunnel-agent
+//! reaches the seed this way (KKP #7122). The proxy comes from the binary's flag or,
+//! without it, from `HTTPS_PROXY`/`https_proxy` unless `NO_PROXY`/`no_proxy`
+//! names the peer.
 //!
 //! The proxy's answer is parsed by `httparse`; this file bounds how much of
-//! it is read and keeps what the seed sent right after it.
+//! it is read and keeps what the peer sent right after it.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -13,18 +14,18 @@ use std::sync::Arc;
 
 use base64::Engine;
 use bytes::Bytes;
-use daemon::prefixed::PrefixedIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::limits::{MAX_NO_PROXY, MAX_PROXY_RESPONSE_HEAD};
+use crate::prefixed::PrefixedIo;
 
 /// Where the system keeps its trusted CAs (Debian, Ubuntu, Alpine,
-/// distroless); a TLS proxy is checked against it unless `-http-proxy-ca`
-/// names another bundle.
+/// distroless); a TLS proxy is checked against it unless the binary's CA
+/// flag names another bundle.
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// A forward proxy the seed connection goes through.
+/// A forward proxy a peer connection goes through.
 #[derive(Clone, PartialEq, Eq)]
 pub struct HttpProxy {
     /// `https://`: TLS to the proxy itself.
@@ -106,12 +107,12 @@ impl HttpProxy {
         })
     }
 
-    /// The proxy the environment names for `seed_host`: `HTTPS_PROXY` (or
-    /// `https_proxy`), unless `NO_PROXY` (or `no_proxy`) matches the seed.
+    /// The proxy the environment names for `peer_host`: `HTTPS_PROXY` (or
+    /// `https_proxy`), unless `NO_PROXY` (or `no_proxy`) matches the peer.
     pub fn from_env(
         get: impl Fn(&str) -> Option<String>,
-        seed_host: &str,
-        seed_port: u16,
+        peer_host: &str,
+        peer_port: u16,
         ca: Option<PathBuf>,
     ) -> Result<Option<HttpProxy>, String> {
         let var = |names: [&'static str; 2]| {
@@ -123,7 +124,7 @@ impl HttpProxy {
             return Ok(None);
         };
         if let Some((_, no)) = var(["NO_PROXY", "no_proxy"])
-            && bypass(&no, seed_host, seed_port)
+            && bypass(&no, peer_host, peer_port)
         {
             return Ok(None);
         }
@@ -132,9 +133,9 @@ impl HttpProxy {
             .map_err(|e| format!("{name}: {e}"))
     }
 
-    /// Opens a tunnel to `host:port` through the proxy; what the seed sent
+    /// Opens a tunnel to `host:port` through the proxy; what the peer sent
     /// in the same reads as the proxy's answer is replayed first.
-    pub async fn connect(&self, host: &str, port: u16) -> Result<SeedIo, ProxyError> {
+    pub async fn connect(&self, host: &str, port: u16) -> Result<ProxiedIo, ProxyError> {
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host((self.host.as_str(), self.port))
             .await
             .map_err(|e| ProxyError::Resolve(self.to_string(), e))?
@@ -159,7 +160,7 @@ impl HttpProxy {
         if !self.tls {
             return self.tunnel(tcp, host, port).await;
         }
-        let config = daemon::tls::client_config(&self.ca, None, &[])
+        let config = crate::tls::client_config(&self.ca, None, &[])
             .map_err(|e| ProxyError::Tls(self.to_string(), e.to_string()))?;
         let name = rustls::pki_types::ServerName::try_from(self.host.clone())
             .map_err(|e| ProxyError::Tls(self.to_string(), e.to_string()))?;
@@ -170,7 +171,7 @@ impl HttpProxy {
         self.tunnel(tls, host, port).await
     }
 
-    async fn tunnel<T>(&self, mut io: T, host: &str, port: u16) -> Result<SeedIo, ProxyError>
+    async fn tunnel<T>(&self, mut io: T, host: &str, port: u16) -> Result<ProxiedIo, ProxyError>
     where
         T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
@@ -219,7 +220,7 @@ impl HttpProxy {
                 return Err(ProxyError::Refused(
                     self.to_string(),
                     status,
-                    "the proxy refused the CONNECT to the seed",
+                    "the proxy refused the CONNECT",
                 ));
             }
         }
@@ -233,16 +234,16 @@ impl HttpProxy {
 }
 
 fn explain(e: &std::io::Error) -> String {
-    match daemon::tls::find_rustls_error(e) {
-        Some(r) => daemon::tls::explain(r),
+    match crate::tls::find_rustls_error(e) {
+        Some(r) => crate::tls::explain(r),
         None => e.to_string(),
     }
 }
 
-/// The connection to the seed, direct or through a proxy.
-pub trait SeedStream: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> SeedStream for T {}
-pub type SeedIo = Box<dyn SeedStream>;
+/// A connection to a peer, direct or through a proxy.
+pub trait ProxiedStream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> ProxiedStream for T {}
+pub type ProxiedIo = Box<dyn ProxiedStream>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -330,7 +331,7 @@ pub fn bypass(no_proxy: &str, host: &str, port: u16) -> bool {
     false
 }
 
-/// The fuzz target's check (fuzz/fuzz_targets/proxy_answer.rs; its corpus
+/// The fuzz target's check (daemon/fuzz/fuzz_targets/proxy_answer.rs; its corpus
 /// replays in `cargo test`): the input up to the first NUL is a proxy's
 /// answer, the rest a `NO_PROXY` value. A complete head lies within the
 /// input and the bound and parses the same from exactly its own bytes; an
@@ -430,7 +431,7 @@ mod tests {
         assert!(!bypass(&"x,".repeat(MAX_NO_PROXY), "x", 1));
     }
 
-    /// Replays fuzz/corpus/proxy_answer.
+    /// Replays daemon/fuzz/corpus/proxy_answer.
     #[test]
     fn proxy_answer_corpus() {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/proxy_answer");
