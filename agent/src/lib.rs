@@ -16,6 +16,7 @@ mod endpoint;
 #[doc(hidden)]
 pub mod fuzzing;
 mod health;
+pub mod label_selector;
 mod lease_calls;
 pub mod leases;
 #[cfg(test)]

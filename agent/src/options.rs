@@ -68,8 +68,9 @@ pub fn flags() -> FlagSet {
         .int("http2-max-window", i64::from(konnectivity_proto::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one server connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")
         .bool("count-server-leases", false, "Enables lease counting system to determine the number of proxy servers to connect to.")
         .string("lease-namespace", "kube-system", "Namespace where lease objects are managed.")
-        .string("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")
-        .string("lease-label-selector", "k8s-app=konnectivity-server", "Label selector for the server leases.")
+        .string("lease-label-selector", "k8s-app=konnectivity-server", "Label selector for leases to take into account when counting servers.")
+        .string("lease-label", "k8s-app=konnectivity-server", "")
+        .deprecated("Use --lease-label-selector instead")
         .hidden()
         .string("server-count-source", "default", "Defines how the server counts from lease and from server responses are combined. Possible values: 'default' to use only one source (server or leases depending on other flags), 'max' to take the larger value.")
         .string("kubeconfig", "", "Path to the kubeconfig file")
@@ -80,20 +81,18 @@ pub fn flags() -> FlagSet {
 /// `--count-server-leases` and its companions (`None` when off).
 pub fn lease_counting(v: &Values) -> Result<Option<crate::leases::LeaseCounting>, String> {
     let kubeconfig = v.existing_file("kubeconfig")?;
+    // Upstream after v0.36.0 (#868): `--lease-label-selector` takes a full
+    // label selector and `--lease-label` (v0.36's, now deprecated) sets the
+    // same selector, so whichever comes last on the command line counts.
+    // Checked whether or not leases are counted, as upstream parses it.
+    let flag = v
+        .last_given(&["lease-label", "lease-label-selector"])
+        .unwrap_or("lease-label-selector");
+    let selector = v.string(flag).trim().to_string();
+    crate::label_selector::validate(&selector)
+        .map_err(|e| format!("--{flag} {selector:?} is not a valid label selector: {e}"))?;
     if !v.bool("count-server-leases") {
         return Ok(None);
-    }
-    // v0.36's --lease-label; master's --lease-label-selector wins when given.
-    let selector = if v.is_set("lease-label-selector") {
-        v.string("lease-label-selector")
-    } else {
-        v.string("lease-label")
-    };
-    let selector = selector.trim().to_string();
-    if selector.is_empty() || selector.split(',').any(|kv| kv.trim().is_empty()) {
-        return Err(format!(
-            "--lease-label {selector:?} is not a valid label selector"
-        ));
     }
     Ok(Some(crate::leases::LeaseCounting {
         namespace: v.string("lease-namespace"),

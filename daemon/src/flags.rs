@@ -97,6 +97,8 @@ pub struct FlagSet {
 pub struct Values {
     values: BTreeMap<&'static str, Value>,
     explicit: BTreeSet<&'static str>,
+    /// Flags in the order they were given (repeats included).
+    given: Vec<&'static str>,
 }
 
 impl FlagSet {
@@ -269,6 +271,7 @@ impl FlagSet {
                 .map(|f| (f.name, f.default.clone()))
                 .collect(),
             explicit: BTreeSet::new(),
+            given: Vec::new(),
         };
         let mut args = args.into_iter().map(Into::into);
         while let Some(arg) = args.next() {
@@ -321,6 +324,7 @@ impl FlagSet {
                 (None, _) => {}
             }
             values.explicit.insert(flag.name);
+            values.given.push(flag.name);
         }
         Ok(values)
     }
@@ -505,6 +509,15 @@ impl Values {
     /// Whether the flag appeared on the command line (as opposed to its default).
     pub fn is_set(&self, name: &str) -> bool {
         self.explicit.contains(name)
+    }
+
+    /// Of `names` (two flags that set the same thing), the one given last on
+    /// the command line, as pflag leaves the value of whichever came last.
+    pub fn last_given<'a>(&self, names: &[&'a str]) -> Option<&'a str> {
+        self.given
+            .iter()
+            .rev()
+            .find_map(|g| names.iter().find(|n| **n == *g).copied())
     }
 
     /// A path flag that, when set, must name an existing file.

@@ -281,13 +281,26 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         })
 }
 
-/// A root store with every certificate of a CA bundle.
+/// A root store with every certificate of a CA bundle. A CERTIFICATE block
+/// that is not a certificate refuses the whole bundle (as upstream after
+/// v0.36.0, #902), naming which block.
 pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    for cert in load_certs_as(Role::Ca, path)? {
+    let certs = load_certs_as(Role::Ca, path)?;
+    let n = certs.len();
+    for (i, cert) in certs.into_iter().enumerate() {
         roots.add(cert).map_err(|e| TlsError::BadCa {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason: format!(
+                "CERTIFICATE block {} of {n} is not an X.509 certificate ({})",
+                i + 1,
+                match e {
+                    rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding) => {
+                        "its DER does not decode".to_string()
+                    }
+                    other => other.to_string(),
+                }
+            ),
         })?;
     }
     Ok(roots)
@@ -693,6 +706,66 @@ mod tests {
                 dir.path().display()
             ))
         );
+    }
+
+    /// Upstream after v0.36.0 (#902) refuses a CA bundle holding a
+    /// CERTIFICATE block that is not a certificate, where v0.36.0 loaded
+    /// the rest and went on; blocks of other types are ignored, and text
+    /// that never forms a PEM block (cut short, bad base64) is skipped, as
+    /// client-go's `cert.NewPool` does.
+    #[test]
+    fn a_ca_bundle_with_a_malformed_certificate_block_is_refused() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
+        let mut params =
+            rcgen::CertificateParams::new(Vec::new()).unwrap_or_else(|e| panic!("{e}"));
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap_or_else(|e| panic!("{e}"));
+        // Bodies in base64: "not a DER-encoded certificate", "not a private key".
+        let pem_block = |kind: &str, base64: &str| {
+            format!("-----BEGIN {kind}-----\n{base64}\n-----END {kind}-----\n")
+        };
+        let bundle = |extra: &str| {
+            let path = dir.path().join("ca.crt");
+            std::fs::write(&path, format!("{}{extra}", ca.pem())).unwrap_or_else(|e| panic!("{e}"));
+            path
+        };
+        let flags = FileFlags {
+            cert: "agent-cert",
+            key: "agent-key",
+            ca: "ca-cert",
+        };
+        let malformed = bundle(&pem_block(
+            "CERTIFICATE",
+            "bm90IGEgREVSLWVuY29kZWQgY2VydGlmaWNhdGU=",
+        ));
+        let e = load_roots(&malformed).err().map(|e| e.naming(flags));
+        let e = e.unwrap_or_else(|| panic!("a malformed CERTIFICATE block was loaded"));
+        assert_eq!(
+            e,
+            format!(
+                "--ca-cert {}: invalid CA certificate: CERTIFICATE block 2 of 2 is not an X.509 certificate (its DER does not decode)",
+                malformed.display()
+            )
+        );
+        for (what, extra) in [
+            ("valid bundle", String::new()),
+            (
+                "a block of another type",
+                pem_block("PRIVATE KEY", "bm90IGEgcHJpdmF0ZSBrZXk="),
+            ),
+            (
+                "a block cut short",
+                "-----BEGIN CERTIFICATE-----\nMIIBtruncated\n".to_string(),
+            ),
+            (
+                "a block whose base64 is broken",
+                "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n".to_string(),
+            ),
+        ] {
+            let roots = load_roots(&bundle(&extra)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(roots.len(), 1, "{what}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use konnectivity_proto::ids::{AgentId, ConnectId};
 use parking_lot::{Mutex, RwLock};
 use rand::seq::IndexedRandom;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::limits::MAX_AGENT_QUEUE_BYTES;
@@ -84,7 +85,8 @@ pub struct Backend {
     legacy: LegacyLink,
     draining: AtomicBool,
     retired: CancellationToken,
-    conns: Mutex<HashMap<ConnectId, Arc<Tunnel>>>,
+    /// Established connections, with when each was established.
+    conns: Mutex<HashMap<ConnectId, (Arc<Tunnel>, Instant)>>,
     metrics: Arc<Metrics>,
     /// The registry's change counter, bumped when connections come and go.
     changes: watch::Sender<u64>,
@@ -214,7 +216,7 @@ impl Backend {
         match self.conns.lock().entry(id) {
             std::collections::hash_map::Entry::Occupied(_) => return false,
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(t);
+                v.insert((t, Instant::now()));
             }
         }
         self.metrics.established.increment(1.0);
@@ -223,36 +225,49 @@ impl Backend {
     }
 
     pub fn conn(&self, id: ConnectId) -> Option<Arc<Tunnel>> {
-        self.conns.lock().get(&id).cloned()
+        self.conns.lock().get(&id).map(|(t, _)| t.clone())
+    }
+
+    /// An established connection ended (whichever way): the gauge, and
+    /// how long it lived (`connection_duration_seconds`, upstream's since
+    /// #899, observed on every end here).
+    fn ended(&self, since: &[Instant]) {
+        self.metrics.established.decrement(since.len() as f64);
+        for at in since {
+            self.metrics
+                .connection_duration
+                .record(at.elapsed().as_secs_f64());
+        }
+        self.changed();
     }
 
     /// Removes the connection only if it still belongs to `tunnel`.
     pub fn remove_conn_of(&self, id: ConnectId, tunnel: &Tunnel) -> bool {
         let mut conns = self.conns.lock();
-        if conns.get(&id).is_some_and(|t| t.id == tunnel.id) {
-            conns.remove(&id);
+        if conns.get(&id).is_some_and(|(t, _)| t.id == tunnel.id) {
+            let removed = conns.remove(&id);
             drop(conns);
-            self.metrics.established.decrement(1.0);
-            self.changed();
+            if let Some((_, at)) = removed {
+                self.ended(&[at]);
+            }
             return true;
         }
         false
     }
 
     pub fn remove_conn(&self, id: ConnectId) -> Option<Arc<Tunnel>> {
-        let t = self.conns.lock().remove(&id);
-        if t.is_some() {
-            self.metrics.established.decrement(1.0);
-            self.changed();
-        }
-        t
+        let removed = self.conns.lock().remove(&id);
+        removed.map(|(t, at)| {
+            self.ended(&[at]);
+            t
+        })
     }
 
     pub fn take_conns(&self) -> Vec<(ConnectId, Arc<Tunnel>)> {
         let taken: Vec<_> = self.conns.lock().drain().collect();
-        self.metrics.established.decrement(taken.len() as f64);
-        self.changed();
-        taken
+        let since: Vec<Instant> = taken.iter().map(|(_, (_, at))| *at).collect();
+        self.ended(&since);
+        taken.into_iter().map(|(id, (t, _))| (id, t)).collect()
     }
 
     pub fn conn_count(&self) -> usize {
@@ -261,7 +276,7 @@ impl Backend {
 
     /// Runs `f` on every connection, under the table's lock (keep it short).
     pub fn for_each_conn(&self, mut f: impl FnMut(ConnectId, &Tunnel)) {
-        for (id, t) in self.conns.lock().iter() {
+        for (id, (t, _)) in self.conns.lock().iter() {
             f(*id, t);
         }
     }

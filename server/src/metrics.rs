@@ -11,10 +11,15 @@ use konnectivity_proto::flow_metrics::{FlowGaugeNames, FlowGauges};
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
+/// Upstream's (after v0.36.0, #899): 1 s to 24 h.
+const CONNECTION_DURATION_BUCKETS: &[f64] = &[
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
+];
 
 const DIAL_DURATION: &str = "konnectivity_network_proxy_server_dial_duration_seconds";
 const FRONTEND_WRITE_DURATION: &str =
     "konnectivity_network_proxy_server_frontend_write_duration_seconds";
+const CONNECTION_DURATION: &str = "konnectivity_network_proxy_server_connection_duration_seconds";
 const GRPC_CONNECTIONS: &str = "konnectivity_network_proxy_server_grpc_connections";
 const HTTP_CONNECTIONS: &str = "konnectivity_network_proxy_server_http_connections";
 const READY_BACKEND_CONNECTIONS: &str =
@@ -141,6 +146,8 @@ pub struct Metrics {
     flow: FlowGauges,
     pub dial_duration: Histogram,
     pub frontend_write_duration: Histogram,
+    /// How long each established connection lived, observed when it ends.
+    pub connection_duration: Histogram,
     grpc_proxy: Gauge,
     grpc_connect: Gauge,
     pub http_connections: Gauge,
@@ -168,6 +175,7 @@ impl Metrics {
             Registry::new(&[
                 (DIAL_DURATION, LATENCY_BUCKETS),
                 (FRONTEND_WRITE_DURATION, LATENCY_BUCKETS),
+                (CONNECTION_DURATION, CONNECTION_DURATION_BUCKETS),
             ])
             .with_go_defaults(),
         );
@@ -178,6 +186,10 @@ impl Metrics {
         r.describe_histogram(
             FRONTEND_WRITE_DURATION,
             "Latency of write to the frontend in seconds",
+        );
+        r.describe_histogram(
+            CONNECTION_DURATION,
+            "Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed.",
         );
         r.describe_gauge(
             GRPC_CONNECTIONS,
@@ -243,6 +255,7 @@ impl Metrics {
             flow: FlowGauges::new(&r, &FLOW),
             dial_duration: r.histogram(DIAL_DURATION, &[]),
             frontend_write_duration: r.histogram(FRONTEND_WRITE_DURATION, &[]),
+            connection_duration: r.histogram(CONNECTION_DURATION, &[]),
             grpc_proxy: r.gauge(GRPC_CONNECTIONS, &[("service_method", "Proxy")]),
             grpc_connect: r.gauge(GRPC_CONNECTIONS, &[("service_method", "Connect")]),
             http_connections: r.gauge_always(HTTP_CONNECTIONS, &[]),

@@ -65,7 +65,8 @@ pub fn flags() -> FlagSet {
         .strings("cipher-suites", &[], "The comma separated list of allowed cipher suites. Has no effect on TLS1.3. Empty means allow default list.")
         .string("tls-min-version", "", "Minimum TLS version for server connections. Accepted values: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13. Empty defaults to VersionTLS12.")
         .bool("allow-expired-certificates", false, "Ours: start even if a certificate file holds a certificate that is expired or not yet valid (or a CA file none that is valid now), with a warning; without it that is a start-up error. Hot reloads refuse such files either way.")
-        .int("xfr-channel-size", 10, "Packets queued per frontend connection towards kube-apiserver (and, at least 16, per agent stream).")
+        .int("xfr-channel-size", 10, "Packets queued per frontend connection towards kube-apiserver (gRPC mode; and, at least 16, per agent stream).")
+        .int("frontend-write-channel-size", 10, "Packets queued per HTTP-CONNECT frontend connection towards kube-apiserver (upstream after v0.36.0); one blocked frontend never stalls the others. Upstream's 0 (synchronous writes, which let one blocked frontend stall its agent stream) is taken as 1.")
         .bool("enable-lease-controller", false, "Enable lease controller to publish and garbage collect proxy server leases.")
         .string("lease-namespace", "kube-system", "The namespace where lease objects are managed by the controller.")
         .string("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")
@@ -351,6 +352,16 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         ));
     }
     let xfr = usize::try_from(xfr).map_err(|_| "--xfr-channel-size is too large".to_string())?;
+    let write_queue = v.int("frontend-write-channel-size");
+    if write_queue < 0 {
+        return Err(format!(
+            "--frontend-write-channel-size must not be negative, got {write_queue}"
+        ));
+    }
+    // Upstream's 0 writes synchronously from the agent stream's loop; ours
+    // never does, so 0 is a queue of one packet.
+    let write_queue = usize::try_from(write_queue.max(1))
+        .map_err(|_| "--frontend-write-channel-size is too large".to_string())?;
     let server_count = u32::try_from(v.int("server-count"))
         .map_err(|_| "--server-count must be a non-negative count".to_string())?;
     let mut dial_timeout = v.duration("backend-dial-timeout");
@@ -395,7 +406,13 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             stall_timeout: v
                 .duration("frontend-stall-timeout")
                 .max(Duration::from_millis(100)),
-            frontend_queue: xfr,
+            // Per frontend connection: upstream sizes gRPC frontends' queues
+            // with --xfr-channel-size and HTTP-CONNECT ones' with
+            // --frontend-write-channel-size.
+            frontend_queue: match mode {
+                Mode::Grpc => xfr,
+                Mode::HttpConnect => write_queue,
+            },
             agent_queue: xfr.max(16),
             flow: flow(v)?,
         },

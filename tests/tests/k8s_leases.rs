@@ -15,8 +15,6 @@ use integration_tests::k8s::{
 };
 use integration_tests::watchdog;
 
-const LABEL: &str = "k8s-app=konnectivity-server";
-
 async fn lease_json(cluster: &Cluster, name: &str) -> Option<serde_json::Value> {
     let (code, out, _) = cluster
         .kubectl(&["-n", "kube-system", "get", "lease", name, "-o", "json"])
@@ -146,7 +144,9 @@ async fn servers_publish_leases_and_agents_count_them() {
             format!("--agent-cert={}", certs.agent.cert.display()),
             format!("--agent-key={}", certs.agent.key.display()),
             "--count-server-leases".into(),
-            format!("--lease-label={LABEL}"),
+            // Upstream's selector syntax after v0.36.0 (#868), set-based
+            // too, through the real API server's parser.
+            "--lease-label-selector=k8s-app in (konnectivity-server),tier!=canary".into(),
             format!("--kubeconfig={}", kubeconfig.display()),
         ];
         let (addr, ca) = (lb.addr, ca.clone());

@@ -298,3 +298,133 @@ async fn http_connect_client_is_reset_when_its_agent_is_lost() {
     );
     server.handle.wait_until(|h| h.agent_streams() == 0).await;
 }
+
+/// Upstream after v0.36.0, #888: when one stream of an agent goes (an agent
+/// reached twice, e.g. through two paths of a load balancer), only that
+/// stream's connections end; upstream v0.36.0 dropped every connection of
+/// the agent id from its table, so the other stream's never got their
+/// CLOSE_RSP and leaked. Here the two streams even use the same connection
+/// ID (connections are keyed by stream, upstream #462).
+#[tokio::test]
+async fn losing_one_stream_of_an_agent_keeps_its_other_streams_connections() {
+    init_logging();
+    let pki = Pki::new();
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            mode: Mode::HttpConnect,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut first = raw_agent(&pki, server.agent_addr, "ha", "").await;
+    server.handle.wait_for_agents(1).await;
+    let mut on_first = tunnel_via(&server.frontend, &mut first, 1).await;
+    let mut second = raw_agent(&pki, server.agent_addr, "ha", "").await;
+    server.handle.wait_until(|h| h.agent_streams() == 2).await;
+    // A dial goes to the newest stream of an agent.
+    let mut on_second = tunnel_via(&server.frontend, &mut second, 1).await;
+    assert_eq!(server.handle.established(), 2);
+
+    drop(first);
+    assert!(
+        next_read(&mut on_first).await != Ok(5),
+        "the lost stream's connection ends"
+    );
+    server.handle.wait_until(|h| h.agent_streams() == 1).await;
+    assert_eq!(server.handle.established(), 1, "the other stream's stays");
+    // Both ways still work on it, and it ends with its own CLOSE_RSP.
+    use tokio::io::AsyncWriteExt;
+    on_second.stream.write_all(b"ping").await.unwrap();
+    loop {
+        let p = second.rx.message().await.unwrap().unwrap();
+        if let Some(Payload::Data(d)) = p.payload {
+            assert_eq!((d.connect_id, &d.data[..]), (1, &b"ping"[..]));
+            break;
+        }
+    }
+    second
+        .tx
+        .send(Packet::data_copy(1, b"still"))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 5];
+    on_second.stream.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"still");
+    second
+        .tx
+        .send(Packet::close_response(1, String::new()))
+        .await
+        .unwrap();
+    assert_eq!(next_read(&mut on_second).await, Ok(0));
+    server.handle.wait_until(|h| h.established() == 0).await;
+}
+
+/// Upstream after v0.36.0, #889: closing an HTTP-CONNECT tunnel twice
+/// panicked upstream's server (close of a closed channel), ending every
+/// tunnel. Here every side closes one tunnel at once (the agent's CLOSE_RSP
+/// twice and DATA after it, the client's socket, then the agent's stream):
+/// it ends once (one `connection_duration_seconds` observation, the
+/// gauges back to 0) and the server serves the next tunnel.
+#[tokio::test]
+async fn an_http_connect_tunnel_closed_from_every_side_at_once_ends_once() {
+    init_logging();
+    let pki = Pki::new();
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            mode: Mode::HttpConnect,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut agent = raw_agent(&pki, server.agent_addr, "raw", "").await;
+    server.handle.wait_for_agents(1).await;
+    let reply = tunnel_via(&server.frontend, &mut agent, 7).await;
+    for p in [
+        Packet::close_response(7, String::new()),
+        Packet::close_response(7, "again".into()),
+        Packet::data_copy(7, b"late"),
+    ] {
+        agent.tx.send(p).await.unwrap();
+    }
+    drop(reply);
+    drop(agent);
+    server
+        .handle
+        .wait_until(|h| h.agent_streams() == 0 && h.established() == 0)
+        .await;
+    let m = server.handle.metrics();
+    assert_eq!(
+        metric(
+            &m,
+            "konnectivity_network_proxy_server_connection_duration_seconds_count"
+        ),
+        1.0,
+        "{m}"
+    );
+    let mut next = raw_agent(&pki, server.agent_addr, "next", "").await;
+    server.handle.wait_for_agents(1).await;
+    let mut again = tunnel_via(&server.frontend, &mut next, 1).await;
+    next.tx
+        .send(Packet::close_response(1, String::new()))
+        .await
+        .unwrap();
+    assert_eq!(next_read(&mut again).await, Ok(0));
+    let h = server.handle.clone();
+    integration_tests::eventually(
+        "no HTTP-CONNECT connection left",
+        Duration::from_secs(10),
+        || {
+            let m = h.metrics();
+            async move {
+                metric(&m, "konnectivity_network_proxy_server_http_connections ") == 0.0
+                    && metric(
+                        &m,
+                        "konnectivity_network_proxy_server_established_connections ",
+                    ) == 0.0
+            }
+        },
+    )
+    .await;
+}

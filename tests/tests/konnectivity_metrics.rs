@@ -167,3 +167,67 @@ async fn server_and_agent_expose_upstream_metrics() {
         "no dial timed out:\n{agent}"
     );
 }
+
+/// Upstream's `connection_duration_seconds` (after v0.36.0, #899): one
+/// observation per established connection when it ends, upstream's HELP
+/// and buckets (1 s to 24 h, spelled as Go spells them); absent until a
+/// connection ended, as client_golang's histogram vector.
+#[tokio::test]
+async fn connection_duration_is_observed_when_an_established_connection_ends() {
+    const FAMILY: &str = "konnectivity_network_proxy_server_connection_duration_seconds";
+    let stack = Stack::start(ServerOpts::default()).await;
+    let echo = dest::echo().await;
+    let mut t = grpc_dial(&stack.server.frontend, &echo.to_string())
+        .await
+        .unwrap();
+    t.write(b"d").await;
+    t.read_exact(1).await;
+    let (_, before) = http_get(stack.server.admin_addr, "/metrics").await;
+    assert!(
+        !before.contains(FAMILY),
+        "observed before any ended:\n{before}"
+    );
+    // A failed dial establishes nothing and observes nothing.
+    let (_keep, refused) = dest::refused();
+    grpc_dial(&stack.server.frontend, &refused.to_string())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(t.close().await.as_deref(), Some(""));
+    stack
+        .server
+        .handle
+        .wait_until(|h| h.established() == 0)
+        .await;
+    let (_, after) = http_get(stack.server.admin_addr, "/metrics").await;
+    let help = format!(
+        "# HELP {FAMILY} Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed."
+    );
+    assert!(
+        after.lines().any(|l| l == help),
+        "{help:?} missing in\n{after}"
+    );
+    assert!(
+        after
+            .lines()
+            .any(|l| l == format!("# TYPE {FAMILY} histogram"))
+    );
+    let bounds: Vec<&str> = after
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("{FAMILY}_bucket{{le=\"")))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    assert_eq!(
+        bounds,
+        [
+            "1", "5", "15", "30", "60", "300", "900", "1800", "3600", "14400", "43200", "86400",
+            "+Inf"
+        ],
+        "{after}"
+    );
+    assert_eq!(metric(&after, &format!("{FAMILY}_count ")), 1.0, "{after}");
+    assert_eq!(
+        metric(&after, &format!("{FAMILY}_bucket{{le=\"86400\"}}")),
+        1.0
+    );
+}

@@ -204,3 +204,114 @@ async fn agent_tls_failures_are_sentences_not_debug_structs() {
     }
     srv.wait_line("TLS handshake failed").await;
 }
+
+/// `--lease-label-selector` (upstream after v0.36.0, #868) takes a full
+/// label selector, and v0.36's `--lease-label`, now deprecated, sets the
+/// same one: a malformed selector fails at start naming the flag and the
+/// cause, whether or not leases are counted (upstream parses the flag);
+/// the deprecated one says so and still works.
+#[tokio::test]
+async fn a_malformed_lease_label_selector_names_the_flag() {
+    let pki = Pki::new();
+    let base = |extra: &str| {
+        vec![
+            format!("--ca-cert={}", pki.ca().display()),
+            "--proxy-server-host=127.0.0.1".to_string(),
+            "--proxy-server-port=1".to_string(),
+            "--health-server-port=0".to_string(),
+            "--admin-server-port=0".to_string(),
+            extra.to_string(),
+        ]
+    };
+    fails(
+        "proxy-agent",
+        &base("--lease-label-selector=k8s-app in (konnectivity-server,"),
+        &[
+            "--lease-label-selector \"k8s-app in (konnectivity-server,\" is not a valid label selector",
+            "the value list has no ')'",
+        ],
+    )
+    .await;
+    fails(
+        "proxy-agent",
+        &base("--lease-label=k8s-app=a=b"),
+        &["--lease-label \"k8s-app=a=b\" is not a valid label selector"],
+    )
+    .await;
+    // The full syntax is accepted; the deprecated flag warns and starts.
+    let mut ok = Proc::spawn(
+        "proxy-agent",
+        &base("--lease-label-selector=k8s-app in (konnectivity-server),tier!=canary"),
+    );
+    ok.listening(2).await;
+    let mut old = Proc::spawn(
+        "proxy-agent",
+        &base("--lease-label=k8s-app=konnectivity-server"),
+    );
+    old.wait_line("Flag --lease-label has been deprecated, Use --lease-label-selector instead")
+        .await;
+    old.listening(2).await;
+}
+
+/// `--frontend-write-channel-size` (upstream after v0.36.0, #896/#918):
+/// a negative size is refused naming the flag; 0, upstream's synchronous
+/// writes, starts (ours keeps a queue of one packet: docs/konnectivity.md).
+#[tokio::test]
+async fn frontend_write_channel_size_is_accepted_as_upstreams() {
+    let pki = Pki::new();
+    let with = |size: &str| {
+        server_args(
+            &pki,
+            &[
+                "--mode=http-connect".to_string(),
+                format!("--frontend-write-channel-size={size}"),
+            ],
+        )
+    };
+    fails(
+        "proxy-server",
+        &with("-1"),
+        &["--frontend-write-channel-size must not be negative, got -1"],
+    )
+    .await;
+    for size in ["0", "10", "150"] {
+        let mut s = Proc::spawn("proxy-server", &with(size));
+        s.listening(4).await;
+    }
+}
+
+/// A CA bundle with a CERTIFICATE block that is not a certificate is
+/// refused at start naming the flag and the block, as upstream after
+/// v0.36.0 does (#902; v0.36.0 loaded the rest), by the agent and the
+/// server alike.
+#[tokio::test]
+async fn a_ca_bundle_with_a_malformed_certificate_block_names_the_flag() {
+    let pki = Pki::new();
+    let bundle = pki.dir().join("bundle.crt");
+    let mut text = std::fs::read_to_string(pki.ca()).unwrap();
+    // base64 of "not a DER-encoded certificate"
+    text.push_str("-----BEGIN CERTIFICATE-----\nbm90IGEgREVSLWVuY29kZWQgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n");
+    std::fs::write(&bundle, text).unwrap();
+    let want = format!(
+        "{}: invalid CA certificate: CERTIFICATE block 2 of 2 is not an X.509 certificate",
+        bundle.display()
+    );
+    fails(
+        "proxy-agent",
+        &[
+            format!("--ca-cert={}", bundle.display()),
+            "--proxy-server-port=1".into(),
+            "--health-server-port=0".into(),
+            "--admin-server-port=0".into(),
+        ],
+        &["--ca-cert", &want],
+    )
+    .await;
+    let mut args = server_args(&pki, &[]);
+    for a in args.iter_mut() {
+        if a.starts_with("--cluster-ca-cert=") {
+            *a = format!("--cluster-ca-cert={}", bundle.display());
+        }
+    }
+    fails("proxy-server", &args, &["--cluster-ca-cert", &want]).await;
+}
