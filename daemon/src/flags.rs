@@ -352,7 +352,9 @@ impl FlagSet {
     }
 
     /// Parses the process arguments. `-h` prints usage and exits 0; any error
-    /// prints the reason and exits 2, the status Go's flag package uses.
+    /// prints the reason and exits with the program's usage status: 2 (Go's
+    /// flag package) unless `usage_exit` set another (the Konnectivity
+    /// binaries exit 1, as upstream's cobra commands do).
     pub fn parse_env_or_exit(&self) -> Values {
         let _ = USAGE_EXIT.set(self.usage_exit);
         match self.parse(std::env::args().skip(1)) {
