@@ -4,7 +4,7 @@ go 1.26.2
 
 require (
 	google.golang.org/grpc v1.81.1
-	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.36.0
+	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.37.0
 )
 
 require (
@@ -18,14 +18,14 @@ require (
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.68.0 // indirect
 	github.com/prometheus/procfs v0.19.2 // indirect
-	golang.org/x/sys v0.45.0 // indirect
-	golang.org/x/text v0.37.0 // indirect
+	golang.org/x/sys v0.46.0 // indirect
+	golang.org/x/text v0.38.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260226221140-a57be14db171 // indirect
 	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
 )
 
 require (
-	golang.org/x/net v0.55.0
+	golang.org/x/net v0.56.0
 	k8s.io/klog/v2 v2.140.0
 	konnectivity-goharness v0.0.0
 )

@@ -25,7 +25,7 @@ import (
 
 var (
 	flagQuick     = flag.Bool("quick", false, "tiny sizes (a smoke run of every workload, about 5 minutes on 2 cores)")
-	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P10, nodeport, P9, konn-scale, np-mem (default: all)")
+	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P10, nodeport, P9, konn-scale, np-mem, reusable (default: all)")
 	flagRepeats   = flag.Int("repeats", 0, "timed repeats per workload (default 5, quick 3)")
 	flagOurs      = flag.String("ours-bin", "target/release", "directory with proxy-server, proxy-agent, nodeport-proxy, tunnel-agent")
 	flagUpstream  = flag.String("upstream-bin", "target/bench/bin", "directory with upstream-proxy-server and upstream-proxy-agent")
@@ -172,6 +172,7 @@ func main() {
 		{"P9", startGroup},
 		{"konn-scale", scaleGroup},
 		{"np-mem", npMemGroup},
+		{"reusable", reusableGroup},
 	}
 	only := onlyGroups()
 	for _, g := range groups {

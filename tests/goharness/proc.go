@@ -290,3 +290,14 @@ func (p *Proc) Grep(s string) []string {
 	}
 	return out
 }
+
+// Wait waits up to timeout for the child to exit on its own and returns its
+// exit code (-1 when a signal ended it).
+func (p *Proc) Wait(timeout time.Duration) (int, error) {
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		return -1, fmt.Errorf("%s still running after %s", p.Name, timeout)
+	}
+	return p.cmd.ProcessState.ExitCode(), nil
+}

@@ -102,7 +102,7 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 		s.dir = d
 	}
 	ports := map[string]int{"agent": cfg.agentPort, "health": 0, "admin": 0, "frontend": 0}
-	if cfg.impl == upstream {
+	if cfg.impl.isUpstream() {
 		for k, v := range ports {
 			if v == 0 {
 				p, err := goharness.PickPort()
@@ -205,13 +205,25 @@ func tryStartServer(t testing.TB, cfg serverConfig) (*server, error) {
 	return s, nil
 }
 
-func (s *server) metrics() (metrics, error) { return scrape(s.healthAddr) }
+func (s *server) metrics() (metrics, error) {
+	if s.impl == upstreamAt("v0.33.0") {
+		// v0.33.0 serves /metrics on the admin port only; later releases
+		// (and ours) on the health port too.
+		return scrape(s.adminAddr)
+	}
+	return scrape(s.healthAddr)
+}
 
 // readyBackends is ready_backends{proxy_strategy="default"}.
 func (s *server) readyBackends() (float64, error) {
 	m, err := s.metrics()
 	if err != nil {
 		return 0, err
+	}
+	if s.impl == upstreamAt("v0.33.0") {
+		// v0.34.0 replaced it with ready_backends{proxy_strategy}.
+		v, _ := m.get("konnectivity_network_proxy_server_ready_backend_connections", nil)
+		return v, nil
 	}
 	v, _ := m.get(mServerReady, map[string]string{"proxy_strategy": "default"})
 	return v, nil
@@ -274,7 +286,7 @@ func startAgentWith(t testing.TB, im impl, serverAgentPort int, id string, serve
 func tryStartAgent(t testing.TB, im impl, serverAgentPort int, id string, servers int, extra ...string) (*agent, error) {
 	a := &agent{impl: im, id: id}
 	health, admin := 0, 0
-	if im == upstream {
+	if im.isUpstream() {
 		var err error
 		if health, err = goharness.PickPort(); err != nil {
 			return nil, err

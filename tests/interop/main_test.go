@@ -16,8 +16,15 @@ type impl string
 
 const (
 	ours     impl = "ours"
-	upstream impl = "upstream"
+	upstream impl = "upstream" // v0.36.0, go.mod's
 )
+
+// upstreamAt is an older upstream release, built with go.<version>.mod
+// into a directory of its own (versions_test.go).
+func upstreamAt(version string) impl { return impl("upstream@" + version) }
+
+// isUpstream: any upstream release (they all pick their ports the same way).
+func (i impl) isUpstream() bool { return i == upstream || strings.HasPrefix(string(i), "upstream@") }
 
 // bin maps (impl, role) to an executable path.
 var bin = map[impl]map[string]string{}
@@ -108,6 +115,26 @@ func resolveBinaries() error {
 	bin[upstream] = map[string]string{
 		"server": filepath.Join(upDir, "upstream-proxy-server"),
 		"agent":  filepath.Join(upDir, "upstream-proxy-agent"),
+	}
+	// Older releases (versions_test.go): go.<version>.mod pins each; the
+	// binaries go to <dir>/<version>/.
+	for _, v := range olderVersions() {
+		dir := filepath.Join(upDir, v)
+		if os.Getenv("INTEROP_UPSTREAM_BIN_DIR") == "" {
+			start := time.Now()
+			cmd := exec.Command("go", "build", "-modfile=go."+v+".mod", "-o", dir+string(filepath.Separator),
+				"./cmd/upstream-proxy-server", "./cmd/upstream-proxy-agent")
+			cmd.Dir = moduleDir()
+			cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("go build -modfile=go.%s.mod of the upstream %s binaries: %v", v, v, err)
+			}
+			fmt.Fprintf(os.Stderr, "interop: go build of upstream %s binaries took %s\n", v, time.Since(start).Round(time.Millisecond))
+		}
+		bin[upstreamAt(v)] = map[string]string{
+			"server": filepath.Join(dir, "upstream-proxy-server"),
+			"agent":  filepath.Join(dir, "upstream-proxy-agent"),
+		}
 	}
 	var missing []string
 	for _, m := range bin {

@@ -12,6 +12,7 @@
 #   K8S_BIN_DIR               etcd, kube-apiserver and kubectl for the lease
 #                             scenarios (default tests/k8s/bin, built there by
 #                             tests/k8s/build.sh when missing)
+#   INTEROP_VERSIONS          older upstream releases for TestVersions (default "v0.33.0 v0.34.0")
 #   INTEROP_CLIENTS=0         skip the konnectivity-client versions (clients/)
 #   INTEROP_HEAVY=1           clients/: 300 x 4 MiB on one ReusableTunnel instead of 300 x 256 KiB
 set -euo pipefail

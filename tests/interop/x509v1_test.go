@@ -46,7 +46,7 @@ func TestX509V1ServerCertificate(t *testing.T) {
 			srv := startServer(t, serverConfig{impl: srvImpl, front: grpcUDS, clusterCert: cert, clusterKey: key})
 			for _, agImpl := range []impl{ours, upstream} {
 				health, admin := 0, 0
-				if agImpl == upstream { // upstream refuses port 0
+				if agImpl.isUpstream() { // upstream refuses port 0
 					var err error
 					if health, err = goharness.PickPort(); err == nil {
 						admin, err = goharness.PickPort()

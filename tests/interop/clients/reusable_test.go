@@ -94,6 +94,12 @@ func TestReusableConcurrentDials(t *testing.T) {
 			if got := s.dialsSeen.Load(); got != 1 {
 				t.Errorf("%s the client opened %d connections to the server; want 1 (no reconnect)", describeReusable(f), got)
 			}
+			// 300 header blocks at once, interleaved on one connection, each
+			// decoded against the client's HPACK table (and, on the Unix
+			// socket, its :authority replaced).
+			if bad := s.p.Grep("not rewritten"); len(bad) > 0 {
+				t.Errorf("%s the server gave up following the client's header blocks: %s", describeReusable(f), strings.Join(bad, "\n"))
+			}
 		})
 	}
 }
