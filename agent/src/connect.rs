@@ -1,5 +1,6 @@
-//! One connection attempt to a proxy server: TCP, TLS (with our ALPN list plus
-//! `h2`), HTTP/2 (`daemon::h2grpc`: windows that grow with the link, bounded
+//! One connection attempt to a proxy server: TCP (directly, or through an
+//! HTTP CONNECT egress proxy: `daemon::egress_proxy`), TLS (with our ALPN
+//! list plus `h2`), HTTP/2 (`daemon::h2grpc`: windows that grow with the link, bounded
 //! by the process budget), and the `Connect` stream with the agent's
 //! metadata. The server's `serverid`/`servercount` response headers come
 //! back with it.
@@ -9,15 +10,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use daemon::egress_proxy::ProxiedIo;
 use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_client::AgentServiceClient;
 use konnectivity_proto::control::ControlTx;
 use konnectivity_proto::header;
 use konnectivity_proto::ids::{AgentId, ServerId};
 use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::either::Either;
 use tonic::Streaming;
 use tonic::metadata::MetadataValue;
 
@@ -30,6 +34,9 @@ pub enum ConnectError {
     Address(String),
     #[error("connecting to the proxy server: {0}")]
     Transport(String),
+    /// The egress HTTP proxy failed or refused; the text names the proxy.
+    #[error(transparent)]
+    Proxy(#[from] daemon::egress_proxy::ProxyError),
     #[error("TLS handshake with the proxy server failed: {0}")]
     Tls(String),
     #[error("proxy server refused the stream: {0}")]
@@ -68,6 +75,9 @@ pub struct Connector {
     /// Flow-control settings (offered to the server unless off: then the
     /// agent behaves exactly as upstream's), the budget and window totals.
     pub flow: Arc<konnectivity_proto::flow::FlowPool>,
+    /// The HTTP proxy servers are reached through, if any
+    /// (`--proxy-server-http-proxy`, `HTTPS_PROXY`).
+    pub egress: Arc<daemon::egress_proxy::EgressProxy>,
 }
 
 /// An open `Connect` stream.
@@ -108,12 +118,7 @@ impl Connector {
         let name = ServerName::try_from(self.host.clone())
             .map_err(|_| ConnectError::Address(self.host.clone()))?;
         let tls = TlsConnector::from(self.tls.current());
-        let tcp = match self.addr {
-            Some(a) => tokio::net::TcpStream::connect(a).await,
-            None => tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await,
-        }
-        .map_err(|e| ConnectError::Transport(source_chain(&e)))?;
-        let _ = tcp.set_nodelay(true);
+        let tcp = self.open().await?;
         let stream = tls
             .connect(name, daemon::tls::read_buffered(tcp))
             .await
@@ -211,6 +216,30 @@ impl Connector {
             control: control_tx,
             flow_max,
         })
+    }
+}
+
+impl Connector {
+    /// The byte stream TLS runs on: a TCP connection to the server, or a
+    /// CONNECT tunnel through the egress proxy. Through the proxy the
+    /// tunnel's target is the address resolved here (with
+    /// `--resolve-proxy-server-host`) or else the name, which the proxy
+    /// resolves; TLS still verifies the name.
+    async fn open(&self) -> Result<Either<TcpStream, ProxiedIo>, ConnectError> {
+        let ip = self.addr.map(|a| a.ip());
+        let Some(proxy) = self.egress.proxy_for(&self.host, ip, self.port) else {
+            let tcp = match self.addr {
+                Some(a) => TcpStream::connect(a).await,
+                None => TcpStream::connect((self.host.as_str(), self.port)).await,
+            }
+            .map_err(|e| ConnectError::Transport(source_chain(&e)))?;
+            let _ = tcp.set_nodelay(true);
+            return Ok(Either::Left(tcp));
+        };
+        let target = ip.map_or_else(|| self.host.clone(), |ip| ip.to_string());
+        let io = proxy.connect(&target, self.port).await?;
+        tracing::info!(server = %self.authority(), %proxy, "tunnel to the proxy server opened through the HTTP proxy");
+        Ok(Either::Right(io))
     }
 }
 

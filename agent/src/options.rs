@@ -35,6 +35,8 @@ pub fn flags() -> FlagSet {
         .string("agent-key", "", "If non-empty secure communication with this key.")
         .string("ca-cert", "", "If non-empty the CAs we use to validate clients.")
         .string("proxy-server-host", "127.0.0.1", "The hostname to use to connect to the proxy-server.")
+        .string("proxy-server-http-proxy", "", "Ours: reach the proxy servers through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the server or it is loopback (Go's rules, as upstream's agent reads them).")
+        .string("proxy-server-http-proxy-ca", "", "Ours: CA bundle (PEM) an https:// proxy's certificate is checked against (empty: /etc/ssl/certs/ca-certificates.crt).")
         .int("proxy-server-port", 8091, "The port the proxy server is listening on.")
         .bool("resolve-proxy-server-host", false, "Ours: hold a stream to every address each --proxy-server-host name resolves to (re-resolved every --proxy-server-resolve-interval), so HA servers need no load balancer in front. --proxy-server-host may also be a comma-separated list of host[:port].")
         .duration("proxy-server-resolve-interval", crate::servers::RESOLVE_INTERVAL, "Ours: how often --resolve-proxy-server-host resolves the names again.")
@@ -100,6 +102,28 @@ pub fn lease_counting(v: &Values) -> Result<Option<crate::leases::LeaseCounting>
         kubeconfig,
         max_with_header: v.string("server-count-source") == "max",
     }))
+}
+
+/// `--proxy-server-http-proxy` (and its CA), else the environment's
+/// `HTTPS_PROXY`/`NO_PROXY` (read through `env`).
+pub fn egress_proxy(
+    v: &Values,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<daemon::egress_proxy::EgressProxy, String> {
+    let ca = Some(v.string("proxy-server-http-proxy-ca"))
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from);
+    let egress = daemon::egress_proxy::EgressProxy::from_settings(
+        "--proxy-server-http-proxy",
+        &v.string("proxy-server-http-proxy"),
+        ca,
+        env,
+    )?;
+    egress.check_ca("proxy-server-http-proxy-ca")?;
+    if egress.proxy().is_some() {
+        tracing::info!(proxy = %egress, "reaching proxy servers through an HTTP proxy");
+    }
+    Ok(egress)
 }
 
 /// Listening addresses from the flags.
@@ -223,6 +247,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         "http2-max-window",
     )?;
     let flow = konnectivity_proto::flow::FlowPool::new(settings);
+    let egress = egress_proxy(v, |name| std::env::var(name).ok())?;
     let config = Config {
         connector: Connector {
             host,
@@ -237,6 +262,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             keepalive_timeout: v.duration("keepalive-timeout"),
             keepalive_min_interval: v.duration("keepalive-min-interval"),
             flow: flow.clone(),
+            egress: Arc::new(egress),
         },
         sync: SyncConfig {
             interval,

@@ -1,9 +1,14 @@
 //! Reaching a peer through a corporate egress proxy: an HTTP/1.1 CONNECT
 //! tunnel opened on a forward proxy, plain or over TLS, with basic
 //! authentication, and the connection to the peer inside it. tunnel-agent
-//! reaches the seed this way (KKP #7122). The proxy comes from the binary's flag or,
-//! without it, from `HTTPS_PROXY`/`https_proxy` unless `NO_PROXY`/`no_proxy`
-//! names the peer.
+//! reaches the seed this way (`-http-proxy`, KKP #7122), proxy-agent its
+//! proxy servers (`--proxy-server-http-proxy`, apiserver-network-proxy #127).
+//!
+//! Without the flag the proxy comes from the environment, read as Go's
+//! `net/http.ProxyFromEnvironment` reads it (what upstream's agent does
+//! through grpc-go, and what operators of the Go originals know):
+//! `HTTPS_PROXY`, else `https_proxy`; `NO_PROXY`, else `no_proxy`;
+//! `localhost` and loopback addresses never go through the proxy.
 //!
 //! The proxy's answer is parsed by `httparse`; this file bounds how much of
 //! it is read and keeps what the peer sent right after it.
@@ -24,6 +29,144 @@ use crate::prefixed::PrefixedIo;
 /// distroless); a TLS proxy is checked against it unless the binary's CA
 /// flag names another bundle.
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The environment variables [`EgressProxy::from_settings`] reads, in
+/// Go's order of precedence (the first set and not empty wins).
+pub const HTTPS_PROXY_VARS: [&str; 2] = ["HTTPS_PROXY", "https_proxy"];
+pub const NO_PROXY_VARS: [&str; 2] = ["NO_PROXY", "no_proxy"];
+
+/// How a binary reaches its peers: directly, through the proxy its flag
+/// names, or through the environment's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum EgressProxy {
+    /// No proxy: the flag says `direct`, or the environment names none.
+    #[default]
+    Direct,
+    /// The flag's proxy, for every peer (the environment is not read).
+    Flag(HttpProxy),
+    /// `HTTPS_PROXY`'s proxy, except for peers `NO_PROXY` names and
+    /// loopback ones.
+    Environment {
+        proxy: HttpProxy,
+        /// Which variable named it (for messages).
+        var: &'static str,
+        no_proxy: String,
+    },
+}
+
+impl EgressProxy {
+    /// From the binary's flag (`flag` is its name, for messages): empty
+    /// reads the environment through `env`, `direct` is no proxy, anything
+    /// else is the proxy's URL. `ca` is the CA flag's bundle, if given.
+    pub fn from_settings(
+        flag: &str,
+        value: &str,
+        ca: Option<PathBuf>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<EgressProxy, String> {
+        match value.trim() {
+            "direct" => Ok(EgressProxy::Direct),
+            "" => {
+                let var = |names: [&'static str; 2]| {
+                    names
+                        .into_iter()
+                        .find_map(|n| env(n).filter(|v| !v.is_empty()).map(|v| (n, v)))
+                };
+                let Some((name, value)) = var(HTTPS_PROXY_VARS) else {
+                    return Ok(EgressProxy::Direct);
+                };
+                let proxy = HttpProxy::parse(&value, ca).map_err(|e| format!("{name}: {e}"))?;
+                Ok(EgressProxy::Environment {
+                    proxy,
+                    var: name,
+                    no_proxy: var(NO_PROXY_VARS).map(|(_, v)| v).unwrap_or_default(),
+                })
+            }
+            url => HttpProxy::parse(url, ca)
+                .map(EgressProxy::Flag)
+                .map_err(|e| format!("{flag}: {e}")),
+        }
+    }
+
+    /// The proxy a peer named `host` (at `addr` when the name was resolved
+    /// here) on `port` is reached through, or `None`: directly. With the
+    /// environment's proxy, a peer is reached directly when `NO_PROXY`
+    /// names its host or its address, or when either is loopback (Go's
+    /// rules).
+    pub fn proxy_for(&self, host: &str, addr: Option<IpAddr>, port: u16) -> Option<&HttpProxy> {
+        match self {
+            EgressProxy::Direct => None,
+            EgressProxy::Flag(p) => Some(p),
+            EgressProxy::Environment {
+                proxy, no_proxy, ..
+            } => {
+                let host = host.trim_matches(['[', ']']);
+                let loopback = host.eq_ignore_ascii_case("localhost")
+                    || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+                    || addr.is_some_and(|ip| ip.is_loopback());
+                let exempt = bypass(no_proxy, host, port)
+                    || addr.is_some_and(|ip| bypass(no_proxy, &ip.to_string(), port));
+                (!loopback && !exempt).then_some(proxy)
+            }
+        }
+    }
+
+    /// The proxy, whatever peers it is used for.
+    pub fn proxy(&self) -> Option<&HttpProxy> {
+        match self {
+            EgressProxy::Direct => None,
+            EgressProxy::Flag(p) | EgressProxy::Environment { proxy: p, .. } => Some(p),
+        }
+    }
+
+    /// Whether a TLS proxy's CA bundle can be used: a start-up error names
+    /// the CA flag (`ca_flag`, without dashes) rather than failing every
+    /// connection later.
+    pub fn check_ca(&self, ca_flag: &'static str) -> Result<(), String> {
+        let flags = crate::tls::FileFlags {
+            cert: "",
+            key: "",
+            ca: ca_flag,
+        };
+        match self.proxy().filter(|p| p.tls) {
+            Some(p) => crate::tls::load_roots(&p.ca).map(|_| ()).map_err(|e| {
+                format!(
+                    "the HTTP proxy {p} is spoken to over TLS, but its CA bundle cannot be used: {}",
+                    e.naming(flags)
+                )
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for EgressProxy {
+    /// For the start-up log line; never the credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EgressProxy::Direct => f.write_str("direct"),
+            EgressProxy::Flag(p) => write!(f, "{p}"),
+            EgressProxy::Environment {
+                proxy,
+                var,
+                no_proxy,
+            } if no_proxy.is_empty() => write!(f, "{proxy} (from {var})"),
+            EgressProxy::Environment {
+                proxy,
+                var,
+                no_proxy,
+            } => {
+                let shown: String = no_proxy.chars().take(200).collect();
+                let more = if shown.len() < no_proxy.len() {
+                    "…"
+                } else {
+                    ""
+                };
+                write!(f, "{proxy} (from {var}; NO_PROXY {shown:?}{more})")
+            }
+        }
+    }
+}
 
 /// A forward proxy a peer connection goes through.
 #[derive(Clone, PartialEq, Eq)]
@@ -107,32 +250,6 @@ impl HttpProxy {
         })
     }
 
-    /// The proxy the environment names for `peer_host`: `HTTPS_PROXY` (or
-    /// `https_proxy`), unless `NO_PROXY` (or `no_proxy`) matches the peer.
-    pub fn from_env(
-        get: impl Fn(&str) -> Option<String>,
-        peer_host: &str,
-        peer_port: u16,
-        ca: Option<PathBuf>,
-    ) -> Result<Option<HttpProxy>, String> {
-        let var = |names: [&'static str; 2]| {
-            names
-                .into_iter()
-                .find_map(|n| get(n).filter(|v| !v.is_empty()).map(|v| (n, v)))
-        };
-        let Some((name, value)) = var(["HTTPS_PROXY", "https_proxy"]) else {
-            return Ok(None);
-        };
-        if let Some((_, no)) = var(["NO_PROXY", "no_proxy"])
-            && bypass(&no, peer_host, peer_port)
-        {
-            return Ok(None);
-        }
-        HttpProxy::parse(&value, ca)
-            .map(Some)
-            .map_err(|e| format!("{name}: {e}"))
-    }
-
     /// Opens a tunnel to `host:port` through the proxy; what the peer sent
     /// in the same reads as the proxy's answer is replayed first.
     pub async fn connect(&self, host: &str, port: u16) -> Result<ProxiedIo, ProxyError> {
@@ -203,26 +320,17 @@ impl HttpProxy {
             }
             buf.extend_from_slice(&chunk[..n]);
         };
-        match status {
-            200..=299 => {}
-            401 | 407 => {
-                return Err(ProxyError::Refused(
-                    self.to_string(),
-                    status,
-                    if self.authorization.is_some() {
-                        "the proxy refused the credentials in the proxy URL"
-                    } else {
-                        "the proxy wants credentials: give them in the proxy URL (http://user:password@host:port)"
-                    },
-                ));
-            }
-            _ => {
-                return Err(ProxyError::Refused(
-                    self.to_string(),
-                    status,
-                    "the proxy refused the CONNECT",
-                ));
-            }
+        if !(200..=299).contains(&status) {
+            return Err(ProxyError::Refused {
+                proxy: self.to_string(),
+                status,
+                reason: http::StatusCode::from_u16(status)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or(""),
+                target,
+                why: refusal(status, self.authorization.is_some()),
+            });
         }
         let rest = Bytes::copy_from_slice(&buf[len..]);
         Ok(Box::new(PrefixedIo::new(rest, io)))
@@ -233,8 +341,29 @@ impl HttpProxy {
     }
 }
 
+/// What a refusal most likely means, for the operator.
+fn refusal(status: u16, sent_credentials: bool) -> &'static str {
+    match status {
+        401 | 407 if sent_credentials => "the proxy refused the credentials in the proxy URL",
+        401 | 407 => {
+            "the proxy wants credentials: give them in the proxy URL (http://user:password@host:port)"
+        }
+        403 => "the proxy's rules do not allow a tunnel to this address and port",
+        502..=504 => "the proxy could not reach it",
+        500..=599 => "the proxy failed to open the tunnel (it may not reach the address)",
+        _ => "the proxy refused the tunnel",
+    }
+}
+
+/// Why TLS to the proxy failed. A proxy that answers TLS in plain HTTP is
+/// most often one written `https://` in `HTTPS_PROXY` that speaks plain
+/// HTTP: upstream's agent (grpc-go) ignores the scheme and works with it.
 fn explain(e: &std::io::Error) -> String {
     match crate::tls::find_rustls_error(e) {
+        Some(r @ rustls::Error::InvalidMessage(_)) => format!(
+            "{}; an https:// proxy URL means TLS to the proxy: write http:// for a proxy that speaks plain HTTP",
+            crate::tls::explain(r)
+        ),
         Some(r) => crate::tls::explain(r),
         None => e.to_string(),
     }
@@ -257,8 +386,15 @@ pub enum ProxyError {
     Tls(String, String),
     #[error("talking to the HTTP proxy {0}: {1}")]
     Io(String, std::io::Error),
-    #[error("the HTTP proxy {0} answered {1}: {2}")]
-    Refused(String, u16, &'static str),
+    #[error("the HTTP proxy {proxy} answered {status} {reason} to CONNECT {target}: {why}")]
+    Refused {
+        proxy: String,
+        status: u16,
+        /// The status's standard reason phrase (never the proxy's text).
+        reason: &'static str,
+        target: String,
+        why: &'static str,
+    },
     #[error("the HTTP proxy {0} sent a bad answer: {1}")]
     BadAnswer(String, String),
 }
@@ -284,51 +420,71 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(u16, usize)>, String> {
     }
 }
 
-/// Whether `NO_PROXY` (curl's and Go's reading) exempts `host:port`: `*`
-/// exempts everything; an entry is a domain (`example.com` and
-/// `.example.com` match it and its subdomains), an IP address, or a CIDR,
-/// optionally with `:port`. Longer than [`MAX_NO_PROXY`]: ignored whole.
+/// Whether `NO_PROXY` exempts `host:port`, read as Go's
+/// `golang.org/x/net/http/httpproxy` reads it: entries are comma-separated;
+/// `*` exempts everything; a CIDR (`10.0.0.0/8`, `fd00::/8`) exempts the
+/// addresses in it; an IP address exempts itself; a domain `example.com`
+/// exempts it and its subdomains, `.example.com` (or `*.example.com`) only
+/// its subdomains; domains never match an address. An IP address or a
+/// domain may carry `:port` (IPv6 as `[addr]:port`), and then exempts only
+/// that port. Longer than [`MAX_NO_PROXY`]: ignored whole.
 pub fn bypass(no_proxy: &str, host: &str, port: u16) -> bool {
     if no_proxy.len() > MAX_NO_PROXY {
         return false;
     }
     let host = host.trim_matches(['[', ']']).to_ascii_lowercase();
     let ip = host.parse::<IpAddr>().ok();
+    let port = port.to_string();
     for entry in no_proxy.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let entry = entry.to_ascii_lowercase();
         if entry == "*" {
             return true;
         }
-        let entry = entry.to_ascii_lowercase();
-        // A port, unless the entry is a bare IPv6 address or CIDR.
-        let (name, entry_port) = match entry.rsplit_once(':') {
-            Some((n, p)) if !n.contains(':') || n.ends_with(']') => {
-                (n.trim_matches(['[', ']']), p.parse::<u16>().ok())
+        if let Ok(net) = entry.parse::<ipnet::IpNet>() {
+            if ip.is_some_and(|ip| net.contains(&ip)) {
+                return true;
             }
-            _ => (entry.trim_matches(['[', ']']), None),
+            continue;
+        }
+        let (name, entry_port) = split_host_port(&entry).unwrap_or((entry.as_str(), ""));
+        if name.is_empty() || !entry_port.is_empty() && entry_port != port {
+            continue;
+        }
+        if let Ok(entry_ip) = name.parse::<IpAddr>() {
+            if ip == Some(entry_ip) {
+                return true;
+            }
+            continue;
+        }
+        if ip.is_some() {
+            continue;
+        }
+        let name = name
+            .strip_prefix('*')
+            .filter(|n| n.starts_with('.'))
+            .unwrap_or(name);
+        let matched = match name.strip_prefix('.') {
+            // `.example.com`: subdomains only.
+            Some(domain) => !domain.is_empty() && host.ends_with(name),
+            None => host == name || host.strip_suffix(name).is_some_and(|h| h.ends_with('.')),
         };
-        if entry_port.is_some_and(|p| p != port) {
-            continue;
-        }
-        if let Some(ip) = ip {
-            if let Ok(net) = name.parse::<ipnet::IpNet>()
-                && net.contains(&ip)
-            {
-                return true;
-            }
-            if name.parse::<IpAddr>().ok() == Some(ip) {
-                return true;
-            }
-            continue;
-        }
-        let domain = name.trim_start_matches("*.").trim_start_matches('.');
-        if domain.is_empty() {
-            continue;
-        }
-        if host == domain || host.ends_with(&format!(".{domain}")) {
+        if matched {
             return true;
         }
     }
     false
+}
+
+/// `host:port` or `[v6]:port` as Go's `net.SplitHostPort` splits it; `None`
+/// where it would fail (no port, or a bare IPv6 address).
+fn split_host_port(s: &str) -> Option<(&str, &str)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, port) = rest.split_once("]:")?;
+        return (!host.contains(['[', ']']) && !port.contains([':', '[', ']']))
+            .then_some((host, port));
+    }
+    let (host, port) = s.split_once(':')?;
+    (!port.contains(':') && !host.contains(['[', ']'])).then_some((host, port))
 }
 
 /// The fuzz target's check (daemon/fuzz/fuzz_targets/proxy_answer.rs; its corpus
@@ -388,7 +544,7 @@ mod tests {
     }
 
     #[test]
-    fn environment_and_no_proxy() {
+    fn environment_flag_and_direct() {
         let env = |vars: &'static [(&'static str, &'static str)]| {
             move |k: &str| {
                 vars.iter()
@@ -396,38 +552,146 @@ mod tests {
                     .map(|(_, v)| v.to_string())
             }
         };
-        let p = HttpProxy::from_env(
-            env(&[("https_proxy", "http://p:1")]),
-            "seed.example",
-            8088,
-            None,
+        let from = |flag: &str, vars| EgressProxy::from_settings("--f", flag, None, env(vars));
+        // Go's precedence: upper case first, an empty value is unset.
+        let e = from(
+            "",
+            &[
+                ("HTTPS_PROXY", ""),
+                ("https_proxy", "http://lower:1"),
+                ("NO_PROXY", "a.test"),
+                ("no_proxy", "b.test"),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.proxy().map(|p| p.host.as_str()), Some("lower"));
+        assert!(e.proxy_for("x.a.test", None, 1).is_none());
+        assert!(e.proxy_for("x.b.test", None, 1).is_some());
+        let e = from(
+            "",
+            &[
+                ("HTTPS_PROXY", "upper:2"),
+                ("https_proxy", "http://lower:1"),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            e.proxy().map(|p| (p.host.as_str(), p.port)),
+            Some(("upper", 2))
         );
-        assert_eq!(p.ok().flatten().map(|p| p.port), Some(1));
-        let p = HttpProxy::from_env(
-            env(&[("HTTPS_PROXY", "http://p:1"), ("NO_PROXY", "example")]),
-            "seed.example",
-            8088,
-            None,
+        // HTTP_PROXY is for http:// URLs, not for CONNECT: not read.
+        assert_eq!(
+            from("", &[("HTTP_PROXY", "http://p:1")]),
+            Ok(EgressProxy::Direct)
         );
-        assert_eq!(p, Ok(None));
-        let p = HttpProxy::from_env(env(&[("HTTPS_PROXY", "ftp://p")]), "s", 1, None);
-        assert!(p.is_err_and(|e| e.starts_with("HTTPS_PROXY: ")));
-        assert_eq!(HttpProxy::from_env(env(&[]), "s", 1, None), Ok(None));
+        assert_eq!(from("", &[]), Ok(EgressProxy::Direct));
+        let bad = from("", &[("HTTPS_PROXY", "ftp://p")]);
+        assert!(bad.is_err_and(|e| e.starts_with("HTTPS_PROXY: ")));
 
-        assert!(bypass("*", "anything", 1));
-        assert!(bypass("foo, .example.com", "seed.example.com", 8088));
-        assert!(bypass("example.com", "example.com", 8088));
-        assert!(bypass("*.example.com", "a.b.example.com", 8088));
-        assert!(!bypass("example.com", "notexample.com", 8088));
-        assert!(bypass("example.com:8088", "seed.example.com", 8088));
-        assert!(!bypass("example.com:443", "seed.example.com", 8088));
-        assert!(bypass("10.0.0.0/8", "10.1.2.3", 8088));
-        assert!(bypass("10.1.2.3", "10.1.2.3", 8088));
-        assert!(!bypass("10.0.0.0/8", "11.1.2.3", 8088));
-        assert!(bypass("2001:db8::/32", "[2001:db8::5]", 8088));
-        assert!(bypass("[2001:db8::5]:8088", "2001:db8::5", 8088));
-        assert!(bypass("::1", "::1", 8088));
-        assert!(!bypass("", "seed", 8088));
+        // Loopback and localhost never go through the environment's proxy,
+        // by name or by the address a name resolved to.
+        let e = from("", &[("HTTPS_PROXY", "http://p:1")]).unwrap_or_else(|e| panic!("{e}"));
+        for host in ["localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]"] {
+            assert!(e.proxy_for(host, None, 8091).is_none(), "{host}");
+        }
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        assert!(e.proxy_for("server.test", lo, 8091).is_none());
+        assert!(e.proxy_for("server.test", None, 8091).is_some());
+        let other = Some(IpAddr::from([10, 0, 0, 5]));
+        assert!(e.proxy_for("server.test", other, 8091).is_some());
+        // NO_PROXY names the host or the address it resolved to.
+        let e = from(
+            "",
+            &[("HTTPS_PROXY", "http://p:1"), ("no_proxy", "10.0.0.0/8")],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(e.proxy_for("server.test", other, 8091).is_none());
+        assert!(e.proxy_for("server.test", None, 8091).is_some());
+
+        // The flag: every peer, loopback too; the environment not read.
+        let e = from("http://u:pw@flag:3", &[("NO_PROXY", "*")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.proxy_for("127.0.0.1", None, 1).map(|p| p.port), Some(3));
+        assert_eq!(e.to_string(), "http://flag:3");
+        assert_eq!(
+            from("direct", &[("HTTPS_PROXY", "http://p:1")]),
+            Ok(EgressProxy::Direct)
+        );
+        let bad = from("http://u:secret@p:99999", &[]);
+        assert!(bad.is_err_and(|e| e.starts_with("--f: ") && !e.contains("secret")));
+    }
+
+    /// A proxy written `https://` that speaks plain HTTP (answering the
+    /// ClientHello as a bad request): the error says what the scheme means.
+    #[tokio::test]
+    #[allow(clippy::unwrap_used)]
+    async fn tls_to_a_plain_proxy_says_what_https_means() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let plain = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut hello = [0u8; 64];
+            let _ = s.read(&mut hello).await;
+            let _ = s
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                .await;
+        });
+        let proxy = HttpProxy::parse(&format!("https://127.0.0.1:{port}"), None).unwrap();
+        let err = match proxy.connect("server.test", 8091).await {
+            Ok(_) => panic!("TLS to a plain proxy succeeded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.starts_with(&format!(
+                "TLS to the HTTP proxy https://127.0.0.1:{port}: the peer does not speak TLS"
+            )) && err.ends_with("write http:// for a proxy that speaks plain HTTP"),
+            "{err}"
+        );
+        plain.await.unwrap();
+    }
+
+    /// Go's reading of NO_PROXY: every expectation here is what
+    /// `golang.org/x/net/http/httpproxy` (Go 1.26) answers for an https://
+    /// URL to the same host and port.
+    #[test]
+    fn no_proxy_as_go_reads_it() {
+        let cases: &[(&str, &str, u16, bool)] = &[
+            ("*", "anything", 1, true),
+            ("a, *", "anything", 1, true),
+            ("foo, .example.com", "seed.example.com", 8088, true),
+            (".example.com", "example.com", 8088, false),
+            ("example.com", "example.com", 8088, true),
+            ("EXAMPLE.com", "Seed.Example.COM", 8088, true),
+            ("*.example.com", "a.b.example.com", 8088, true),
+            ("*.example.com", "example.com", 8088, false),
+            ("example.com", "notexample.com", 8088, false),
+            ("example.com:8088", "seed.example.com", 8088, true),
+            ("example.com:443", "seed.example.com", 8088, false),
+            ("example.com:x", "seed.example.com", 8088, false),
+            ("10.0.0.0/8", "10.1.2.3", 8088, true),
+            ("10.1.2.3", "10.1.2.3", 8088, true),
+            ("10.1.2.3:8088", "10.1.2.3", 8088, true),
+            ("10.1.2.3:443", "10.1.2.3", 8088, false),
+            ("10.0.0.0/8", "11.1.2.3", 8088, false),
+            ("10.0.0.0/8:8088", "10.1.2.3", 8088, false),
+            ("10.1.2.3", "host.10.1.2.3", 8088, false),
+            ("1.2.3", "10.1.2.3", 8088, false),
+            ("2001:db8::/32", "[2001:db8::5]", 8088, true),
+            ("[2001:db8::5]:8088", "2001:db8::5", 8088, true),
+            ("[2001:db8::5]:443", "2001:db8::5", 8088, false),
+            ("2001:db8::5", "2001:db8::5", 8088, true),
+            ("::1", "::1", 8088, true),
+            (":8088", "seed", 8088, false),
+            ("", "seed", 8088, false),
+            (" , seed ,", "seed", 8088, true),
+        ];
+        for (no_proxy, host, port, want) in cases {
+            assert_eq!(
+                bypass(no_proxy, host, *port),
+                *want,
+                "NO_PROXY={no_proxy:?} for {host}:{port}"
+            );
+        }
         assert!(!bypass(&"x,".repeat(MAX_NO_PROXY), "x", 1));
     }
 

@@ -211,6 +211,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
             keepalive_min_interval: proxy_agent::connect::MIN_PING_GAP,
             flow: flow.clone(),
+            egress: Default::default(),
         },
         sync: proxy_agent::SyncConfig {
             interval: Duration::from_secs(1),

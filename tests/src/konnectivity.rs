@@ -378,6 +378,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
             keepalive_min_interval: proxy_agent::connect::MIN_PING_GAP,
             flow: flow.clone(),
+            egress: Default::default(),
         },
         sync: SyncConfig {
             interval: opts.sync_interval,
@@ -482,6 +483,7 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
             enabled: false,
             ..Default::default()
         }),
+        egress: Default::default(),
     };
     let c = connector.connect(64).await.unwrap();
     RawAgent {

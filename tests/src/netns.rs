@@ -128,6 +128,18 @@ impl Netns {
         ns
     }
 
+    /// Names `ip` `name` in the namespace's `/etc/hosts`, which `ip netns
+    /// exec` shows the processes started inside it (a server name that is
+    /// not `localhost` but still a loopback address there).
+    pub fn add_host(&self, ip: &str, name: &str) {
+        use std::io::Write;
+        let mut hosts = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.etc().join("hosts"))
+            .unwrap();
+        writeln!(hosts, "{ip} {name}").unwrap();
+    }
+
     fn etc(&self) -> std::path::PathBuf {
         Path::new("/etc/netns").join(&self.name)
     }

@@ -128,6 +128,7 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
             enabled: false,
             ..Default::default()
         }),
+        egress: Default::default(),
     };
     let err = connector
         .connect(8)

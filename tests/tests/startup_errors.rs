@@ -315,3 +315,39 @@ async fn a_ca_bundle_with_a_malformed_certificate_block_names_the_flag() {
     }
     fails("proxy-server", &args, &["--cluster-ca-cert", &want]).await;
 }
+
+/// `--proxy-server-http-proxy` (or `HTTPS_PROXY`) that cannot be used
+/// stops the agent at start, naming the flag and the cause, never the
+/// password.
+#[tokio::test]
+async fn an_unusable_egress_proxy_names_its_flag() {
+    let pki = Pki::new();
+    let ca = format!("--ca-cert={}", pki.ca().display());
+    let socks = "--proxy-server-http-proxy=socks5://user:hunter2@proxy:1080";
+    fails(
+        "proxy-agent",
+        &[ca.clone(), socks.into()],
+        &[
+            "--proxy-server-http-proxy",
+            "\"socks5\" is not http or https",
+        ],
+    )
+    .await;
+    let (_, out) = run("proxy-agent", &[ca.as_str(), socks]).await;
+    assert!(!out.contains("hunter2"), "{out}");
+    let missing = pki.dir().join("nope.pem").display().to_string();
+    fails(
+        "proxy-agent",
+        &[
+            ca,
+            "--proxy-server-http-proxy=https://proxy.corp:3128".into(),
+            format!("--proxy-server-http-proxy-ca={missing}"),
+        ],
+        &[
+            "https://proxy.corp:3128",
+            "--proxy-server-http-proxy-ca",
+            &missing,
+        ],
+    )
+    .await;
+}

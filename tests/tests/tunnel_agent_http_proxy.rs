@@ -2,8 +2,9 @@
 //! (tinyproxy, Debian's package; KKP #7122): with basic authentication from
 //! `-http-proxy`, refused with wrong credentials, over TLS (tinyproxy behind
 //! a TLS terminator, as a TLS-speaking corporate proxy), from `HTTPS_PROXY`,
-//! and bypassed when `NO_PROXY` names the seed. tinyproxy needs a fixed port,
-//! so everything runs in a network namespace of the test's own.
+//! and bypassed when `NO_PROXY` names the seed or the seed is loopback.
+//! tinyproxy needs a fixed port, so everything runs in a network namespace
+//! of the test's own.
 //!
 //! Needs tinyproxy: scripts/test installs it with benches/install-deps.sh.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -222,31 +223,36 @@ endpointSlices:
         "{line}"
     );
 
-    // From the environment.
+    // From the environment, for a seed named by a name that is not
+    // `localhost` (Go's rules, which these follow, never send loopback
+    // addresses or `localhost` through the environment's proxy).
+    ns.add_host("127.0.0.1", "seed.test");
     let mut env = agent(
         &ns,
         16447,
         &["HTTPS_PROXY=http://alice:s3cret@127.0.0.1:3128"],
-        &[],
+        &["-proxy-host=seed.test".into()],
     );
     env.wait_line("connected to seed proxy through the HTTP proxy")
         .await;
     assert!(echoes_through(&ns, 16447), "{}", env.log.join("\n"));
+    proxy.wait_line("CONNECT seed.test:8088").await;
     // NO_PROXY naming the seed: direct, although the proxy named would not
     // answer.
     let mut direct = agent(
         &ns,
         16448,
-        &[
-            "https_proxy=http://127.0.0.1:1",
-            "no_proxy=localhost,127.0.0.0/8",
-        ],
-        &[],
+        &["https_proxy=http://127.0.0.1:1", "no_proxy=localhost,.test"],
+        &["-proxy-host=seed.test".into()],
     );
     let line = direct.wait_line("connected to seed proxy").await;
     assert!(!line.contains("HTTP proxy"), "{line}");
     assert!(echoes_through(&ns, 16448), "{}", direct.log.join("\n"));
+    // A loopback seed: direct too.
+    let mut lo = agent(&ns, 16449, &["HTTPS_PROXY=http://127.0.0.1:1"], &[]);
+    let line = lo.wait_line("connected to seed proxy").await;
+    assert!(!line.contains("HTTP proxy"), "{line}");
     drop((
-        plain, wrong, tls, untrusted, env, direct, relay, proxy, seed,
+        plain, wrong, tls, untrusted, env, direct, lo, relay, proxy, seed,
     ));
 }

@@ -161,7 +161,7 @@ pub fn flag_set() -> FlagSet {
     .int("max-connections-per-listener", d.max_connections_per_listener as i64, "open connections per listener")
     .int("max-seed-connections", d.max_seed_connections as i64, "ours: most HTTP/2 connections to the seed proxy that take new tunnels; another is opened only while every one is full of streams or refuses them (Envoy: circuit breaker max_connections, 1024)")
     .string("admin-address", "", "address:port of the admin listener serving /debug/connections (empty: the bootstrap's admin address, else 127.0.0.1:9902; none: off)")
-    .string("http-proxy", "", "reach the seed through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the seed host")
+    .string("http-proxy", "", "reach the seed through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the seed host or it is loopback (Go's rules)")
     .string("http-proxy-ca", "", "CA bundle (PEM) a TLS (https://) proxy's certificate is checked against (empty: /etc/ssl/certs/ca-certificates.crt)")
     .int("max-stream-window", i64::from(d.windows.max), "ours: largest HTTP/2 stream window (bytes) on the seed connection; windows start at 256 KiB and grow as the link needs (Envoy: fixed 256 MiB)")
     .int("connection-budget", d.windows.connection_budget, "ours: bytes the seed may have in flight to this agent on one connection, stalled tunnels included")
@@ -323,25 +323,18 @@ impl FlagSettings {
         host: &str,
         port: u16,
     ) -> Result<Option<daemon::egress_proxy::HttpProxy>, String> {
-        use daemon::egress_proxy::HttpProxy;
-        let ca = self.http_proxy_ca.clone();
-        match self.http_proxy.as_str() {
-            "direct" => Ok(None),
-            "" => HttpProxy::from_env(
-                |name| {
-                    self.proxy_env
-                        .iter()
-                        .find(|(n, _)| *n == name)
-                        .map(|(_, v)| v.clone())
-                },
-                host,
-                port,
-                ca,
-            ),
-            url => HttpProxy::parse(url, ca)
-                .map(Some)
-                .map_err(|e| format!("-http-proxy: {e}")),
-        }
+        let egress = daemon::egress_proxy::EgressProxy::from_settings(
+            "-http-proxy",
+            &self.http_proxy,
+            self.http_proxy_ca.clone(),
+            |name| {
+                self.proxy_env
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.clone())
+            },
+        )?;
+        Ok(egress.proxy_for(host, None, port).cloned())
     }
 
     /// The configuration and stats address that the bootstrap (if any) and
