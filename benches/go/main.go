@@ -38,6 +38,7 @@ var (
 	flagDestCert  = flag.String("dest-cert", "", "internal: with --dest-only, the TLS listener's certificate (PEM file)")
 	flagDestKey   = flag.String("dest-key", "", "internal: with --dest-only, the TLS listener's key (PEM file)")
 	flagNPMem     = flag.String("np-mem-sizes", "", "np-mem: comma list of concurrent connection counts (default 1000,5000,10000; quick 200,500)")
+	flagNPMemKind = flag.String("np-mem-kinds", "", "np-mem: comma list of words; only the kinds of connection whose name contains one of them (e.g. NodePort,SNI; default: every kind)")
 	flagScale     = flag.Int("scale-tunnels", 0, "konn-scale idle tunnels (default 50000, quick 500)")
 	flagPerf      = flag.Bool("perf", false, "record a perf profile of our processes (of every subject with BENCH_PERF_ALL=1; with callers, BENCH_PERF_CALLGRAPH=1) during the first timed repeat of each throughput/rate workload (distorts that repeat: not for published numbers); reports go to <workdir>/perf/")
 )

@@ -94,6 +94,21 @@ func npMemGroup() []*row {
 		{name: "SNI passthrough (TLS to the backend)", opener: tcpOpener(func(pp npPorts) dialFunc { return withTLS(tcpTo(goharness.Loopback(pp.sni)), pki.clientTLS()) }), sockets: 2},
 		{name: "NodePort TCP", opener: tcpOpener(func(pp npPorts) dialFunc { return tcpTo(goharness.Loopback(pp.nodePort)) }), sockets: 2},
 	}
+	if *flagNPMemKind != "" {
+		var picked []npMemKind
+		for _, k := range kinds {
+			for _, w := range strings.Split(*flagNPMemKind, ",") {
+				if w = strings.TrimSpace(w); w != "" && strings.Contains(k.name, w) {
+					picked = append(picked, k)
+					break
+				}
+			}
+		}
+		if len(picked) == 0 {
+			fatalf("--np-mem-kinds %q names no kind of connection", *flagNPMemKind)
+		}
+		kinds = picked
+	}
 	tmpl := row{id: "NPM", workload: "nodeport-proxy memory per connection"}
 	dp, l, err := startDestProc("--dest-cert", pki.DestCert, "--dest-key", pki.DestKey)
 	if err != nil {
