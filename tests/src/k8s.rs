@@ -34,6 +34,9 @@ pub struct Bins {
     pub kubelet: PathBuf,
     /// The schema validator for deploy/'s manifests.
     pub kubeconform: PathBuf,
+    /// kube-apiserver's minor version (`--version`), for the flags that
+    /// differ between the releases of the version matrix.
+    pub apiserver_minor: u32,
 }
 
 fn repo_root() -> PathBuf {
@@ -45,7 +48,8 @@ fn repo_root() -> PathBuf {
 
 /// Builds (once per process; Go's cache makes it quick after the first
 /// time) and returns the harness binaries. `K8S_BIN_DIR` points at a
-/// prebuilt set.
+/// prebuilt set; `K8S_APISERVER_DIR`, at a kube-apiserver and kubectl of
+/// another release (tests/k8s/build-matrix.sh) used instead of its own.
 pub fn bins() -> &'static Bins {
     static BINS: OnceLock<Bins> = OnceLock::new();
     BINS.get_or_init(|| {
@@ -61,12 +65,18 @@ pub fn bins() -> &'static Bins {
                 dir
             }
         };
+        // The version matrix (tests/k8s/matrix.sh): kube-apiserver and
+        // kubectl of another Kubernetes release, the rest from `dir`.
+        let apiserver_dir = std::env::var_os("K8S_APISERVER_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| dir.clone());
         let b = Bins {
-            kube_apiserver: dir.join("kube-apiserver"),
-            kubectl: dir.join("kubectl"),
+            kube_apiserver: apiserver_dir.join("kube-apiserver"),
+            kubectl: apiserver_dir.join("kubectl"),
             etcd: dir.join("etcd"),
             kubelet: dir.join("kubelet"),
             kubeconform: dir.join("kubeconform"),
+            apiserver_minor: 0,
         };
         for p in [
             &b.kube_apiserver,
@@ -77,7 +87,23 @@ pub fn bins() -> &'static Bins {
         ] {
             assert!(p.exists(), "{} missing", p.display());
         }
-        b
+        let out = std::process::Command::new(&b.kube_apiserver)
+            .arg("--version")
+            .output()
+            .expect("kube-apiserver --version");
+        let text = String::from_utf8_lossy(&out.stdout);
+        // "Kubernetes v1.37.2"
+        let minor = text
+            .trim()
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.split('.').nth(1))
+            .and_then(|m| m.parse().ok());
+        Bins {
+            apiserver_minor: minor
+                .unwrap_or_else(|| panic!("kube-apiserver --version printed {text:?}")),
+            ..b
+        }
     })
 }
 
@@ -417,6 +443,12 @@ impl Cluster {
                 "--profiling=false".into(),
                 "--v=1".into(),
             ];
+            if bins.apiserver_minor >= 37 {
+                // 1.37 refuses a loopback --advertise-address with the
+                // lease endpoint reconciler; no test reads the `kubernetes`
+                // Service's endpoints.
+                args.push("--endpoint-reconciler-type=none".into());
+            }
             if egress.is_some() {
                 args.push(format!(
                     "--egress-selector-config-file={}",

@@ -42,6 +42,14 @@ async fn egress(mode: &str) {
         ..Default::default()
     })
     .await;
+    // The version matrix (tests/k8s/matrix.sh) names the release it runs:
+    // the cell must really be that kube-apiserver and kubectl.
+    if let Ok(want) = std::env::var("K8S_APISERVER_VERSION") {
+        let out = cluster.kubectl_ok(&["version", "-o", "json"]).await;
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["serverVersion"]["gitVersion"], want.as_str(), "{out}");
+        assert_eq!(v["clientVersion"]["gitVersion"], want.as_str(), "{out}");
+    }
     let certs = cluster.konnectivity_certs();
     let ca = cluster.pki.ca();
     let mut server = ProxyServer::start(
