@@ -435,17 +435,42 @@ impl Backends {
     /// other agent qualifies. Of several streams of one agent, the newest wins
     /// (an older one may be a dead connection not yet noticed).
     pub fn pick(&self, address: &str) -> Option<Arc<Backend>> {
+        self.pick_where(address, |_| true, true)
+    }
+
+    /// Picks another agent stream than `instead_of` for a dial it was sent
+    /// to and will not answer (its stream ended, or it is draining), as
+    /// [`Backends::pick`] would; a draining one only if `draining_ok`.
+    pub fn pick_instead_of(
+        &self,
+        address: &str,
+        instead_of: &Backend,
+        draining_ok: bool,
+    ) -> Option<Arc<Backend>> {
+        self.pick_where(address, |b| b.id != instead_of.id, draining_ok)
+    }
+
+    fn pick_where(
+        &self,
+        address: &str,
+        eligible: impl Fn(&Backend) -> bool,
+        draining_ok: bool,
+    ) -> Option<Arc<Backend>> {
         let host = host_of(address);
         let all = self.all.read();
         let mut rng = rand::rng();
         for s in &self.strategies {
             let mut newest: HashMap<&AgentId, &Arc<Backend>> = HashMap::new();
-            for b in all.iter().filter(|b| !b.is_retired() && s.serves(b, host)) {
+            for b in all
+                .iter()
+                .filter(|b| !b.is_retired() && eligible(b) && s.serves(b, host))
+            {
                 newest.insert(&b.agent_id, b);
             }
             let (ready, draining): (Vec<_>, Vec<_>) =
                 newest.into_values().partition(|b| !b.is_draining());
-            if let Some(b) = ready.choose(&mut rng).or_else(|| draining.choose(&mut rng)) {
+            let last_resort = || draining.choose(&mut rand::rng()).filter(|_| draining_ok);
+            if let Some(b) = ready.choose(&mut rng).or_else(last_resort) {
                 return Some(Arc::clone(b));
             }
         }

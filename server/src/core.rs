@@ -36,9 +36,30 @@ struct Pending {
     tunnel: Arc<Tunnel>,
     backend: Arc<Backend>,
     started: Instant,
+    deadline: Instant,
     /// Admission of the agent's DATA, set up with the dial (its initial
     /// window goes out in the DIAL_REQ).
     recv: RecvGate,
+    /// The DIAL_REQ, kept until the dial is answered so that it can be sent
+    /// to another agent once if this one leaves or drains first; `None`
+    /// once it has been.
+    request: Option<Packet>,
+    /// The stream the dial was first sent to, once it has been sent to
+    /// another: a late answer from it is closed without a word.
+    superseded: Option<u64>,
+}
+
+/// What became of a dial whose agent will not answer it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Redial {
+    /// Sent to another agent (or failed there, and its frontend told).
+    Resent,
+    /// No longer this agent's to answer: answered, cancelled, or already
+    /// moved.
+    Elsewhere,
+    /// Not re-sent: sent once already, past its deadline, or no other agent
+    /// serves its address. It is still pending on the agent.
+    No,
 }
 
 pub struct Core {
@@ -204,24 +225,7 @@ impl Core {
             d.set("dial_id", dial);
             d.set_state("dialing");
         }
-        let recv = match backend.flow() {
-            Some(link) => link.open_recv(),
-            None => {
-                // The process needs back what this tunnel holds: its
-                // frontend has not read for the stall limit.
-                let stall = self.cfg.stall_timeout;
-                let t = Arc::downgrade(tunnel);
-                RecvGate::Legacy(backend.legacy().open(move || {
-                    if let Some(t) = t.upgrade() {
-                        tracing::warn!(
-                            tunnel = t.id,
-                            "frontend stalled; closing its connection to give its budget back"
-                        );
-                        t.abort(crate::tunnel::Abort::Stalled(stall));
-                    }
-                }))
-            }
-        };
+        let recv = self.recv_gate(&backend, tunnel);
         // Whatever a frontend put there is not its to say.
         pkt.set_flow_window(recv.initial().unwrap_or(0));
         let started = Instant::now();
@@ -238,7 +242,10 @@ impl Core {
                     tunnel: tunnel.clone(),
                     backend: backend.clone(),
                     started,
+                    deadline,
                     recv,
+                    request: Some(pkt.clone()),
+                    superseded: None,
                 },
             );
             self.metrics.pending_dials.set(pending.len() as f64);
@@ -250,7 +257,24 @@ impl Core {
                 deadline,
             }
         });
-        match backend.send_within(pkt, self.cfg.dial_timeout).await {
+        let sent = backend.send_within(pkt, self.cfg.dial_timeout).await;
+        // The stream was picked as it ended: if its end came after the dial
+        // was listed (`agent_gone` retires the stream, then looks at the
+        // list), the dial is moved there; if before, here.
+        if matches!(sent, Err(SendError::Gone)) || sent.is_ok() && backend.is_retired() {
+            return match self.redial(dial, &backend, true).await {
+                Redial::Resent | Redial::Elsewhere => Ok(()),
+                Redial::No => {
+                    if !self.take_pending_of(dial, tunnel) || !Self::close_if_dialing(tunnel, dial)
+                    {
+                        return Ok(());
+                    }
+                    self.metrics.dial_failure(DialFailure::BackendClose);
+                    Err(DialRefused::AgentGone)
+                }
+            };
+        }
+        match sent {
             Ok(()) => Ok(()),
             Err(e) => {
                 if !Self::close_if_dialing(tunnel, dial) {
@@ -275,6 +299,121 @@ impl Core {
                 })
             }
         }
+    }
+
+    /// Admission of the agent's DATA for a dial to `backend`.
+    fn recv_gate(&self, backend: &Backend, tunnel: &Arc<Tunnel>) -> RecvGate {
+        match backend.flow() {
+            Some(link) => link.open_recv(),
+            None => {
+                // The process needs back what this tunnel holds: its
+                // frontend has not read for the stall limit.
+                let stall = self.cfg.stall_timeout;
+                let t = Arc::downgrade(tunnel);
+                RecvGate::Legacy(backend.legacy().open(move || {
+                    if let Some(t) = t.upgrade() {
+                        tracing::warn!(
+                            tunnel = t.id,
+                            "frontend stalled; closing its connection to give its budget back"
+                        );
+                        t.abort(crate::tunnel::Abort::Stalled(stall));
+                    }
+                }))
+            }
+        }
+    }
+
+    /// Sends a dial that `from` has not answered, and will not (its stream
+    /// ended, or it is draining), to another agent that serves its address
+    /// by the same strategies: once per dial, within its deadline. Nothing
+    /// has reached the destination before a DIAL_RSP, so the frontend sees
+    /// one dial. Upstream fails such dials (#566, #126).
+    async fn redial(&self, dial: DialId, from: &Arc<Backend>, draining_ok: bool) -> Redial {
+        let (tunnel, address, deadline) = {
+            let pending = self.pending.lock();
+            match pending.get(&dial) {
+                Some(p) if p.backend.id == from.id => match &p.request {
+                    Some(Packet {
+                        payload: Some(Payload::DialRequest(req)),
+                        ..
+                    }) => (p.tunnel.clone(), req.address.clone(), p.deadline),
+                    _ => return Redial::No,
+                },
+                _ => return Redial::Elsewhere,
+            }
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Redial::No;
+        }
+        let Some(next) = self.backends.pick_instead_of(&address, from, draining_ok) else {
+            return Redial::No;
+        };
+        let recv = self.recv_gate(&next, &tunnel);
+        let window = recv.initial().unwrap_or(0);
+        // Moved in place, so that the dial is never missing from the list
+        // (an answer or a cancel meanwhile finds it).
+        let (mut pkt, old) = {
+            let mut pending = self.pending.lock();
+            let Some(p) = pending
+                .get_mut(&dial)
+                .filter(|p| p.backend.id == from.id && p.request.is_some())
+            else {
+                return Redial::Elsewhere;
+            };
+            let Some(pkt) = p.request.take() else {
+                return Redial::Elsewhere;
+            };
+            p.backend = next.clone();
+            p.superseded = Some(from.id);
+            (pkt, std::mem::replace(&mut p.recv, recv))
+        };
+        drop(old);
+        pkt.set_flow_window(window);
+        let moved = tunnel.with_state(|s| match s {
+            TunnelState::Dialing {
+                dial: d, backend, ..
+            } if *d == dial => {
+                *backend = next.clone();
+                true
+            }
+            _ => false,
+        });
+        if !moved {
+            // The frontend left meanwhile; its path found the dial listed
+            // or will not need it.
+            self.take_pending_of(dial, &tunnel);
+            return Redial::Elsewhere;
+        }
+        tracing::info!(dial_id = %dial, address = %address, from = %from.agent_id, to = %next.agent_id, "dial re-sent to another agent: its agent left or is draining before answering");
+        self.metrics.dial_resent();
+        if let Some(d) = tunnel.debug() {
+            d.set_upstream(&next.agent_id);
+            d.set("redialed_from", &from.agent_id);
+        }
+        if next.send_within(pkt, deadline - now).await.is_err()
+            && self.take_pending_of(dial, &tunnel)
+            && Self::close_if_dialing(&tunnel, dial)
+        {
+            self.metrics.dial_failure(DialFailure::BackendClose);
+            tunnel.note_close("dial refused: the agent it was re-sent to could not take it");
+            tunnel.deliver_last(Packet::dial_response(
+                dial.0,
+                0,
+                "agent stream closed before the dial completed".into(),
+            ));
+        }
+        Redial::Resent
+    }
+
+    /// The dials pending on `backend`.
+    fn pending_on(&self, backend: &Backend) -> Vec<DialId> {
+        self.pending
+            .lock()
+            .iter()
+            .filter(|(_, p)| p.backend.id == backend.id)
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// When the tunnel's dial must have been answered, if it is dialing.
@@ -544,6 +683,15 @@ impl Core {
                 tracing::info!(agent_id = %backend.agent_id, "agent is draining; new dials go elsewhere when possible");
                 backend.set_draining();
                 self.backends.touch();
+                // Its unanswered dials go to an agent that is not draining,
+                // if one serves them; it is told to drop them (ours does).
+                for dial in self.pending_on(backend) {
+                    if self.redial(dial, backend, false).await == Redial::Resent {
+                        let _ = backend
+                            .send_within(Packet::close_dial(dial.0), Duration::from_secs(1))
+                            .await;
+                    }
+                }
             }
             _ => {
                 tracing::debug!(agent_id = %backend.agent_id, packet_type = pkt.r#type, "ignoring unexpected packet from agent");
@@ -566,7 +714,16 @@ impl Core {
         let pending = match self.take_pending(dial) {
             // A dial id answered by a stream we did not send it to is not ours.
             Some(p) if p.backend.id != backend.id => {
+                let superseded = p.superseded == Some(backend.id);
                 self.add_pending(dial, p);
+                if superseded {
+                    // Sent to another agent since: this answer is not wanted.
+                    tracing::debug!(dial_id = %dial, agent_id = %backend.agent_id, "late DIAL_RSP for a dial re-sent to another agent; closed");
+                    if connect != 0 && !failed {
+                        let _ = backend.send(Packet::close_request(connect)).await;
+                    }
+                    return;
+                }
                 None
             }
             other => other,
@@ -658,17 +815,24 @@ impl Core {
             t.with_state(|s| *s = TunnelState::Closed);
             t.deliver_last(close_rsp(id.0, AGENT_LOST));
         }
+        // Its unanswered dials go to another agent once; those that cannot
+        // fail now instead of hanging until their deadline.
+        let mut failed = Vec::new();
+        for dial in self.pending_on(backend) {
+            if self.redial(dial, backend, true).await == Redial::No {
+                failed.push(dial);
+            }
+        }
         let dials: Vec<(DialId, Pending)> = {
             let mut pending = self.pending.lock();
-            let ids: Vec<DialId> = pending
-                .iter()
-                .filter(|(_, p)| p.backend.id == backend.id)
-                .map(|(id, _)| *id)
-                .collect();
-            let taken = ids
-                .into_iter()
-                .filter_map(|id| pending.remove(&id).map(|p| (id, p)))
-                .collect();
+            let mut taken = Vec::new();
+            for id in failed {
+                if pending.get(&id).is_some_and(|p| p.backend.id == backend.id)
+                    && let Some(p) = pending.remove(&id)
+                {
+                    taken.push((id, p));
+                }
+            }
             self.metrics.pending_dials.set(pending.len() as f64);
             taken
         };

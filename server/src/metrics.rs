@@ -32,6 +32,8 @@ const DIAL_FAILURES: &str = "konnectivity_network_proxy_server_dial_failure_coun
 const STREAM_PACKETS: &str = "konnectivity_network_proxy_server_stream_packets_total";
 const STREAM_ERRORS: &str = "konnectivity_network_proxy_server_stream_errors_total";
 const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_count";
+/// Ours (issue 38.1): dials moved to another agent.
+const DIALS_RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
 pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames {
     expiry: "konnectivity_network_proxy_server_certificate_expiration_timestamp_seconds",
@@ -159,6 +161,7 @@ pub struct Metrics {
     /// Registered like upstream's (always present); moves once leases exist.
     pub culled_leases: Counter,
     dial_failures: Vec<Counter>,
+    dials_resent: Counter,
     /// Segment × packet type: the data path counts every packet.
     packets: CounterGrid,
 }
@@ -224,6 +227,10 @@ impl Metrics {
             "Number of dial failures observed. Multiple failures can occur for a single dial request.",
         );
         r.describe_counter(
+            DIALS_RESENT,
+            "Ours: dials sent to another agent because the agent they were sent to disconnected or started draining before answering.",
+        );
+        r.describe_counter(
             CULLED_LEASES,
             "Count of expired leases that the lease garbage collection controller has culled.",
         );
@@ -269,6 +276,7 @@ impl Metrics {
                 .iter()
                 .map(|f| r.counter(DIAL_FAILURES, &[("reason", f.label())]))
                 .collect(),
+            dials_resent: r.counter(DIALS_RESENT, &[]),
             packets: CounterGrid::new(
                 &r,
                 STREAM_PACKETS,
@@ -291,6 +299,10 @@ impl Metrics {
         {
             c.increment(1);
         }
+    }
+
+    pub fn dial_resent(&self) {
+        self.dials_resent.increment(1);
     }
 
     pub fn grpc_connections(&self, service: Service) -> &Gauge {

@@ -37,6 +37,7 @@ var oursOnly = map[string]string{
 	"konnectivity_network_proxy_agent_flow_control_budget_bytes":                 "--flow-control-budget",
 	"konnectivity_network_proxy_agent_http2_window_bytes":                        "current HTTP/2 receive windows on the agent link",
 	"konnectivity_network_proxy_server_connection_duration_seconds":              "upstream's after v0.36.0 (#899): how long established connections lived",
+	"konnectivity_network_proxy_server_dials_resent_total":                       "dials sent to another agent when theirs left or drained before answering",
 }
 
 // exempt families: Go's runtime collector has no counterpart in a Rust

@@ -1,0 +1,247 @@
+//! Dials that survive agent churn (issue 38.1; upstream fails them: #566,
+//! #126): a dial whose agent dies or starts draining before its DIAL_RSP
+//! is sent once to another agent that serves its address, and the
+//! frontend sees one successful dial.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use integration_tests::certs::Pki;
+use integration_tests::client::{Frontend, grpc_dial, http_connect, start_dial};
+use integration_tests::dest;
+use integration_tests::http_get;
+use integration_tests::konnectivity::{ServerOpts, init_logging, metric, raw_agent, start_server};
+use integration_tests::procs::{Proc, loopback, server_on_socket};
+use konnectivity_proto::packet::Payload;
+use konnectivity_proto::{Packet, PacketExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
+const READY: &str = "konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"default\"} ";
+const PENDING: &str = "konnectivity_network_proxy_server_pending_backend_dials";
+
+/// One of our proxy-agent processes, connected to every server in `ports`.
+fn agent(pki: &Pki, id: &str, ports: &[u16]) -> Proc {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    Proc::spawn(
+        "proxy-agent",
+        &[
+            format!("--ca-cert={}", pki.ca().display()),
+            format!("--proxy-server-host={}", hosts.join(",")),
+            "--health-server-host=127.0.0.1".into(),
+            "--health-server-port=0".into(),
+            "--admin-server-port=0".into(),
+            format!("--agent-id={id}"),
+            "--sync-interval=100ms".into(),
+            "--sync-interval-cap=1s".into(),
+        ],
+    )
+}
+
+/// A dial through `frontend` to the echo at `echo`, and one round trip on
+/// it: `Err` with what the frontend said when it failed.
+async fn dial_and_echo(frontend: &Frontend, grpc: bool, echo: SocketAddr) -> Result<(), String> {
+    let what = b"served";
+    if grpc {
+        let mut t = grpc_dial(frontend, &echo.to_string())
+            .await
+            .map_err(|e| e.0)?;
+        t.write(what).await;
+        let back = t.read_exact(what.len()).await;
+        t.close().await;
+        return (back == what).then_some(()).ok_or("echo differed".into());
+    }
+    let reply = http_connect(frontend, &echo.to_string()).await;
+    if reply.status != 200 {
+        return Err(format!("{} {}", reply.head, reply.body));
+    }
+    let mut s = reply.stream;
+    s.write_all(what).await.map_err(|e| e.to_string())?;
+    let mut back = [0u8; 6];
+    s.read_exact(&mut back).await.map_err(|e| e.to_string())?;
+    (&back == what).then_some(()).ok_or("echo differed".into())
+}
+
+/// Two agents serve two servers (a gRPC frontend and an HTTP-CONNECT one);
+/// one agent freezes (SIGSTOP), so the dials the servers give it stay
+/// unanswered, and is then killed (SIGKILL) while dials keep coming on both
+/// frontends. Every dial succeeds: those pending on the dead agent are
+/// answered by the other, later ones go to it. Upstream's server fails each
+/// dial pending on the dead agent.
+#[tokio::test]
+async fn no_dial_is_lost_when_an_agent_is_killed_under_load() {
+    let pki = Pki::new();
+    let (grpc_dir, http_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut servers = Vec::new();
+    let mut fronts: Vec<(Frontend, bool, SocketAddr)> = Vec::new();
+    for (dir, mode, id) in [
+        (&grpc_dir, "grpc", "server-grpc"),
+        (&http_dir, "http-connect", "server-http"),
+    ] {
+        let (p, sock, addrs): (Proc, PathBuf, _) = server_on_socket(
+            &pki,
+            dir.path(),
+            &[
+                format!("--mode={mode}"),
+                format!("--server-id={id}"),
+                "--server-count=2".into(),
+            ],
+        )
+        .await;
+        fronts.push((
+            Frontend::Uds(sock),
+            mode == "grpc",
+            loopback(&addrs["health"]),
+        ));
+        servers.push((p, loopback(&addrs["agent"]).port()));
+    }
+    let ports: Vec<u16> = servers.iter().map(|(_, p)| *p).collect();
+    let mut doomed = agent(&pki, "doomed", &ports);
+    let mut survivor = agent(&pki, "survivor", &ports);
+    for a in [&mut doomed, &mut survivor] {
+        for _ in 0..2 {
+            a.wait_line("connected to proxy server").await;
+        }
+    }
+    // Each server has registered both (the agents say so just before).
+    for (_, _, health) in &fronts {
+        let mut ready = 0.0;
+        for _ in 0..200 {
+            let (_, m) = http_get(*health, "/metrics").await;
+            ready = metric(&m, READY);
+            if ready == 2.0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert_eq!(ready, 2.0, "agents registered");
+    }
+    let echo = dest::echo().await;
+
+    // The doomed agent freezes: dials given to it wait for an answer.
+    doomed.signal(19);
+    const PER_FRONTEND: usize = 60;
+    let mut load = tokio::task::JoinSet::new();
+    for (front, grpc, _) in &fronts {
+        for _ in 0..PER_FRONTEND {
+            let (front, grpc) = (front.clone(), *grpc);
+            load.spawn(async move { dial_and_echo(&front, grpc, echo).await });
+        }
+    }
+    // Every dial the frozen agent was given is pending; wait until each
+    // server holds some (half the dials go to each agent, at random).
+    for (_, _, health) in &fronts {
+        let mut pending = 0.0;
+        for _ in 0..200 {
+            let (_, m) = http_get(*health, "/metrics").await;
+            pending = metric(&m, &format!("{PENDING} "));
+            if pending >= 5.0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert!(
+            pending >= 5.0,
+            "pending dials on the frozen agent: {pending}"
+        );
+    }
+    doomed.signal(9);
+    // The load goes on while and after the agent dies.
+    for (front, grpc, _) in &fronts {
+        for _ in 0..PER_FRONTEND {
+            let (front, grpc) = (front.clone(), *grpc);
+            load.spawn(async move { dial_and_echo(&front, grpc, echo).await });
+        }
+    }
+    let mut failed = Vec::new();
+    let mut served = 0;
+    while let Some(r) = load.join_next().await {
+        match r.unwrap() {
+            Ok(()) => served += 1,
+            Err(e) => failed.push(e),
+        }
+    }
+    assert_eq!(
+        (served, failed.len()),
+        (4 * PER_FRONTEND, 0),
+        "dials failed though the surviving agent could serve them: {failed:?}"
+    );
+    for (_, grpc, health) in &fronts {
+        let (_, m) = http_get(*health, "/metrics").await;
+        assert!(
+            metric(&m, &format!("{RESENT} ")) >= 5.0,
+            "grpc={grpc}: the frozen agent's dials were not re-sent:\n{m}"
+        );
+        assert_eq!(metric(&m, &format!("{PENDING} ")), 0.0, "{m}");
+    }
+}
+
+/// A dial pending on an agent that starts draining goes to an agent that
+/// does not: the draining one is told to drop it (DIAL_CLS), its late
+/// answer is closed (CLOSE_REQ) without reaching the frontend or counting
+/// as a failure, and the other agent's answer completes the dial.
+#[tokio::test]
+async fn a_dial_pending_on_a_draining_agent_goes_to_another() {
+    init_logging();
+    let pki = Pki::new();
+    let server = start_server(&pki, ServerOpts::default()).await;
+    let mut one = raw_agent(&pki, server.agent_addr, "agent-one", "").await;
+    let mut two = raw_agent(&pki, server.agent_addr, "agent-two", "").await;
+    server.handle.wait_until(|h| h.agent_streams() == 2).await;
+    let mut tunnel = start_dial(&server.frontend, "127.0.0.1:9").await;
+    // Whichever agent it reached drains.
+    let (first, second, request) = tokio::select! {
+        p = one.rx.message() => (&mut one, &mut two, p),
+        p = two.rx.message() => (&mut two, &mut one, p),
+    };
+    let request = request.unwrap().unwrap();
+    assert!(
+        matches!(&request.payload, Some(Payload::DialRequest(r)) if r.random == tunnel.dial_id),
+        "{request:?}"
+    );
+    first.tx.send(Packet::drain()).await.unwrap();
+    // The other agent gets the same dial...
+    let again = second.rx.message().await.unwrap().unwrap();
+    assert!(
+        matches!(&again.payload, Some(Payload::DialRequest(r))
+            if r.random == tunnel.dial_id && r.address == "127.0.0.1:9"),
+        "{again:?}"
+    );
+    // ...and the draining one is told to drop it.
+    let cls = first.rx.message().await.unwrap().unwrap();
+    assert!(
+        matches!(&cls.payload, Some(Payload::CloseDial(c)) if c.random == tunnel.dial_id),
+        "{cls:?}"
+    );
+    // Its late answer is closed on it.
+    first
+        .tx
+        .send(Packet::dial_response(tunnel.dial_id, 77, String::new()))
+        .await
+        .unwrap();
+    let close = first.rx.message().await.unwrap().unwrap();
+    assert!(
+        matches!(&close.payload, Some(Payload::CloseRequest(c)) if c.connect_id == 77),
+        "{close:?}"
+    );
+    // The other's answer is the frontend's.
+    second
+        .tx
+        .send(Packet::dial_response(tunnel.dial_id, 5, String::new()))
+        .await
+        .unwrap();
+    let rsp = tunnel.rx.message().await.unwrap().unwrap();
+    assert!(
+        matches!(&rsp.payload, Some(Payload::DialResponse(r))
+            if r.error.is_empty() && r.connect_id == 5),
+        "{rsp:?}"
+    );
+    let m = server.handle.metrics();
+    assert_eq!(metric(&m, &format!("{RESENT} ")), 1.0, "{m}");
+    assert!(
+        !m.contains("konnectivity_network_proxy_server_dial_failure_count{"),
+        "a superseded answer is not a failure: {m}"
+    );
+    drop(tunnel);
+}
