@@ -22,21 +22,20 @@ const READY: &str = "konnectivity_network_proxy_server_ready_backends{proxy_stra
 const PENDING: &str = "konnectivity_network_proxy_server_pending_backend_dials";
 
 /// One of our proxy-agent processes, connected to every server in `ports`.
-fn agent(pki: &Pki, id: &str, ports: &[u16]) -> Proc {
+fn agent(pki: &Pki, id: &str, ports: &[u16], extra: &[String]) -> Proc {
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    Proc::spawn(
-        "proxy-agent",
-        &[
-            format!("--ca-cert={}", pki.ca().display()),
-            format!("--proxy-server-host={}", hosts.join(",")),
-            "--health-server-host=127.0.0.1".into(),
-            "--health-server-port=0".into(),
-            "--admin-server-port=0".into(),
-            format!("--agent-id={id}"),
-            "--sync-interval=100ms".into(),
-            "--sync-interval-cap=1s".into(),
-        ],
-    )
+    let mut args = vec![
+        format!("--ca-cert={}", pki.ca().display()),
+        format!("--proxy-server-host={}", hosts.join(",")),
+        "--health-server-host=127.0.0.1".into(),
+        "--health-server-port=0".into(),
+        "--admin-server-port=0".into(),
+        format!("--agent-id={id}"),
+        "--sync-interval=100ms".into(),
+        "--sync-interval-cap=1s".into(),
+    ];
+    args.extend_from_slice(extra);
+    Proc::spawn("proxy-agent", &args)
 }
 
 /// A dial through `frontend` to the echo at `echo`, and one round trip on
@@ -63,25 +62,24 @@ async fn dial_and_echo(frontend: &Frontend, grpc: bool, echo: SocketAddr) -> Res
     (&back == what).then_some(()).ok_or("echo differed".into())
 }
 
-/// Two agents serve two servers (a gRPC frontend and an HTTP-CONNECT one);
-/// one agent freezes (SIGSTOP), so the dials the servers give it stay
-/// unanswered, and is then killed (SIGKILL) while dials keep coming on both
-/// frontends. Every dial succeeds: those pending on the dead agent are
-/// answered by the other, later ones go to it. Upstream's server fails each
-/// dial pending on the dead agent.
-#[tokio::test]
-async fn no_dial_is_lost_when_an_agent_is_killed_under_load() {
-    let pki = Pki::new();
-    let (grpc_dir, http_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+/// Two servers, one with a gRPC frontend and one with an HTTP-CONNECT
+/// frontend (each on a Unix socket, `--server-count=2`): the frontends
+/// (with whether each is gRPC and the server's health address) and the
+/// agent ports.
+async fn two_servers(
+    pki: &Pki,
+    dirs: [&std::path::Path; 2],
+) -> (Vec<Proc>, Vec<(Frontend, bool, SocketAddr)>, Vec<u16>) {
     let mut servers = Vec::new();
-    let mut fronts: Vec<(Frontend, bool, SocketAddr)> = Vec::new();
+    let mut fronts = Vec::new();
+    let mut ports = Vec::new();
     for (dir, mode, id) in [
-        (&grpc_dir, "grpc", "server-grpc"),
-        (&http_dir, "http-connect", "server-http"),
+        (dirs[0], "grpc", "server-grpc"),
+        (dirs[1], "http-connect", "server-http"),
     ] {
         let (p, sock, addrs): (Proc, PathBuf, _) = server_on_socket(
-            &pki,
-            dir.path(),
+            pki,
+            dir,
             &[
                 format!("--mode={mode}"),
                 format!("--server-id={id}"),
@@ -94,29 +92,51 @@ async fn no_dial_is_lost_when_an_agent_is_killed_under_load() {
             mode == "grpc",
             loopback(&addrs["health"]),
         ));
-        servers.push((p, loopback(&addrs["agent"]).port()));
+        ports.push(loopback(&addrs["agent"]).port());
+        servers.push(p);
     }
-    let ports: Vec<u16> = servers.iter().map(|(_, p)| *p).collect();
-    let mut doomed = agent(&pki, "doomed", &ports);
-    let mut survivor = agent(&pki, "survivor", &ports);
-    for a in [&mut doomed, &mut survivor] {
-        for _ in 0..2 {
-            a.wait_line("connected to proxy server").await;
-        }
-    }
-    // Each server has registered both (the agents say so just before).
-    for (_, _, health) in &fronts {
+    (servers, fronts, ports)
+}
+
+/// Waits until every server has registered `n` agents.
+async fn wait_ready(fronts: &[(Frontend, bool, SocketAddr)], n: f64) {
+    for (_, _, health) in fronts {
         let mut ready = 0.0;
-        for _ in 0..200 {
+        for _ in 0..400 {
             let (_, m) = http_get(*health, "/metrics").await;
             ready = metric(&m, READY);
-            if ready == 2.0 {
+            if ready == n {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(25)).await;
         }
-        assert_eq!(ready, 2.0, "agents registered");
+        assert_eq!(ready, n, "agents registered");
     }
+}
+
+/// A proxy-agent connected to both servers.
+async fn connected_agent(pki: &Pki, id: &str, ports: &[u16], extra: &[String]) -> Proc {
+    let mut a = agent(pki, id, ports, extra);
+    for _ in 0..ports.len() {
+        a.wait_line("connected to proxy server").await;
+    }
+    a
+}
+
+/// Two agents serve two servers (a gRPC frontend and an HTTP-CONNECT one);
+/// one agent freezes (SIGSTOP), so the dials the servers give it stay
+/// unanswered, and is then killed (SIGKILL) while dials keep coming on both
+/// frontends. Every dial succeeds: those pending on the dead agent are
+/// answered by the other, later ones go to it. Upstream's server fails each
+/// dial pending on the dead agent.
+#[tokio::test]
+async fn no_dial_is_lost_when_an_agent_is_killed_under_load() {
+    let pki = Pki::new();
+    let (grpc_dir, http_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_servers, fronts, ports) = two_servers(&pki, [grpc_dir.path(), http_dir.path()]).await;
+    let doomed = connected_agent(&pki, "doomed", &ports, &[]).await;
+    let _survivor = connected_agent(&pki, "survivor", &ports, &[]).await;
+    wait_ready(&fronts, 2.0).await;
     let echo = dest::echo().await;
 
     // The doomed agent freezes: dials given to it wait for an answer.
@@ -175,6 +195,67 @@ async fn no_dial_is_lost_when_an_agent_is_killed_under_load() {
         );
         assert_eq!(metric(&m, &format!("{PENDING} ")), 0.0, "{m}");
     }
+}
+
+/// A rolling restart of both agents (SIGTERM: DRAIN, serve for the grace
+/// period, exit; then a new agent) under a steady dial load on both
+/// frontends: no dial fails, and none of the connections either.
+#[tokio::test]
+async fn no_dial_is_lost_in_a_rolling_restart_of_both_agents() {
+    let pki = Pki::new();
+    let (grpc_dir, http_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_servers, fronts, ports) = two_servers(&pki, [grpc_dir.path(), http_dir.path()]).await;
+    let grace = ["--graceful-shutdown-timeout=1s".to_string()];
+    let mut old = vec![
+        connected_agent(&pki, "old-a", &ports, &grace).await,
+        connected_agent(&pki, "old-b", &ports, &grace).await,
+    ];
+    wait_ready(&fronts, 2.0).await;
+    let echo = dest::echo().await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = tokio::task::JoinSet::new();
+    // Four clients per frontend, each dialing one connection after the
+    // other until told to stop (bounded by count too).
+    for (front, grpc, _) in &fronts {
+        for _ in 0..4 {
+            let (front, grpc, stop) = (front.clone(), *grpc, stop.clone());
+            load.spawn(async move {
+                let (mut served, mut failed) = (0usize, Vec::new());
+                for _ in 0..20_000 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    match dial_and_echo(&front, grpc, echo).await {
+                        Ok(()) => served += 1,
+                        Err(e) => failed.push(e),
+                    }
+                }
+                (served, failed)
+            });
+        }
+    }
+    let mut new = Vec::new();
+    for (i, mut a) in old.drain(..).enumerate() {
+        a.signal(15);
+        a.wait_line("draining").await;
+        assert_eq!(a.wait_exit().await, Some(0), "{}", a.log.join("\n"));
+        new.push(connected_agent(&pki, &format!("new-{i}"), &ports, &grace).await);
+        wait_ready(&fronts, 2.0).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut served, mut failed) = (0, Vec::new());
+    while let Some(r) = load.join_next().await {
+        let (s, f) = r.unwrap();
+        served += s;
+        failed.extend(f);
+    }
+    assert!(served >= 8, "the load ran: {served} dials");
+    assert!(
+        failed.is_empty(),
+        "{} of {} dials failed in the rolling restart: {failed:?}",
+        failed.len(),
+        served + failed.len()
+    );
 }
 
 /// A dial pending on an agent that starts draining goes to an agent that
