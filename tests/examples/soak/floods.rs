@@ -1,11 +1,19 @@
-//! The soak's `floods` section (issue 33): an authenticated agent that
-//! floods the agent port with HTTP/2 control frames while legitimate
-//! tunnels are timed (their p99 beside the quiet figure), and one that does
-//! not announce flow control and sends 4 MiB packets to tunnels whose
+//! The soak's `floods` section (issue 33): authenticated agents that flood
+//! the agent port with HTTP/2 SETTINGS, WINDOW_UPDATE and PING frames (and
+//! clients that flood the gRPC frontend with PINGs) while legitimate
+//! tunnels are timed (their p99 beside the quiet figure), and an agent that
+//! does not announce flow control and sends 4 MiB packets to tunnels whose
 //! frontends stopped reading (the server's peak memory beside its budget).
+//!
+//! The flooders run in a process of their own (this binary, `--flood`),
+//! pinned to one CPU while proxy-server, proxy-agent and the timed clients
+//! are pinned to the other (`SOAK_FLOODS_UNPINNED=1` leaves them all
+//! unpinned): on two CPUs, flooders sharing the server's CPU measure what
+//! the attacker's own TLS handshakes cost, not what the server spends on
+//! the flood.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -13,7 +21,7 @@ use integration_tests::certs::Pki;
 use integration_tests::client::{Frontend, grpc_dial, start_dial};
 use integration_tests::h2raw::{self, frame};
 use integration_tests::konnectivity::raw_agent;
-use integration_tests::procs::{loopback, status_kib};
+use integration_tests::procs::{Proc, loopback, status_kib};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
 use tokio::io::AsyncWriteExt;
@@ -69,155 +77,391 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// A flooding agent: connects over TLS with its certificate, sends `one`
-/// in batches until the server ends the connection, reconnects, until
-/// `stop`. Counts the GOAWAYs it is sent.
-async fn flooder(
-    addr: std::net::SocketAddr,
-    tls: Arc<rustls::ClientConfig>,
-    one: Vec<u8>,
-    stop: Arc<AtomicBool>,
-    goaways: Arc<AtomicU64>,
-) {
+/// Where a flooder connects: an agent port over TLS with a client
+/// certificate, or a Unix socket.
+enum Target {
+    Tls {
+        addr: std::net::SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
+    },
+    Unix(std::path::PathBuf),
+}
+
+impl Target {
+    async fn connect(&self) -> Option<Box<dyn integration_tests::client::Io>> {
+        match self {
+            Target::Tls { addr, tls } => {
+                let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+                let name = rustls::pki_types::ServerName::try_from("127.0.0.1").ok()?;
+                let s = tokio_rustls::TlsConnector::from(tls.clone())
+                    .connect(name, tcp)
+                    .await
+                    .ok()?;
+                Some(Box::new(s))
+            }
+            Target::Unix(path) => Some(Box::new(tokio::net::UnixStream::connect(path).await.ok()?)),
+        }
+    }
+}
+
+/// What the flooders did.
+#[derive(Default)]
+struct Tally {
+    connections: AtomicU64,
+    goaways: AtomicU64,
+}
+
+/// One flooding client, as an attacker would run it: connects (with its
+/// certificate on the agent port), sends `one` in batches until the server
+/// ends the connection, reconnects at once, until `until`. Counts the
+/// GOAWAY ENHANCE_YOUR_CALMs it is sent.
+async fn flooder(target: Arc<Target>, one: Vec<u8>, until: Instant, tally: Arc<Tally>) {
     let batch = one.repeat(100);
-    while !stop.load(Ordering::Relaxed) {
-        let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else {
-            continue;
-        };
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let Ok(mut s) = tokio_rustls::TlsConnector::from(tls.clone())
-            .connect(name, tcp)
-            .await
-        else {
+    while Instant::now() < until {
+        let Some(mut s) = target.connect().await else {
             continue;
         };
         if h2raw::start(&mut s).await.is_err() {
             continue;
         }
+        tally.connections.fetch_add(1, Ordering::Relaxed);
         let (mut rd, mut wr) = tokio::io::split(s);
-        let g = goaways.clone();
+        let g = tally.clone();
         let reader = tokio::spawn(async move {
             while let Ok((kind, _, _, payload)) = h2raw::read_frame(&mut rd).await {
                 if kind == h2raw::GOAWAY && payload.get(7) == Some(&0xb) {
-                    g.fetch_add(1, Ordering::Relaxed);
+                    g.goaways.fetch_add(1, Ordering::Relaxed);
                 }
             }
         });
-        while !stop.load(Ordering::Relaxed) {
+        while Instant::now() < until {
             if wr.write_all(&batch).await.is_err() {
                 break;
             }
         }
-        let _ = reader.await;
+        drop(wr);
+        let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
     }
 }
 
-/// p99 of legitimate tunnels, quiet and while 4 TLS connections flood the
-/// agent port with SETTINGS, then with WINDOW_UPDATE frames (each
-/// reconnecting whenever it is sent away).
+/// The flooders' own process (`soak --flood KIND SECONDS TARGET [CA CERT
+/// KEY]`, TARGET `tls:ADDR` or `unix:PATH`): the parent pins it to a CPU of
+/// its own, so what the flood costs the attacker is not charged to the
+/// server. Says `flooding` once its first connection is up and the tally
+/// when it is done.
+pub async fn flooder_process(args: &[String]) {
+    let seconds: f64 = args[1].parse().unwrap();
+    if args[0] == "none" {
+        // The quiet figure's control: this process as busy on its CPU as
+        // when it floods, without connecting anywhere.
+        println!("flooding");
+        let until = Instant::now() + Duration::from_secs_f64(seconds);
+        let mut x = 0u64;
+        while Instant::now() < until {
+            for i in 0..10_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+        println!(
+            "tally connections=0 goaways=0 connections_per_s=0 cpu_percent={:.0}",
+            cpu_seconds(std::process::id()) / seconds * 100.0
+        );
+        return;
+    }
+    let one = match args[0].as_str() {
+        "SETTINGS" => frame(h2raw::SETTINGS, 0, 0, &[]),
+        "WINDOW_UPDATE" => frame(8, 0, 0, &1u32.to_be_bytes()),
+        "PING" => frame(6, 0, 0, &[0; 8]),
+        k => panic!("unknown flood {k}"),
+    };
+    let target = if let Some(path) = args[2].strip_prefix("unix:") {
+        Target::Unix(path.into())
+    } else {
+        let addr = args[2].strip_prefix("tls:").unwrap().parse().unwrap();
+        let tls = daemon::tls::client_config(
+            std::path::Path::new(&args[3]),
+            Some((
+                std::path::Path::new(&args[4]),
+                std::path::Path::new(&args[5]),
+            )),
+            &[b"h2".to_vec()],
+        )
+        .unwrap();
+        Target::Tls {
+            addr,
+            tls: Arc::new(tls),
+        }
+    };
+    let target = Arc::new(target);
+    // Not flooding yet: the first connection proves the target answers.
+    let mut first = target.connect().await.expect("the flood's target answers");
+    h2raw::start(&mut first).await.unwrap();
+    drop(first);
+    println!("flooding");
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(seconds);
+    let tally = Arc::new(Tally::default());
+    let floods: Vec<_> = (0..FLOODERS)
+        .map(|_| tokio::spawn(flooder(target.clone(), one.clone(), until, tally.clone())))
+        .collect();
+    for f in floods {
+        let _ = f.await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let connections = tally.connections.load(Ordering::Relaxed);
+    println!(
+        "tally connections={connections} goaways={} connections_per_s={:.0} cpu_percent={:.0}",
+        tally.goaways.load(Ordering::Relaxed),
+        connections as f64 / secs,
+        cpu_seconds(std::process::id()) / secs * 100.0
+    );
+}
+
+/// Flooding clients at once.
+const FLOODERS: usize = 4;
+
+/// Keeps this process (its threads now, and what it spawns from now on) on
+/// one CPU and the flooders on another, for as long as it lives; undone on
+/// drop. None when there are fewer than 2 CPUs to use or `taskset` is
+/// missing: then everything shares them, and the rows say so.
+struct Pinning {
+    all: String,
+    ours: usize,
+    flooders: usize,
+}
+
+impl Pinning {
+    fn new() -> Option<Pinning> {
+        if std::env::var_os("SOAK_FLOODS_UNPINNED").is_some() {
+            return None;
+        }
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let all = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+            .trim()
+            .to_string();
+        let cpus = cpu_list(&all);
+        let (&flooders, &ours) = (cpus.first()?, cpus.get(1)?);
+        taskset(&ours.to_string(), std::process::id()).then_some(Pinning {
+            all,
+            ours,
+            flooders,
+        })
+    }
+
+    fn describe(p: &Option<Pinning>) -> String {
+        match p {
+            Some(p) => format!(
+                "flooders' process on CPU {} (quiet: the same process spinning there, connecting nowhere); proxy-server, proxy-agent and the timed clients on CPU {}",
+                p.flooders, p.ours
+            ),
+            None => "not pinned (SOAK_FLOODS_UNPINNED, or taskset or a second CPU missing): every process shares the CPUs; quiet: the flooders' process spinning, connecting nowhere".into(),
+        }
+    }
+}
+
+impl Drop for Pinning {
+    fn drop(&mut self) {
+        taskset(&self.all, std::process::id());
+    }
+}
+
+/// `0-1,4` → [0, 1, 4].
+fn cpu_list(list: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in list.split(',') {
+        let mut ends = part.trim().splitn(2, '-').map(|n| n.parse::<usize>());
+        match (ends.next(), ends.next()) {
+            (Some(Ok(a)), None) => out.push(a),
+            (Some(Ok(a)), Some(Ok(b))) => out.extend(a..=b),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Sets every thread of `pid` to `cpus`.
+fn taskset(cpus: &str, pid: u32) -> bool {
+    std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// CPU seconds a process has used so far (user + system).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces), from field 3.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15; USER_HZ is 100 on Linux.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Share of one CPU `pid` used while `f` ran.
+async fn with_cpu<T>(pid: u32, f: impl std::future::Future<Output = T>) -> (T, f64) {
+    let (c, t) = (cpu_seconds(pid), Instant::now());
+    let out = f.await;
+    (out, (cpu_seconds(pid) - c) / t.elapsed().as_secs_f64())
+}
+
+/// Runs a flood from its own process for `d` while legitimate tunnels are
+/// timed: their times and failures, and the flooders' tally line.
+async fn flooded(
+    pinning: &Option<Pinning>,
+    kind: &str,
+    target: &[String],
+    fe: &Frontend,
+    echo: &str,
+    d: Duration,
+) -> ((Vec<Duration>, usize), String) {
+    let exe = std::env::current_exe().unwrap();
+    let mut args: Vec<String> = vec![
+        exe.display().to_string(),
+        "--flood".into(),
+        kind.into(),
+        // The flood outlasts the timing a little.
+        format!("{}", (d + Duration::from_millis(500)).as_secs_f64()),
+    ];
+    args.extend(target.iter().cloned());
+    let mut p = match pinning {
+        Some(p) => {
+            let mut a = vec!["-c".to_string(), p.flooders.to_string()];
+            a.extend(args);
+            Proc::spawn_path(std::path::Path::new("taskset"), &a)
+        }
+        None => Proc::spawn_path(&exe, &args[1..]),
+    };
+    p.wait_line("flooding").await;
+    let times = timed(fe, echo, d).await;
+    let tally = p.wait_line_within("tally", Duration::from_secs(30)).await;
+    (times, tally)
+}
+
+/// p99 of legitimate tunnels, quiet and while 4 clients flood the agent
+/// port (TLS, an agent's certificate) with SETTINGS, WINDOW_UPDATE and PING
+/// frames and the gRPC frontend with PINGs, each reconnecting whenever it
+/// is sent away. Each flood's quiet figure is taken just before it, with the
+/// flooders' process spinning on its CPU: a CPU left idle wakes slower in
+/// this VM, which made the quiet figure the slower one.
 async fn control_frames(report: &mut Report, scale: Scale) {
+    let pinning = Pinning::new();
     let pki = Pki::new();
     let dir = tempfile::tempdir().unwrap();
-    let (_srv, addrs) = server(&pki, dir.path(), &["--mode=grpc".into()]).await;
+    let (srv, addrs) = server(&pki, dir.path(), &["--mode=grpc".into()]).await;
     let _agt = agent(&pki, &addrs["agent"], &[]).await;
-    let fe = Frontend::Uds(dir.path().join("s.sock"));
+    let pid = srv.child.id().unwrap();
+    let socket = dir.path().join("s.sock");
+    let fe = Frontend::Uds(socket.clone());
     let echo = integration_tests::dest::echo().await.to_string();
     let agent_addr = loopback(&addrs["agent"]);
     let window = if scale.quick {
-        Duration::from_secs(2)
+        Duration::from_millis(1500)
     } else {
-        Duration::from_secs(20)
+        Duration::from_secs(6)
     };
     let identity = pki.client("flooder");
-    let tls = Arc::new(
-        daemon::tls::client_config(
-            &pki.ca(),
-            Some((&identity.cert, &identity.key)),
-            &[b"h2".to_vec()],
-        )
-        .unwrap(),
-    );
-    // Warm up (first handshakes, allocator), then the quiet figure.
-    let _ = timed(&fe, &echo, Duration::from_millis(500)).await;
-    let (quiet, quiet_failed) = timed(&fe, &echo, window).await;
-    let quiet_p99 = percentile(&quiet, 0.99);
+    let agent_port = vec![
+        format!("tls:{agent_addr}"),
+        pki.ca().display().to_string(),
+        identity.cert.display().to_string(),
+        identity.key.display().to_string(),
+    ];
+    let frontend = vec![format!("unix:{}", socket.display())];
     report.figure(
         SECTION,
-        "agent port, quiet: legitimate tunnels (dial + 1 KiB echo), p50 / p99".into(),
-        format!(
-            "{} / {} ({} tunnels)",
-            ms(percentile(&quiet, 0.5)),
-            ms(quiet_p99),
-            quiet.len()
-        ),
+        "control-frame floods: CPUs".into(),
+        Pinning::describe(&pinning),
         String::new(),
     );
-    for (name, one) in [
-        ("SETTINGS", frame(h2raw::SETTINGS, 0, 0, &[])),
-        ("WINDOW_UPDATE", frame(8, 0, 0, &1u32.to_be_bytes())),
+    // Warm up (first handshakes, allocator).
+    let _ = timed(&fe, &echo, Duration::from_millis(500)).await;
+    let mut failed_total = 0;
+    for (place, kind, target) in [
+        ("agent port", "SETTINGS", &agent_port),
+        ("agent port", "WINDOW_UPDATE", &agent_port),
+        ("agent port", "PING", &agent_port),
+        ("gRPC frontend (Unix socket)", "PING", &frontend),
     ] {
-        let stop = Arc::new(AtomicBool::new(false));
-        let goaways = Arc::new(AtomicU64::new(0));
-        let floods: Vec<_> = (0..4)
-            .map(|_| {
-                tokio::spawn(flooder(
-                    agent_addr,
-                    tls.clone(),
-                    one.clone(),
-                    stop.clone(),
-                    goaways.clone(),
-                ))
-            })
-            .collect();
-        let (flooded, failed) = timed(&fe, &echo, window).await;
-        stop.store(true, Ordering::Relaxed);
-        for f in floods {
-            let _ = tokio::time::timeout(Duration::from_secs(10), f).await;
-        }
-        let p99 = percentile(&flooded, 0.99);
+        let (((quiet, quiet_failed), _), quiet_cpu) =
+            with_cpu(pid, flooded(&pinning, "none", &[], &fe, &echo, window)).await;
+        let (((flood, failed), tally), flood_cpu) =
+            with_cpu(pid, flooded(&pinning, kind, target, &fe, &echo, window)).await;
+        failed_total += quiet_failed + failed;
+        let (quiet_p99, p99) = (percentile(&quiet, 0.99), percentile(&flood, 0.99));
+        let how = if target.len() > 1 {
+            "4 TLS connections"
+        } else {
+            "4 connections"
+        };
         report.figure(
             SECTION,
+            format!("{place}, {kind} flood from {how}: legitimate tunnels (dial + 1 KiB echo), p50 / p99 quiet → flooded"),
             format!(
-                "agent port, {name} flood from 4 TLS connections: legitimate tunnels, p50 / p99"
-            ),
-            format!(
-                "{} / {} ({} tunnels)",
-                ms(percentile(&flooded, 0.5)),
+                "{} / {} ({}) → {} / {} ({})",
+                ms(percentile(&quiet, 0.5)),
+                ms(quiet_p99),
+                quiet.len(),
+                ms(percentile(&flood, 0.5)),
                 ms(p99),
-                flooded.len()
+                flood.len()
             ),
-            format!(
-                "p99 ≤ 2 × quiet ({}); before the guard 0.7-2.2 s, upstream's server 0.07-0.5 s",
-                ms(quiet_p99 * 2)
-            ),
+            if place == "agent port" && kind != "PING" {
+                "p99 ≤ 2 × quiet; before the guard 0.7-2.2 s, upstream's server 0.07-0.5 s".into()
+            } else {
+                "p99 ≤ 2 × quiet".into()
+            },
         );
         report.figure(
             SECTION,
-            format!("agent port, {name} flood: p99 flooded / quiet"),
+            format!("{place}, {kind} flood: p99 flooded / quiet"),
             format!(
                 "{:.2}",
                 p99.as_secs_f64() / quiet_p99.as_secs_f64().max(1e-9)
             ),
             "≤ 2".into(),
         );
-        let sent_away = goaways.load(Ordering::Relaxed);
+        let field = |k: &str| {
+            integration_tests::procs::log_field(&tally, k)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        report.figure(
+            SECTION,
+            format!("{place}, {kind} flood: CPU of one core, proxy-server quiet → flooded; the flooders' process"),
+            format!(
+                "{:.0} % → {:.0} %; {} %",
+                quiet_cpu * 100.0,
+                flood_cpu * 100.0,
+                field("cpu_percent")
+            ),
+            String::new(),
+        );
+        let sent_away = field("goaways");
         report.limit(
             SECTION,
             format!(
-                "agent port, {name} flood: connections sent away with GOAWAY ENHANCE_YOUR_CALM"
+                "{place}, {kind} flood: connections sent away with GOAWAY ENHANCE_YOUR_CALM (of {} made, {} a second)",
+                field("connections"),
+                field("connections_per_s")
             ),
             sent_away.to_string(),
             "≥ 1".into(),
             sent_away >= 1,
         );
-        report.limit(
-            SECTION,
-            format!("agent port, {name} flood: legitimate tunnels failed"),
-            (failed + quiet_failed).to_string(),
-            "0".into(),
-            failed + quiet_failed == 0,
-        );
     }
+    report.limit(
+        SECTION,
+        "control-frame floods: legitimate tunnels failed, quiet and flooded".into(),
+        failed_total.to_string(),
+        "0".into(),
+        failed_total == 0,
+    );
+    drop(pinning);
 }
 
 /// An agent without flow control sends 4 MiB packets, round after round,
@@ -266,6 +510,8 @@ async fn legacy_agent(report: &mut Report) {
     let before = status_kib(pid, "VmHWM");
     let data = Bytes::from(vec![b'x'; (4 << 20) - 64]);
     let mut sent = 0u64;
+    // Four rounds (512 MiB): with two (256 MiB) the server's peak did not
+    // move in a run on this machine, so the row did not test the budget.
     'flood: for _ in 0..4 {
         for id in 1..=STALLED {
             let send = tx.send(Packet::data(id, data.clone()));

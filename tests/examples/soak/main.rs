@@ -14,9 +14,11 @@
 //! clients timed through them), `peers` (frozen, killed and restarted
 //! peers), `config` (a broken table file, a taken node port), `kkp` (an
 //! idle tunnel-agent keeps one connection to nodeport-proxy: 65 s, quick
-//! 12 s; issue 15.1), `floods` (HTTP/2 control-frame floods on the agent
-//! port with legitimate tunnels timed through them, and an agent without
-//! flow control sending 4 MiB packets to stalled tunnels; issue 33). Limits that
+//! 12 s; issue 15.1), `floods` (HTTP/2 SETTINGS, WINDOW_UPDATE and PING
+//! floods on the agent port and PINGs on the gRPC frontend, from a process
+//! pinned to its own CPU, with legitimate tunnels timed through them, and
+//! an agent without flow control sending 4 MiB packets to stalled tunnels;
+//! issue 33). Limits that
 //! are not wall-clock figures (memory, counts, "still serving") make the run
 //! fail; times are reported beside their aims.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -874,6 +876,10 @@ fn header(quick: bool) -> String {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--flood") {
+        floods::flooder_process(&args[1..]).await;
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let out = args
         .iter()
