@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
+use futures::FutureExt as _;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::future::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -441,6 +443,20 @@ pub fn attribute(source: IpAddr) {
     let _ = SLOT.try_with(|s| s.attribute(source));
 }
 
+/// `conn`, ended when `token` is cancelled (shed). A combinator, not an
+/// async block with `select!`, which would hold `conn` twice (its capture and
+/// the future it polls; rust-lang/rust#62958) for the connection's life.
+fn sheddable<F: Future<Output = ()>>(
+    conn: F,
+    token: CancellationToken,
+) -> impl Future<Output = ()> {
+    conn.with_cancellation_token_owned(token).map(|done| {
+        if done.is_none() {
+            tracing::debug!("connection shed: the listener is full and a newer one came");
+        }
+    })
+}
+
 /// Accepts until the drain starts; each connection runs `handle` in its own
 /// tracked task inside a span named `name` with the peer address.
 pub async fn accept_loop<L, F, Fut>(
@@ -487,14 +503,7 @@ pub async fn accept_loop<L, F, Fut>(
                             s = slots.admit(source) => Arc::new(s),
                         };
                         let token = slot.token.clone();
-                        let conn = SLOT.scope(slot, async move {
-                            tokio::select! {
-                                _ = conn => {}
-                                _ = token.cancelled() => {
-                                    tracing::debug!("connection shed: the listener is full and a newer one came");
-                                }
-                            }
-                        });
+                        let conn = SLOT.scope(slot, sheddable(conn, token));
                         drain.spawn(conn.instrument(span));
                     }
                 }
@@ -517,6 +526,23 @@ pub async fn accept_loop<L, F, Fut>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shed-able connection's task holds the connection's state once.
+    #[test]
+    fn a_sheddable_connection_holds_its_future_once() {
+        let big = [7u8; 4096];
+        let conn = async move {
+            std::future::ready(()).await;
+            assert_eq!(big[0], 7);
+        };
+        let alone = size_of_val(&conn);
+        let wrapped = size_of_val(&sheddable(conn, CancellationToken::new()));
+        assert!(alone >= 4096, "{alone}");
+        assert!(
+            wrapped <= alone + 256,
+            "{wrapped} bytes for a {alone}-byte future"
+        );
+    }
 
     #[tokio::test]
     async fn unix_socket_mode_and_stale_removal() {

@@ -232,3 +232,26 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         tcp.idle_timeout.increment(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a held NodePort connection costs in task state: tokio allocates
+    /// the whole future once per connection, for its life, relay included.
+    #[tokio::test]
+    async fn a_nodeport_connection_is_a_small_task() {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let shared = crate::forward::test_shared();
+        let stats = shared.metrics.listener("test");
+        let client = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let size = size_of_val(&handle(client, addr.port(), shared, stats));
+        eprintln!("NodePort connection future: {size} bytes");
+        assert!(size <= 3072, "NodePort connection future: {size} bytes");
+    }
+}
