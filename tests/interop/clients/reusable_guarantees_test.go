@@ -21,22 +21,6 @@ import (
 // The guarantees a single-use connection gives, held with many Proxy
 // streams on one ReusableTunnel connection (v0.37.0, -tags reusable).
 
-// sourceDest writes total pattern bytes to each connection, then closes
-// it, counting what the kernel took in written.
-func sourceDest(t testing.TB, total int, written *atomic.Int64) string {
-	data := pattern(7, total)
-	return listen(t, func(c net.Conn) {
-		defer c.Close()
-		for off := 0; off < total; off += 32 << 10 {
-			n, err := c.Write(data[off:min(total, off+32<<10)])
-			written.Add(int64(n))
-			if err != nil {
-				return
-			}
-		}
-	})
-}
-
 // echoAll runs n echo round trips of size bytes at once on tun; it fails
 // the test when one fails or none moved a byte for a minute.
 func echoAll(t *testing.T, tun client.ReusableTunnel, dest string, n, size int, what string) {
@@ -84,7 +68,7 @@ func TestReusableStalledReaderDoesNotStallOthers(t *testing.T) {
 			t.Parallel()
 			s := startServer(t, f)
 			var written atomic.Int64
-			src := sourceDest(t, total, &written)
+			src := sourceOnRequest(t, total, &written)
 			echo := echoDest(t)
 			tun := reusable(t, s)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*patience)
@@ -94,6 +78,9 @@ func TestReusableStalledReaderDoesNotStallOthers(t *testing.T) {
 				t.Fatalf("%s dial of the source: %v", describeReusable(f), err)
 			}
 			defer stalled.Close()
+			if _, err := stalled.Write([]byte{1}); err != nil {
+				t.Fatalf("%s the request byte: %v", describeReusable(f), err)
+			}
 			// The source has filled what the path buffers before the others
 			// start: it stopped moving for a second short of the total.
 			var last int64 = -1
@@ -275,6 +262,115 @@ func TestReusableDrain(t *testing.T) {
 			code, err := s.p.Wait(patience)
 			if err != nil || code != 0 {
 				t.Errorf("%s once the last frontend stream and the agent's ended: exit %d, %v; want exit 0 before the 5 min grace period\n%s", describeReusable(f), code, err, s.p.Tail(20))
+			}
+		})
+	}
+}
+
+// sourceOnRequest writes total pattern bytes to each connection once the
+// client has sent one byte, then closes it, counting what the kernel took
+// in written. It waits for the client's byte because konnectivity-client
+// registers a connection only after DialContext has taken the DIAL_RSP, so
+// DATA that follows a DIAL_RSP at once can find the connection unknown
+// ("Connection not recognized", a race in the client that upstream's
+// server meets alike) and be dropped.
+func sourceOnRequest(t testing.TB, total int, written *atomic.Int64) string {
+	data := pattern(7, total)
+	return listen(t, func(c net.Conn) {
+		defer c.Close()
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+			return
+		}
+		for off := 0; off < total; off += 32 << 10 {
+			n, err := c.Write(data[off:min(total, off+32<<10)])
+			written.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	})
+}
+
+// TestReusableStalledStreamsStayInBudget: 32 Proxy streams on one
+// ReusableTunnel connection whose readers all stop while their
+// destinations each offer 16 MiB, on a server given a 16 MiB
+// --flow-control-budget. What the server holds for them (parked bytes and
+// the windows reserved against the budget) stays within that budget while
+// their destinations are held back, an echo on the same connection still
+// completes beside them, every stream then delivers its 16 MiB intact, and
+// the server gives every parked byte and every connection window back.
+func TestReusableStalledStreamsStayInBudget(t *testing.T) {
+	const (
+		streams = 32
+		total   = 16 << 20
+		budget  = 16 << 20
+	)
+	const (
+		parked   = "konnectivity_network_proxy_server_flow_control_parked_bytes"
+		reserved = "konnectivity_network_proxy_server_flow_control_reserved_bytes"
+		windows  = "konnectivity_network_proxy_server_flow_control_window_bytes"
+	)
+	for _, f := range fronts() {
+		t.Run(string(f), func(t *testing.T) {
+			t.Parallel()
+			s := startServer(t, f, fmt.Sprintf("--flow-control-budget=%d", budget))
+			var written atomic.Int64
+			src := sourceOnRequest(t, total, &written)
+			echo := echoDest(t)
+			tun := reusable(t, s)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*patience)
+			defer cancel()
+			conns := make([]net.Conn, 0, streams)
+			for i := range streams {
+				c, err := tun.DialContext(ctx, "tcp", src)
+				if err != nil {
+					t.Fatalf("%s dial %d of the source: %v", describeReusable(f), i, err)
+				}
+				defer c.Close()
+				if _, err := c.Write([]byte{1}); err != nil {
+					t.Fatalf("%s stream %d: the request byte: %v", describeReusable(f), i, err)
+				}
+				conns = append(conns, c)
+			}
+			// Nobody reads: wait until the sources stop moving.
+			var last int64 = -1
+			for w := written.Load(); w != last; w = written.Load() {
+				last = w
+				time.Sleep(time.Second)
+			}
+			if last >= streams*total {
+				t.Fatalf("%s the sources wrote all %d bytes with nobody reading: the path buffers it all", describeReusable(f), last)
+			}
+			m := s.metrics(t)
+			t.Logf("%s with %d streams stalled: sources wrote %d bytes, the server holds %.0f parked, %.0f reserved", describeReusable(f), streams, last, metric(m, parked, ""), metric(m, reserved, ""))
+			if p := metric(m, parked, ""); p > budget {
+				t.Errorf("%s %s = %.0f with %d stalled streams; want at most the budget, %d", describeReusable(f), parked, p, streams, budget)
+			}
+			if r := metric(m, reserved, ""); r > budget {
+				t.Errorf("%s %s = %.0f with %d stalled streams; want at most the budget, %d", describeReusable(f), reserved, r, streams, budget)
+			}
+			echoAll(t, tun, echo, 1, 1<<20, describeReusable(f)+" a 1 MiB echo beside 32 stalled streams")
+			var wg sync.WaitGroup
+			for i, c := range conns {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					got, err := io.ReadAll(c)
+					if err != nil || !bytes.Equal(got, pattern(7, total)) {
+						t.Errorf("%s stalled stream %d, read at last: %d of %d bytes (equal: %v), %v", describeReusable(f), i, len(got), total, bytes.Equal(got, pattern(7, total)), err)
+					}
+				}()
+			}
+			wg.Wait()
+			// The connections' windows and parked bytes go with the streams;
+			// what stays reserved is the agent link's HTTP/2 window, grown
+			// with the traffic and kept within the budget while the link
+			// lives.
+			s.waitMetric(t, "nothing parked, no connection window left, the reservations within the budget", func(m string) bool {
+				return metric(m, parked, "") == 0 && metric(m, windows, "") == 0 && metric(m, reserved, "") <= budget
+			})
+			if got := s.dialsSeen.Load(); got != 1 {
+				t.Errorf("%s the client opened %d connections to the server; want 1", describeReusable(f), got)
 			}
 		})
 	}
