@@ -469,7 +469,7 @@ fn exit_statuses_in_the_docs_are_the_binaries() {
         }
     }
     // (file, a statement as it reads there, whitespace collapsed; what checks it)
-    let claims: [(&str, &str, Check); 9] = [
+    let claims: [(&str, &str, Check); 10] = [
         (
             "README.md",
             "prints the reason and exits 1, as upstream's commands do",
@@ -481,6 +481,11 @@ fn exit_statuses_in_the_docs_are_the_binaries() {
             kkp_2,
         ),
         ("README.md", "remove the socket, exit 0", sigterm_0),
+        (
+            "docs/compatibility.md",
+            "new dials fail `streamsetup`, exit 0)",
+            sigterm_0,
+        ),
         (
             "docs/operations.md",
             "exit status 1 for proxy-server and proxy-agent, 2 for the KKP binaries",
