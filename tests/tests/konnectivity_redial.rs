@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use integration_tests::certs::Pki;
 use integration_tests::client::{Frontend, grpc_dial, http_connect, start_dial};
 use integration_tests::dest;
-use integration_tests::http_get;
 use integration_tests::konnectivity::{ServerOpts, init_logging, metric, raw_agent, start_server};
 use integration_tests::procs::{Proc, loopback, server_on_socket};
+use integration_tests::{eventually, http_get};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,6 +20,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
 const READY: &str = "konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"default\"} ";
 const PENDING: &str = "konnectivity_network_proxy_server_pending_backend_dials";
+/// How long a metrics condition may take to hold on a loaded machine.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One of our proxy-agent processes, connected to every server in `ports`.
 fn agent(pki: &Pki, id: &str, ports: &[u16], extra: &[String]) -> Proc {
@@ -101,16 +103,10 @@ async fn two_servers(
 /// Waits until every server has registered `n` agents.
 async fn wait_ready(fronts: &[(Frontend, bool, SocketAddr)], n: f64) {
     for (_, _, health) in fronts {
-        let mut ready = 0.0;
-        for _ in 0..400 {
-            let (_, m) = http_get(*health, "/metrics").await;
-            ready = metric(&m, READY);
-            if ready == n {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
-        assert_eq!(ready, n, "agents registered");
+        eventually(&format!("{n} agents registered"), PATIENCE, || async {
+            metric(&http_get(*health, "/metrics").await.1, READY) == n
+        })
+        .await;
     }
 }
 
@@ -152,19 +148,13 @@ async fn no_dial_is_lost_when_an_agent_is_killed_under_load() {
     // Every dial the frozen agent was given is pending; wait until each
     // server holds some (half the dials go to each agent, at random).
     for (_, _, health) in &fronts {
-        let mut pending = 0.0;
-        for _ in 0..200 {
-            let (_, m) = http_get(*health, "/metrics").await;
-            pending = metric(&m, &format!("{PENDING} "));
-            if pending >= 5.0 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
-        assert!(
-            pending >= 5.0,
-            "pending dials on the frozen agent: {pending}"
-        );
+        eventually("5 dials pending on the frozen agent", PATIENCE, || async {
+            metric(
+                &http_get(*health, "/metrics").await.1,
+                &format!("{PENDING} "),
+            ) >= 5.0
+        })
+        .await;
     }
     doomed.signal(9);
     // The load goes on while and after the agent dies.
