@@ -10,9 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"syscall"
 	"testing"
-	"time"
 
 	"konnectivity-goharness"
 )
@@ -132,56 +130,24 @@ func closerHandler(msg string) func(net.Conn) error {
 	}
 }
 
-// refusedAddr is a loopback port that refuses connections: bound, never
-// listened on, kept bound until the test ends so nobody else takes it.
+// refusedAddr is a loopback port that refuses connections until the test
+// ends (goharness.RefusedAddr).
 func refusedAddr(t testing.TB) string {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	addr, release, err := goharness.RefusedAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return goharness.Loopback(sa.(*syscall.SockaddrInet4).Port)
+	t.Cleanup(release)
+	return addr
 }
 
-// blackholeAddr never completes a TCP handshake, on loopback: a listener
-// with backlog 0 whose accept queue is filled and never accepted, so the
-// kernel drops further SYNs and a dialer waits for its own timeout.
+// blackholeAddr never completes a TCP handshake until the test ends
+// (goharness.BlackholeAddr).
 func blackholeAddr(t testing.TB) string {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	addr, release, err := goharness.BlackholeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := goharness.Loopback(sa.(*syscall.SockaddrInet4).Port)
-	// Fill the accept queue until a handshake stops completing.
-	full := false
-	for range 16 {
-		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
-		if err != nil {
-			full = true
-			break
-		}
-		t.Cleanup(func() { c.Close() })
-	}
-	if !full {
-		t.Fatalf("blackhole %s still completes handshakes after 16 connections", addr)
-	}
+	t.Cleanup(release)
 	return addr
 }

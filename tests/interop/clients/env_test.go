@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -268,52 +267,26 @@ func echoDest(t testing.TB) string {
 	})
 }
 
-// refusedAddr is a loopback port that refuses connections: bound, never
-// listened on, kept bound until the test ends so nobody else takes it.
+// refusedAddr is a loopback port that refuses connections until the test
+// ends (goharness.RefusedAddr).
 func refusedAddr(t testing.TB) string {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	addr, release, err := goharness.RefusedAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return goharness.Loopback(sa.(*syscall.SockaddrInet4).Port)
+	t.Cleanup(release)
+	return addr
 }
 
-// blackholeAddr never completes a TCP handshake: a listener with backlog 0
-// whose accept queue is full, so a dial to it waits for the agent's timeout.
+// blackholeAddr never completes a TCP handshake until the test ends
+// (goharness.BlackholeAddr).
 func blackholeAddr(t testing.TB) string {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	addr, release, err := goharness.BlackholeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := goharness.Loopback(sa.(*syscall.SockaddrInet4).Port)
-	for range 16 {
-		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
-		if err != nil {
-			return addr
-		}
-		t.Cleanup(func() { c.Close() })
-	}
-	t.Fatalf("blackhole %s still completes handshakes after 16 connections", addr)
-	return ""
+	t.Cleanup(release)
+	return addr
 }
 
 // pattern is n deterministic bytes for seed.
