@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use daemon::chunks::ChunkReader;
-use daemon::relay::Tally;
 use konnectivity_proto::control::ControlTx;
-use konnectivity_proto::flow::{RecvGate, SendGate};
 use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
+use link::chunks::ChunkReader;
+use link::flow::{RecvGate, SendGate};
+use link::relay::Tally;
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -88,7 +88,7 @@ pub async fn pump(
         let mut rd = rd;
         loop {
             // What is read is held until it may be sent.
-            let limit = konnectivity_proto::flow::read_size(link.send);
+            let limit = link::flow::read_size(link.send);
             let data = match reader.read_at_most(&mut rd, limit).await {
                 Ok(d) if !d.is_empty() => d,
                 _ => return,

@@ -104,7 +104,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
         Links {
             out: out_tx,
             control: ctl_tx,
-            flow_max: flow.then_some(konnectivity_proto::flow::MIN_WINDOW),
+            flow_max: flow.then_some(link::flow::MIN_WINDOW),
             debug: Default::default(),
         },
         metrics,
@@ -118,9 +118,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             policy: Arc::new(
                 crate::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
             ),
-            flow: konnectivity_proto::flow::FlowPool::new(
-                konnectivity_proto::flow::FlowSettings::default(),
-            ),
+            flow: link::flow::FlowPool::new(link::flow::FlowSettings::default()),
             dialer,
         },
         drain.clone(),

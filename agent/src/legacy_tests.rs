@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::drain::Drain;
-use konnectivity_proto::flow::{FlowPool, FlowSettings};
 use konnectivity_proto::ids::ServerId;
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
+use link::flow::{FlowPool, FlowSettings};
 use parking_lot::Mutex;
 use tokio::io::DuplexStream;
 use tokio::sync::mpsc;

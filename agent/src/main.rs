@@ -5,12 +5,12 @@
 //! when it holds no stream to any server and no connection.
 
 use anyhow::Context;
-use daemon::flags::{fatal, usage_error};
+use go_compat::flags::{fatal, usage_error};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let values = proxy_agent::options::flags().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&values) {
+    if let Err(e) = go_compat::logging::init(&values) {
         usage_error(&e);
     }
     daemon::process::init();
@@ -56,12 +56,12 @@ async fn main() -> anyhow::Result<()> {
             _ = tokio::time::sleep(grace) => match handle.open_connections() {
                 0 => tracing::info!(
                     "--graceful-shutdown-timeout ({}) is over: exiting",
-                    daemon::duration::format(grace)
+                    go_compat::duration::format(grace)
                 ),
                 n => tracing::warn!(
                     connections = n,
                     "--graceful-shutdown-timeout ({}) is over: closing the connections left",
-                    daemon::duration::format(grace)
+                    go_compat::duration::format(grace)
                 ),
             },
         }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use daemon::flags::{FlagSet, Values};
+use go_compat::flags::{FlagSet, Values};
 use konnectivity_proto::ids::AgentId;
 
 use crate::Config;
@@ -63,11 +63,11 @@ pub fn flags() -> FlagSet {
         .bool("allow-expired-certificates", false, "Ours: start even if --agent-cert holds a certificate that is expired or not yet valid (or --ca-cert none that is valid now), with a warning; without it that is a start-up error. Hot reloads refuse such files either way.")
         .string("allowed-destinations", "", "Ours: comma-separated CIDRs the agent may dial for its servers, each optionally with :PORT or :FIRST-LAST (IPv6 with ports: [CIDR]:PORT). Empty allows every destination, as upstream.")
         .duration("graceful-shutdown-timeout", GRACEFUL_SHUTDOWN_TIMEOUT, "Ours: after the first SIGTERM (DRAIN sent), how long the agent keeps serving (open connections, and dials servers still route to it as their last resort) before it closes what is left and exits; a second SIGTERM exits at once. Keep it below the pod's terminationGracePeriodSeconds.")
-        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with servers of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream servers ignore the offer.")
-        .int("flow-control-max-window", konnectivity_proto::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
-        .int("flow-control-server-budget", konnectivity_proto::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one server stream may have in flight towards this agent together; windows stop growing when it is used.")
-        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all server streams may have in flight towards this agent together, HTTP/2 windows of the server streams included.")
-        .int("http2-max-window", i64::from(konnectivity_proto::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one server connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")
+        .int("flow-control-window", link::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with servers of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream servers ignore the offer.")
+        .int("flow-control-max-window", link::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
+        .int("flow-control-server-budget", link::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one server stream may have in flight towards this agent together; windows stop growing when it is used.")
+        .int("flow-control-budget", link::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all server streams may have in flight towards this agent together, HTTP/2 windows of the server streams included.")
+        .int("http2-max-window", i64::from(link::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one server connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")
         .bool("count-server-leases", false, "Enables lease counting system to determine the number of proxy servers to connect to.")
         .string("lease-namespace", "kube-system", "Namespace where lease objects are managed.")
         .string("lease-label-selector", "k8s-app=konnectivity-server", "Label selector for leases to take into account when counting servers.")
@@ -151,7 +151,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     if !alpn.iter().any(|p| p == b"h2") {
         alpn.push(b"h2".to_vec());
     }
-    let files = daemon::tls_reload::Files {
+    let files = daemon::tls::Files {
         cert,
         key,
         ca: Some(ca),
@@ -188,8 +188,8 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     if interval > cap {
         return Err(format!(
             "--sync-interval ({}) must not be greater than --sync-interval-cap ({})",
-            daemon::duration::format(interval),
-            daemon::duration::format(cap)
+            go_compat::duration::format(interval),
+            go_compat::duration::format(cap)
         ));
     }
     if v.bool("enable-contention-profiling") && !v.bool("enable-profiling") {
@@ -240,13 +240,10 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         "flow-control-server-budget",
         "flow-control-budget",
     ];
-    let mut settings =
-        konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)?;
-    settings.http2_max_window = konnectivity_proto::flow::http2_window_from_flag(
-        v.int("http2-max-window"),
-        "http2-max-window",
-    )?;
-    let flow = konnectivity_proto::flow::FlowPool::new(settings);
+    let mut settings = link::flow::settings_from_flags(names.map(|n| v.int(n)), names)?;
+    settings.http2_max_window =
+        link::flow::http2_window_from_flag(v.int("http2-max-window"), "http2-max-window")?;
+    let flow = link::flow::FlowPool::new(settings);
     let egress = egress_proxy(v, |name| std::env::var(name).ok())?;
     let config = Config {
         connector: Connector {

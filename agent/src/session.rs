@@ -8,15 +8,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use daemon::debug_connections::{Connections, Tracked};
 use daemon::drain::Drain;
 use konnectivity_proto::control::{ControlError, ControlTx};
-use konnectivity_proto::flow::{
-    FlowPool, GateError, LegacyLink, LinkFlow, RecvGate, SWEEP_INTERVAL, Sweep,
-};
 use konnectivity_proto::ids::{ConnectId, DialId, ServerId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
+use link::debug_connections::{Connections, Tracked};
+use link::flow::{FlowPool, GateError, LegacyLink, LinkFlow, RecvGate, SWEEP_INTERVAL, Sweep};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::time::Instant;

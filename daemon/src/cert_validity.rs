@@ -17,8 +17,7 @@ use std::path::Path;
 
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::tls::{FileFlags, Role};
-use crate::tls_reload::Files;
+use crate::tls::{FileFlags, Files, Role};
 
 /// Why a file's certificates cannot be used now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

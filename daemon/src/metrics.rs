@@ -2,7 +2,7 @@
 //! process-global recorder), so two servers in one test process never share
 //! counters: nodeport-proxy's and tunnel-agent's Envoy-named stats.
 //! proxy-server and proxy-agent write client_golang's exposition instead
-//! ([`crate::gometrics`]).
+//! ([`go_compat::gometrics`]).
 
 use std::time::Duration;
 

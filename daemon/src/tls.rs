@@ -84,7 +84,7 @@ impl TlsError {
                 format!(
                     "{}: cannot read it: {}",
                     at(*role, path),
-                    crate::errors::io_reason(source)
+                    go_compat::errors::io_reason(source)
                 )
             }
             TlsError::NoCertificate { role, path } => format!(
@@ -328,14 +328,22 @@ pub fn server_config(
             .build()
             .map_err(|e| TlsError::Verifier(e.to_string()))?;
             // Go verifies X.509 v1 client certificates; webpki alone does not.
-            let verifier =
-                crate::x509v1::AcceptV1Leaves::new(verifier, &load_certs_as(Role::Ca, ca)?, algs);
+            let verifier = go_compat::x509v1::AcceptV1Leaves::new(
+                verifier,
+                &load_certs_as(Role::Ca, ca)?,
+                algs,
+            );
             builder.with_client_cert_verifier(Arc::new(verifier))
         }
         None => builder.with_no_client_auth(),
     };
     let identity = certified_key(cert, key, &provider)?;
-    if identity.cert.first().and_then(crate::x509v1::v1).is_some() {
+    if identity
+        .cert
+        .first()
+        .and_then(go_compat::x509v1::v1)
+        .is_some()
+    {
         tracing::warn!(
             cert = %cert.display(),
             "this server certificate is X.509 v1: it has no subjectAltName, so clients that check the server's name (proxy-agent, kube-apiserver; upstream's too) will refuse it; reissue it as v3 with subjectAltName"
@@ -348,7 +356,7 @@ pub fn server_config(
 
 /// The certificate chain in `cert` with the key in `key`, checked to belong
 /// together. Unlike rustls's own check this accepts X.509 v1 certificates,
-/// as Go does (see [`crate::x509v1`]).
+/// as Go does (see [`go_compat::x509v1`]).
 pub fn certified_key(
     cert: &Path,
     key: &Path,
@@ -431,7 +439,9 @@ pub fn client_config_for(
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(crate::x509v1::ExplainV1Servers::new(verifier)));
+        .with_custom_certificate_verifier(Arc::new(go_compat::x509v1::ExplainV1Servers::new(
+            verifier,
+        )));
     let mut config = match identity {
         Some((cert, key)) => builder
             .with_client_cert_resolver(Arc::new(OneCert(certified_key(cert, key, &provider)?))),
@@ -626,6 +636,26 @@ impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for NoteTlsError<I
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The files one TLS configuration is built from.
+#[derive(Debug, Clone, Default)]
+pub struct Files {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+}
+
+impl Files {
+    pub(crate) fn each(&self) -> impl Iterator<Item = (Role, &PathBuf)> {
+        [
+            (Role::Cert, self.cert.as_ref()),
+            (Role::Key, self.key.as_ref()),
+            (Role::Ca, self.ca.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(r, p)| p.map(|p| (r, p)))
     }
 }
 

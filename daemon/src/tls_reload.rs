@@ -18,7 +18,6 @@
 //! [`POLL_INTERVAL`].
 
 use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +25,10 @@ use tokio::sync::watch;
 
 use crate::drain::Drain;
 use crate::file_watch::{FileWatch, read_bounded};
-use crate::gometrics::Registry;
 use crate::limits::MAX_PEM_FILE;
+pub use crate::tls::Files;
 use crate::tls::{FileFlags, Role, TlsError};
+use go_compat::gometrics::Registry;
 
 /// How often the files are re-read even when no event said they changed.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(60);
@@ -54,26 +54,6 @@ impl MetricNames {
             self.reloads,
             "Reloads of TLS material after its files changed, by result; on failure the previous material stays in use.",
         );
-    }
-}
-
-/// The files one TLS configuration is built from.
-#[derive(Debug, Clone, Default)]
-pub struct Files {
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-    pub ca: Option<PathBuf>,
-}
-
-impl Files {
-    fn each(&self) -> impl Iterator<Item = (Role, &PathBuf)> {
-        [
-            (Role::Cert, self.cert.as_ref()),
-            (Role::Key, self.key.as_ref()),
-            (Role::Ca, self.ca.as_ref()),
-        ]
-        .into_iter()
-        .filter_map(|(r, p)| p.map(|p| (r, p)))
     }
 }
 
@@ -210,7 +190,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
                     Ok(w) => watches.push(w),
                     Err(e) => tracing::warn!(
                         tls = src.name, flag = flag(src.flags, role), error = %e,
-                        poll = %crate::duration::format(POLL_INTERVAL),
+                        poll = %go_compat::duration::format(POLL_INTERVAL),
                         "cannot watch this TLS file for changes; it is re-read periodically instead"
                     ),
                 }
@@ -346,7 +326,7 @@ pub fn earliest_expiry(path: &std::path::Path) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     const FLAGS: FileFlags = FileFlags {
         cert: "cluster-cert",

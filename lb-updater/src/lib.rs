@@ -11,7 +11,7 @@
 //! (re-allocating it would rotate cloud LB targets, KKP #4210); new ones are
 //! named `<ns>-<svc>-<N>` with node port 0 for Kubernetes to allocate.
 
-use daemon::flags::FlagSet;
+use go_compat::flags::FlagSet;
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use daemon::flags::usage_error;
 use futures::StreamExt;
+use go_compat::flags::usage_error;
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::PostParams;
@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let v = lb_updater::flags().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&v) {
+    if let Err(e) = go_compat::logging::init(&v) {
         usage_error(&e);
     }
     daemon::process::init();

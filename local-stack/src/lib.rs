@@ -170,7 +170,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 10,
             agent_queue: 64,
-            flow: konnectivity_proto::flow::FlowSettings::default(),
+            flow: link::flow::FlowSettings::default(),
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
@@ -196,8 +196,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         &[b"h2".to_vec()],
     )?;
     let agent_health = bind(0, "the agent health port").await?;
-    let flow =
-        konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings::default());
+    let flow = link::flow::FlowPool::new(link::flow::FlowSettings::default());
     let agent = proxy_agent::Agent::new(proxy_agent::Config {
         connector: proxy_agent::Connector {
             host: "127.0.0.1".into(),

@@ -4,10 +4,10 @@ use anyhow::Context;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let values = daemon::flags::FlagSet::new("local-stack", "Runs proxy-server, proxy-agent, nodeport-proxy, tunnel-agent and demo destinations on loopback.")
+    let values = go_compat::flags::FlagSet::new("local-stack", "Runs proxy-server, proxy-agent, nodeport-proxy, tunnel-agent and demo destinations on loopback.")
         .with_klog(0)
         .parse_env_or_exit();
-    daemon::logging::init(&values).map_err(anyhow::Error::msg)?;
+    go_compat::logging::init(&values).map_err(anyhow::Error::msg)?;
     let mut signals =
         daemon::signals::Terminations::install().context("installing signal handlers")?;
     let running = local_stack::start(local_stack::Ports::default()).await?;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::time::{Instant, SystemTime};
 
-use daemon::relay::{RelayBytes, RelayEnd};
+use link::relay::{RelayBytes, RelayEnd};
 use metrics::Counter;
 
 use crate::limits::ACCESS_LOG_QUEUE;

@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use daemon::flags::{FlagSet, Values};
 use daemon::keepalive::TcpKeepalive;
+use go_compat::flags::{FlagSet, Values};
 
 use crate::config::{ConnectionSettings, ProxyConfig, TableSource};
 use crate::source;
@@ -86,7 +86,7 @@ pub fn flag_set() -> FlagSet {
 }
 
 /// The HTTP/2 window flags of the tunneling listener.
-fn tunnel_windows(v: &Values, p: &ProxyConfig) -> Result<daemon::h2window::WindowSettings, String> {
+fn tunnel_windows(v: &Values, p: &ProxyConfig) -> Result<link::h2window::WindowSettings, String> {
     let initial = p.tunnel_windows.initial;
     let max = at_least(v, "tunneling-max-stream-window", i64::from(initial))?;
     let max = u32::try_from(max.min((1 << 31) - 1)).unwrap_or(u32::MAX);
@@ -95,7 +95,7 @@ fn tunnel_windows(v: &Values, p: &ProxyConfig) -> Result<daemon::h2window::Windo
         "tunneling-connection-budget",
         i64::from(p.tunnel_windows.initial_connection()),
     )?;
-    Ok(daemon::h2window::WindowSettings {
+    Ok(link::h2window::WindowSettings {
         max,
         connection_budget: budget,
         ..p.tunnel_windows

@@ -147,7 +147,7 @@ pub struct ProxyConfig {
     /// (Envoy's listener-filter timeout, 15 s).
     pub proxy_protocol_timeout: Duration,
     /// How the windows of HTTP/2 tunneling connections grow and shrink.
-    pub tunnel_windows: daemon::h2window::WindowSettings,
+    pub tunnel_windows: link::h2window::WindowSettings,
     /// What all HTTP/2 tunneling connections together may have in flight
     /// to us (their connection windows).
     pub tunnel_memory_budget: i64,
@@ -177,7 +177,7 @@ impl Default for ProxyConfig {
             max_streams_per_connection: 1024,
             accept_proxy_protocol: AcceptProxyProtocol::default(),
             proxy_protocol_timeout: Duration::from_secs(15),
-            tunnel_windows: daemon::h2window::WindowSettings {
+            tunnel_windows: link::h2window::WindowSettings {
                 initial: crate::limits::STREAM_WINDOW,
                 max: crate::limits::DEFAULT_MAX_STREAM_WINDOW,
                 connection_budget: crate::limits::DEFAULT_CONNECTION_BUDGET,

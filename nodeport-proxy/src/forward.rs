@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use daemon::debug_connections::{Both, Connections, Tracked};
 use daemon::drain::Drain;
-use daemon::duplex::{Duplex, Plain};
-use daemon::relay::{RelayBytes, RelayEnd, RelayOptions, Tally, relay};
+use link::debug_connections::{Both, Connections, Tracked};
+use link::duplex::{Duplex, Plain};
+use link::relay::{RelayBytes, RelayEnd, RelayOptions, Tally, relay};
 use metrics::{Counter, Gauge};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -37,7 +37,7 @@ pub struct Shared {
     /// What `/debug/connections` on the admin port lists.
     pub connections: Connections,
     /// The budget and totals of the tunneling connections' HTTP/2 windows.
-    pub windows: Arc<daemon::h2window::Pool>,
+    pub windows: Arc<link::h2window::Pool>,
 }
 
 /// The client as allow-lists, logs and upstreams see it: the connection's
@@ -231,7 +231,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
             attempts: config.upstream_connect_attempts,
             keepalive: config.connection.upstream_keepalive,
         },
-        windows: daemon::h2window::Pool::new(config.tunnel_memory_budget),
+        windows: link::h2window::Pool::new(config.tunnel_memory_budget),
         config,
         table,
         metrics,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use daemon::flags::usage_error;
+use go_compat::flags::usage_error;
 use nodeport_proxy::{Listeners, NodePortProxy, cli};
 use tokio::net::TcpListener;
 
@@ -17,7 +17,7 @@ fn main() {
         std::process::exit(copy_file(args.collect()));
     }
     let values = cli::flag_set().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&values) {
+    if let Err(e) = go_compat::logging::init(&values) {
         usage_error(&e);
     }
     daemon::process::init();

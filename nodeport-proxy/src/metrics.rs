@@ -46,7 +46,7 @@ pub struct Metrics {
     routes_tunnel: Gauge,
     pub draining_routes: Gauge,
     /// Ours: the tunneling listener's HTTP/2 windows and their budget.
-    windows: daemon::h2window::PoolGauges,
+    windows: link::h2window::PoolGauges,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -113,9 +113,9 @@ impl Metrics {
             )
         };
         let m = Metrics {
-            windows: daemon::h2window::PoolGauges::new(
+            windows: link::h2window::PoolGauges::new(
                 &r,
-                daemon::h2window::PoolGaugeNames {
+                link::h2window::PoolGaugeNames {
                     stream_windows: "nodeport_proxy_tunneling_http2_stream_window_bytes",
                     connection_windows: "nodeport_proxy_tunneling_http2_connection_window_bytes",
                     held: "nodeport_proxy_tunneling_http2_held_bytes",
@@ -259,7 +259,7 @@ impl Metrics {
     /// traffic are left out, but their membership (see cluster_stats.rs).
     /// Takes a while at seed scale: call it off the runtime's workers.
     /// Shows the tunneling connections' windows from now on.
-    pub fn watch_windows(&self, pool: Arc<daemon::h2window::Pool>) {
+    pub fn watch_windows(&self, pool: Arc<link::h2window::Pool>) {
         self.windows.watch(pool);
     }
 

@@ -215,7 +215,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
     };
     let end = forward(
-        daemon::duplex::Plain(client),
+        link::duplex::Plain(client),
         early.into(),
         &route,
         &downstream,
@@ -228,7 +228,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         &mut access,
     )
     .await;
-    if matches!(end, daemon::relay::RelayEnd::Idle) {
+    if matches!(end, link::relay::RelayEnd::Idle) {
         tcp.idle_timeout.increment(1);
     }
 }

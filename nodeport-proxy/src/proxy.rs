@@ -146,7 +146,7 @@ impl NodePortProxy {
                 keepalive: config.connection.upstream_keepalive,
             },
             windows: {
-                let pool = daemon::h2window::Pool::new(config.tunnel_memory_budget);
+                let pool = link::h2window::Pool::new(config.tunnel_memory_budget);
                 metrics.watch_windows(pool.clone());
                 pool
             },
@@ -154,7 +154,7 @@ impl NodePortProxy {
             table: store,
             metrics: metrics.clone(),
             drain: drain.clone(),
-            connections: daemon::debug_connections::Connections::new(),
+            connections: link::debug_connections::Connections::new(),
         });
         let stats_drain = Drain::new();
         if let Some(l) = listeners.admin {

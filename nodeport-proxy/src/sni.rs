@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use daemon::debug_connections::Tracked;
+use link::debug_connections::Tracked;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -169,7 +169,7 @@ async fn proxy(
         upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
     };
     let end = forward(
-        daemon::duplex::Plain(client),
+        link::duplex::Plain(client),
         hello.into(),
         &route,
         downstream,
@@ -182,7 +182,7 @@ async fn proxy(
         &mut access,
     )
     .await;
-    if matches!(end, daemon::relay::RelayEnd::Idle) {
+    if matches!(end, link::relay::RelayEnd::Idle) {
         tcp.idle_timeout.increment(1);
     }
     Ok(())

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use daemon::debug_connections::Tracked;
 use daemon::prefixed::PrefixedIo;
+use link::debug_connections::Tracked;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -180,7 +180,7 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         conn.set_state("http2");
         // h2 bounds reset and CONTINUATION floods itself; the guard bounds
         // the other control frames.
-        let io = daemon::h2flood::FloodGuard::server(PrefixedIo::new(buf.into(), client));
+        let io = link::h2flood::FloodGuard::server(PrefixedIo::new(buf.into(), client));
         Box::pin(crate::tunnel_h2::serve(
             io,
             l.clone(),
@@ -260,7 +260,7 @@ async fn http1(
     drop(buf);
     let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active());
     forward(
-        daemon::duplex::Plain(client),
+        link::duplex::Plain(client),
         early,
         &route,
         downstream,

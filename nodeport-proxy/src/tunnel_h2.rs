@@ -4,11 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use daemon::debug_connections::Tracked;
-use daemon::h2io::H2Io;
-use daemon::h2window::{Action, Controller, Meter};
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
+use link::debug_connections::Tracked;
+use link::h2io::H2Io;
+use link::h2window::{Action, Controller, Meter};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Instant;

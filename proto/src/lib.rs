@@ -18,11 +18,8 @@ pub use generated::*;
 
 pub mod codec;
 pub mod control;
-pub mod flow;
-pub mod flow_metrics;
 pub mod header;
 pub mod ids;
-pub mod legacy;
 mod packets;
 
 pub use packets::PacketExt;

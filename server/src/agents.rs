@@ -96,7 +96,7 @@ impl AgentService for AgentSvc {
         }
         // Flow control when the agent announces it and we have it on, with
         // the smaller of the two largest windows. Upstream agents never do.
-        let offered = konnectivity_proto::flow::parse_offer(
+        let offered = link::flow::parse_offer(
             request
                 .metadata()
                 .get(header::FLOW_CONTROL)
@@ -164,7 +164,7 @@ impl AgentService for AgentSvc {
         }
         md.insert(header::SERVER_COUNT, MetadataValue::from(self.server_count));
         if let Some(max) = flow_max
-            && let Ok(v) = MetadataValue::try_from(konnectivity_proto::flow::offer(max))
+            && let Ok(v) = MetadataValue::try_from(link::flow::offer(max))
         {
             md.insert(header::FLOW_CONTROL, v);
         }
@@ -176,7 +176,7 @@ impl AgentService for AgentSvc {
 /// and asks for their unused credit back (flow control only; never ends).
 async fn sweep_windows(backend: &Backend) {
     use konnectivity_proto::PacketExt;
-    use konnectivity_proto::flow::{SWEEP_INTERVAL, Sweep};
+    use link::flow::{SWEEP_INTERVAL, Sweep};
     if backend.flow().is_none() {
         return std::future::pending().await;
     }

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use konnectivity_proto::Packet;
 use konnectivity_proto::control::{ControlError, ControlTx};
-use konnectivity_proto::flow::{LegacyLink, LinkFlow};
 use konnectivity_proto::header::AgentIdentifiers;
 use konnectivity_proto::ids::{AgentId, ConnectId};
+use link::flow::{LegacyLink, LinkFlow};
 use parking_lot::{Mutex, RwLock};
 use rand::seq::IndexedRandom;
 use tokio::sync::{mpsc, watch};
@@ -38,7 +38,7 @@ impl AgentLinks {
     /// Links whose receiving ends are dropped (unit tests).
     #[cfg(test)]
     pub fn detached() -> Self {
-        let pool = konnectivity_proto::flow::FlowPool::new(Default::default());
+        let pool = link::flow::FlowPool::new(Default::default());
         AgentLinks {
             data: mpsc::channel(1).0,
             control: konnectivity_proto::control::channel().0,
@@ -55,7 +55,7 @@ fn queue_cost(pkt: &Packet) -> u32 {
         Some(konnectivity_proto::packet::Payload::Data(d)) => d.data.len(),
         _ => 0,
     };
-    let c = konnectivity_proto::flow::cost(len);
+    let c = link::flow::cost(len);
     u32::try_from(c)
         .unwrap_or(u32::MAX)
         .min(MAX_AGENT_QUEUE_BYTES)

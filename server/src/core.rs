@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use konnectivity_proto::flow::{FlowPool, FlowSettings, RecvGate};
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
+use link::flow::{FlowPool, FlowSettings, RecvGate};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -65,7 +65,7 @@ enum Redial {
 pub struct Core {
     pub backends: Backends,
     /// Live and recently closed tunnels, for `/debug/connections`.
-    pub debug: daemon::debug_connections::Connections,
+    pub debug: link::debug_connections::Connections,
     pending: Mutex<HashMap<DialId, Pending>>,
     pub metrics: Arc<Metrics>,
     /// The process budget and totals of every agent stream's windows.
@@ -469,7 +469,7 @@ impl Core {
                     return Flow::Continue;
                 }
                 if let Some(d) = tunnel.debug() {
-                    daemon::relay::Tally::client_bytes(d, len as u64);
+                    link::relay::Tally::client_bytes(d, len as u64);
                 }
                 if backend.send(pkt).await.is_err() {
                     tracing::debug!(connection_id = id, "DATA to agent failed: stream closed");
@@ -560,7 +560,7 @@ impl Core {
             return false;
         }
         if let Some(d) = tunnel.debug() {
-            daemon::relay::Tally::client_bytes(d, data.len() as u64);
+            link::relay::Tally::client_bytes(d, data.len() as u64);
         }
         backend.send(Packet::data(connect.0, data)).await.is_ok()
     }

@@ -93,9 +93,7 @@ fn agent(core: &Core, i: usize) -> Agent {
     let (tx, data) = mpsc::channel(core.cfg.agent_queue);
     let (ctl, control) = konnectivity_proto::control::channel();
     // Agent 0 speaks our flow-control extension, agent 1 is upstream's.
-    let flow = core
-        .flow
-        .link((i == 0).then_some(konnectivity_proto::flow::MIN_WINDOW));
+    let flow = core.flow.link((i == 0).then_some(link::flow::MIN_WINDOW));
     // Each agent serves one destination host, so dials pick deterministically.
     let backend = Backend::new(
         AgentId(format!("agent-{i}")),
@@ -168,7 +166,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 2,
             agent_queue: 2,
-            flow: konnectivity_proto::flow::FlowSettings::default(),
+            flow: link::flow::FlowSettings::default(),
         },
     ));
     let mut agents: Vec<Agent> = (0..AGENTS).map(|i| agent(&core, i)).collect();

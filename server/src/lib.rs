@@ -23,7 +23,7 @@ pub mod options;
 mod transport;
 mod tunnel;
 
-use daemon::h2flood::FloodGuard;
+use link::h2flood::FloodGuard;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -361,7 +361,7 @@ fn log_bound<L: Listener>(name: &str, l: &L) {
 }
 
 async fn finish(drain: &Drain, grace: Duration) {
-    tracing::info!(grace = %daemon::duration::format(grace), "shutting down");
+    tracing::info!(grace = %go_compat::duration::format(grace), "shutting down");
     if !drain.shutdown(grace).await && !grace.is_zero() {
         tracing::info!("grace period over; remaining tunnels were closed");
     }
@@ -400,7 +400,7 @@ fn serve_agents(
             );
             async move {
                 if let Some(io) = tls_handshake(&tls, daemon::tls::read_buffered(io)).await {
-                    daemon::h2grpc::serve(io, svc, &settings, &d).await;
+                    link::h2grpc::serve(io, svc, &settings, &d).await;
                 }
             }
         },

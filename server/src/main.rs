@@ -1,12 +1,12 @@
 //! `proxy-server`: parse flags, bind, serve; first SIGTERM drains, second exits.
 
 use anyhow::Context;
-use daemon::flags::{fatal, usage_error};
+use go_compat::flags::{fatal, usage_error};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let values = proxy_server::options::flags().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&values) {
+    if let Err(e) = go_compat::logging::init(&values) {
         usage_error(&e);
     }
     daemon::process::init();

@@ -1,13 +1,13 @@
 //! The server's metrics: upstream's names, labels, buckets and HELP text
 //! (`konnectivity_network_proxy_server_*`), registered once per server
 //! instance, each series appearing when upstream's would (see
-//! [`daemon::gometrics`]); with `process_*` and promhttp's families.
+//! [`go_compat::gometrics`]); with `process_*` and promhttp's families.
 
 use std::sync::Arc;
 
-use daemon::gometrics::{CounterGrid, Registry};
-use konnectivity_proto::flow::FlowPool;
-use konnectivity_proto::flow_metrics::{FlowGaugeNames, FlowGauges};
+use go_compat::gometrics::{CounterGrid, Registry};
+use link::flow::FlowPool;
+use link::flow::metrics::{FlowGaugeNames, FlowGauges};
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];

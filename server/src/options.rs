@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use daemon::flags::{FlagSet, Values};
 use daemon::tls::{self, FileFlags, TlsPolicy};
 use daemon::tls_reload::{AtStart, Files, Reloading};
+use go_compat::flags::{FlagSet, Values};
 use konnectivity_proto::ids::ServerId;
 
 use crate::backend::Strategy;
@@ -73,11 +73,11 @@ pub fn flags() -> FlagSet {
         .duration("graceful-shutdown-timeout", Duration::ZERO, "How long live tunnels may continue after SIGTERM before they are cut. 0 stops at once.")
         .duration("backend-dial-timeout", DEFAULT_BACKEND_DIAL_TIMEOUT, "Deadline for sending DIAL_REQ to an agent and receiving its DIAL_RSP. 0 means the 60s maximum.")
         .duration("frontend-stall-timeout", Duration::from_secs(10), "How long a frontend may leave its queue full before only its connection is closed (protects the shared agent stream).")
-        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with agents of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream agents never ask for it.")
-        .int("flow-control-max-window", konnectivity_proto::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
-        .int("flow-control-agent-budget", konnectivity_proto::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one agent stream may have in flight towards this server together; windows stop growing when it is used.")
-        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all agent streams may have in flight towards this server together, HTTP/2 windows of the agent streams included.")
-        .int("agent-http2-max-window", i64::from(konnectivity_proto::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one agent connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")
+        .int("flow-control-window", link::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with agents of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream agents never ask for it.")
+        .int("flow-control-max-window", link::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
+        .int("flow-control-agent-budget", link::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one agent stream may have in flight towards this server together; windows stop growing when it is used.")
+        .int("flow-control-budget", link::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all agent streams may have in flight towards this server together, HTTP/2 windows of the agent streams included.")
+        .int("agent-http2-max-window", i64::from(link::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one agent connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")
         .bool("warn-on-channel-limit", true, "Deprecated no-op.")
         .deprecated("This behavior is now thread safe and always on. This flag will be removed in a future release.")
         .with_klog(4)
@@ -216,15 +216,15 @@ fn pair(v: &Values, cert: &str, key: &str) -> Result<Option<(PathBuf, PathBuf)>,
 }
 
 /// The flow-control flags (`--flow-control-window=0` turns it off).
-pub fn flow(v: &Values) -> Result<konnectivity_proto::flow::FlowSettings, String> {
+pub fn flow(v: &Values) -> Result<link::flow::FlowSettings, String> {
     let names = [
         "flow-control-window",
         "flow-control-max-window",
         "flow-control-agent-budget",
         "flow-control-budget",
     ];
-    let mut s = konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)?;
-    s.http2_max_window = konnectivity_proto::flow::http2_window_from_flag(
+    let mut s = link::flow::settings_from_flags(names.map(|n| v.int(n)), names)?;
+    s.http2_max_window = link::flow::http2_window_from_flag(
         v.int("agent-http2-max-window"),
         "agent-http2-max-window",
     )?;
@@ -367,8 +367,8 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     let mut dial_timeout = v.duration("backend-dial-timeout");
     if dial_timeout.is_zero() || dial_timeout > MAX_BACKEND_DIAL_TIMEOUT {
         tracing::warn!(
-            requested = %daemon::duration::format(dial_timeout),
-            applied = %daemon::duration::format(MAX_BACKEND_DIAL_TIMEOUT),
+            requested = %go_compat::duration::format(dial_timeout),
+            applied = %go_compat::duration::format(MAX_BACKEND_DIAL_TIMEOUT),
             "--backend-dial-timeout capped: pending dials always get a deadline"
         );
         dial_timeout = MAX_BACKEND_DIAL_TIMEOUT;

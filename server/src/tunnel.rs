@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use daemon::debug_connections::Tracked;
 use konnectivity_proto::Packet;
 use konnectivity_proto::PacketExt;
-use konnectivity_proto::flow::{GateError, RecvGate, SendGate};
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
+use link::debug_connections::Tracked;
+use link::flow::{GateError, RecvGate, SendGate};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -288,9 +288,9 @@ impl Tunnel {
     }
 
     /// How much the frontend should read next: it holds what it read while
-    /// it waits for credit ([`konnectivity_proto::flow::read_size`]).
+    /// it waits for credit ([`link::flow::read_size`]).
     pub fn next_read(&self) -> usize {
-        konnectivity_proto::flow::read_size(self.flow().and_then(|f| f.send.as_ref()))
+        link::flow::read_size(self.flow().and_then(|f| f.send.as_ref()))
     }
 
     /// Queues a control packet (DIAL_RSP, CLOSE_RSP, DIAL_CLS) for the frontend.
@@ -329,7 +329,7 @@ impl Tunnel {
             None => Delivery::Gone,
             Some(Ok(())) => {
                 if let Some(d) = &self.debug {
-                    daemon::relay::Tally::upstream_bytes(d, len as u64);
+                    link::relay::Tally::upstream_bytes(d, len as u64);
                 }
                 self.enqueue(pkt)
             }

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use daemon::flags::{FlagSet, Values};
+use go_compat::flags::{FlagSet, Values};
 
 use crate::bootstrap::Bootstrap;
 use crate::config::{AgentConfig, DEFAULT_AGENT_IP, ListenerSpec};
@@ -70,7 +70,7 @@ pub struct FlagSettings {
     /// `HTTPS_PROXY`/`https_proxy` and `NO_PROXY`/`no_proxy` as they were at
     /// start.
     proxy_env: Vec<(&'static str, String)>,
-    windows: daemon::h2window::WindowSettings,
+    windows: link::h2window::WindowSettings,
     /// Envoy's `--allow-unknown-static-fields`.
     allow_unknown_fields: bool,
 }
@@ -105,7 +105,7 @@ impl Default for FlagSettings {
 }
 
 /// `-max-stream-window` and `-connection-budget`.
-fn windows(v: &Values) -> Result<daemon::h2window::WindowSettings, String> {
+fn windows(v: &Values) -> Result<link::h2window::WindowSettings, String> {
     let d = crate::config::DEFAULT_WINDOWS;
     let max = v.int("max-stream-window");
     if max < i64::from(d.initial) || max >= 1 << 31 {
@@ -122,7 +122,7 @@ fn windows(v: &Values) -> Result<daemon::h2window::WindowSettings, String> {
             d.initial_connection()
         ));
     }
-    Ok(daemon::h2window::WindowSettings {
+    Ok(link::h2window::WindowSettings {
         max: u32::try_from(max).unwrap_or(d.max),
         connection_budget: budget,
         ..d

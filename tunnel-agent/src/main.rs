@@ -5,13 +5,13 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use daemon::flags::usage_error;
+use go_compat::flags::usage_error;
 use tokio_util::sync::CancellationToken;
 use tunnel_agent::{AgentListeners, TunnelAgent, cli};
 
 fn main() {
     let values = cli::flag_set().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&values) {
+    if let Err(e) = go_compat::logging::init(&values) {
         usage_error(&e);
     }
     daemon::process::init();

@@ -13,7 +13,7 @@ pub const TCP_PREFIX: &str = "tcp_stats";
 pub struct AgentMetrics {
     registry: Arc<Registry>,
     /// Ours: the seed connection's HTTP/2 windows and their budget.
-    windows: daemon::h2window::PoolGauges,
+    windows: link::h2window::PoolGauges,
     started: Instant,
     uptime: Gauge,
     pub live: Gauge,
@@ -137,9 +137,9 @@ impl AgentMetrics {
         let c = [("envoy_cluster_name", CLUSTER)];
         let t = [("envoy_tcp_prefix", TCP_PREFIX)];
         let m = AgentMetrics {
-            windows: daemon::h2window::PoolGauges::new(
+            windows: link::h2window::PoolGauges::new(
                 &r,
-                daemon::h2window::PoolGaugeNames {
+                link::h2window::PoolGaugeNames {
                     stream_windows: "tunnel_agent_http2_stream_window_bytes",
                     connection_windows: "tunnel_agent_http2_connection_window_bytes",
                     held: "tunnel_agent_http2_held_bytes",
@@ -219,7 +219,7 @@ impl AgentMetrics {
     }
 
     /// Shows the seed connections' windows from now on.
-    pub fn watch_windows(&self, pool: Arc<daemon::h2window::Pool>) {
+    pub fn watch_windows(&self, pool: Arc<link::h2window::Pool>) {
         self.windows.watch(pool);
     }
 
@@ -234,7 +234,7 @@ impl AgentMetrics {
     }
 }
 
-impl daemon::relay::Tally for AgentMetrics {
+impl link::relay::Tally for AgentMetrics {
     fn client_bytes(&self, n: u64) {
         self.downstream_rx_bytes.increment(n);
         self.upstream_tx_bytes.increment(n);

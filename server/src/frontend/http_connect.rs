@@ -12,13 +12,13 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use daemon::chunks::ChunkReader;
 use daemon::drain::Drain;
 use daemon::hangup::{Hangup, SplitConn, hung_up};
 use daemon::listen::Reset;
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
+use link::chunks::ChunkReader;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 

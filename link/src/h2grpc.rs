@@ -21,8 +21,8 @@ use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::budget::Budget;
-use crate::drain::Drain;
 use crate::h2window::{Action, Controller, Keepalive, Meter, Start, WindowSettings, WindowStats};
+use daemon::drain::Drain;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -5,7 +5,7 @@
 //! A figure that cannot be read is left out, as the Go collector leaves it
 //! out (it logs the error instead).
 
-use crate::gometrics::ConstFamily;
+use crate::exposition::ConstFamily;
 
 /// `USER_HZ`: Linux reports CPU times in 1/100 s to user space whatever the
 /// kernel's tick; prometheus/procfs fixes it at 100 for the same reason.

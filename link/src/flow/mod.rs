@@ -44,63 +44,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use daemon::budget::Budget;
+use crate::budget::Budget;
+
+pub mod legacy;
+pub mod metrics;
+mod settings;
+mod stats;
+
+pub use legacy::{LegacyGate, LegacyLink, LegacyPool};
 use parking_lot::Mutex;
+pub use settings::*;
+pub use stats::*;
 use tokio::sync::Notify;
 
-pub use crate::legacy::{LegacyGate, LegacyLink, LegacyPool};
 use tokio::time::Instant;
-
-/// Smallest credit a DATA packet costs, whatever its length.
-pub const MIN_COST: i64 = 256;
-/// Largest gRPC message either side accepts (grpc-go's default).
-pub const MAX_PACKET: i64 = 4 << 20;
-/// The window every connection gets even when the budget is used up, so it
-/// still makes progress (and one stalled reader cannot stop the others).
-pub const FLOOR_WINDOW: i64 = 16 << 10;
-/// A new connection's window while the budget has room.
-pub const DEFAULT_INITIAL_WINDOW: i64 = 256 << 10;
-/// How far one connection's window may grow, per direction. A window
-/// carries about three quarters of itself per round trip (credit comes back
-/// in quarter windows, once the reader has passed the data on): one tunnel
-/// at 100 ms moved 113-122 MiB/s with 16 MiB, as grpc-go's 16 MiB allows
-/// upstream, and 181-198 MiB/s with 32 MiB (P10). The budgets bound what
-/// all windows together may hold.
-pub const DEFAULT_MAX_WINDOW: i64 = 32 << 20;
-/// Bounds for the window flags and for what a peer may announce.
-pub const MIN_WINDOW: i64 = FLOOR_WINDOW;
-pub const MAX_WINDOW: i64 = 1 << 30;
-/// What a sender with no credit left reads ahead of it, and then holds while
-/// it waits: enough that a read overlaps the wait for credit, small enough
-/// that a thousand tunnels held back by their readers hold little (P10
-/// stalled readers: 64 KiB chunks held by each took the server past its
-/// budget).
-pub const READ_AHEAD: usize = 16 << 10;
-/// How long a window's data may stand still before the window shrinks.
-pub const DEFAULT_IDLE: Duration = Duration::from_secs(1);
-/// How often windows are checked for shrinking (and budget freed).
-pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
-
-/// The credit a DATA payload of `len` bytes costs.
-pub fn cost(len: usize) -> i64 {
-    i64::try_from(len).unwrap_or(i64::MAX).max(MIN_COST)
-}
-
-/// The [`crate::header::FLOW_CONTROL`] value announcing our largest window.
-pub fn offer(max_window: i64) -> String {
-    format!("v2 max={max_window}")
-}
-
-/// Parses a peer's [`offer`]: its largest window, clamped to
-/// [`MIN_WINDOW`]..=[`MAX_WINDOW`]. `None` if absent or not understood.
-pub fn parse_offer(value: Option<&str>) -> Option<i64> {
-    value?
-        .trim()
-        .strip_prefix("v2 max=")?
-        .parse::<i64>()
-        .ok()
-        .map(|w| w.clamp(MIN_WINDOW, MAX_WINDOW))
-}
 
 /// Credit is returned once a quarter window has been passed on: few updates,
 /// well before the sender runs dry.
@@ -118,148 +75,6 @@ fn per_round_trip(bytes: i64, rtt: Duration, elapsed: Duration) -> i64 {
     i64::try_from(scaled).unwrap_or(i64::MAX)
 }
 
-/// How windows behave on one side of one agent stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowConfig {
-    /// A new connection's window while the budget has room.
-    pub initial: i64,
-    /// The largest window (the smaller of both sides' offers).
-    pub max: i64,
-    /// How long data may stand still before the window shrinks.
-    pub idle: Duration,
-}
-
-impl Default for WindowConfig {
-    fn default() -> Self {
-        WindowConfig {
-            initial: DEFAULT_INITIAL_WINDOW,
-            max: DEFAULT_MAX_WINDOW,
-            idle: DEFAULT_IDLE,
-        }
-    }
-}
-
-impl WindowConfig {
-    /// This configuration with the window capped at what the peer offered.
-    pub fn agreed(self, peer_max: i64) -> Self {
-        let max = self.max.min(peer_max).max(MIN_WINDOW);
-        WindowConfig {
-            initial: self.initial.clamp(FLOOR_WINDOW, max),
-            max,
-            idle: self.idle,
-        }
-    }
-}
-
-/// A window's agent stream may hold this much in all (per direction).
-pub const DEFAULT_LINK_BUDGET: i64 = 64 << 20;
-/// The largest HTTP/2 window of an agent stream (grpc-go's BDP estimator
-/// stops at 16 MiB).
-pub const DEFAULT_HTTP2_MAX_WINDOW: u32 = 32 << 20;
-/// An agent stream's HTTP/2 window to start with.
-pub const HTTP2_INITIAL_WINDOW: u32 = 1 << 20;
-/// All agent streams of a process together. Sized to fit the shipped memory
-/// limits (deploy/: agent 256Mi, server 512Mi) beside their peak RSS under
-/// load (soak: agent 57 MiB, server 321 MiB), and still more than one agent
-/// link can reserve at full window (64 MiB of tunnel windows + 32 MiB of
-/// HTTP/2 window); 16 tunnels at 100 ms carried 7-11 MiB per round trip (P10).
-pub const DEFAULT_PROCESS_BUDGET: i64 = 128 << 20;
-
-/// Flow control as configured on one side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FlowSettings {
-    /// Offered to peers of ours (`--flow-control-window` not 0).
-    pub enabled: bool,
-    pub window: WindowConfig,
-    /// What the tunnels of one agent stream may have in flight towards us.
-    pub link_budget: i64,
-    /// What all tunnels of this process may have in flight towards it.
-    pub process_budget: i64,
-    /// The largest HTTP/2 window of one agent stream (its connection and
-    /// its one stream), for upstream peers too; reserved from the process
-    /// budget as it grows.
-    pub http2_max_window: u32,
-}
-
-impl Default for FlowSettings {
-    fn default() -> Self {
-        FlowSettings {
-            enabled: true,
-            window: WindowConfig::default(),
-            link_budget: DEFAULT_LINK_BUDGET,
-            process_budget: DEFAULT_PROCESS_BUDGET,
-            http2_max_window: DEFAULT_HTTP2_MAX_WINDOW,
-        }
-    }
-}
-
-/// Validates the window and budget flags (values in bytes) into settings;
-/// `initial` 0 turns flow control off (the process budget still bounds the
-/// agent streams' HTTP/2 windows). `names` are the flags' names, in the same
-/// order, for the error messages.
-pub fn settings_from_flags(
-    [initial, max, link_budget, process_budget]: [i64; 4],
-    names: [&str; 4],
-) -> Result<FlowSettings, String> {
-    let budget = |v: i64, name: &str| {
-        if v >= FLOOR_WINDOW {
-            Ok(v)
-        } else {
-            Err(format!(
-                "--{name} must be at least {FLOOR_WINDOW} bytes, got {v}"
-            ))
-        }
-    };
-    if initial == 0 {
-        return Ok(FlowSettings {
-            enabled: false,
-            process_budget: budget(process_budget, names[3])?,
-            ..FlowSettings::default()
-        });
-    }
-    let in_range = |v: i64, name: &str| {
-        if (MIN_WINDOW..=MAX_WINDOW).contains(&v) {
-            Ok(v)
-        } else {
-            Err(format!(
-                "--{name} must be between {MIN_WINDOW} and {MAX_WINDOW} bytes, got {v}"
-            ))
-        }
-    };
-    let initial =
-        in_range(initial, names[0]).map_err(|e| format!("{e} (or 0 to turn flow control off)"))?;
-    let max = in_range(max, names[1])?;
-    if max < initial {
-        return Err(format!(
-            "--{} ({max}) must not be smaller than --{} ({initial})",
-            names[1], names[0]
-        ));
-    }
-    Ok(FlowSettings {
-        enabled: true,
-        window: WindowConfig {
-            initial,
-            max,
-            idle: DEFAULT_IDLE,
-        },
-        link_budget: budget(link_budget, names[2])?,
-        process_budget: budget(process_budget, names[3])?,
-        http2_max_window: DEFAULT_HTTP2_MAX_WINDOW,
-    })
-}
-
-/// Validates an HTTP/2 window flag: 64 KiB (HTTP/2's own) up to 1 GiB.
-pub fn http2_window_from_flag(v: i64, name: &str) -> Result<u32, String> {
-    const MIN: i64 = 65_535;
-    if (MIN..=MAX_WINDOW).contains(&v) {
-        Ok(u32::try_from(v).unwrap_or(u32::MAX))
-    } else {
-        Err(format!(
-            "--{name} must be between {MIN} and {MAX_WINDOW} bytes, got {v}"
-        ))
-    }
-}
-
 /// What every agent stream of one process shares: the settings, the process
 /// budget (which the HTTP/2 windows of the agent streams share too) and the
 /// totals for metrics.
@@ -269,7 +84,7 @@ pub struct FlowPool {
     pub budget: Arc<Budget>,
     pub stats: Arc<FlowStats>,
     /// Totals of the agent streams' HTTP/2 windows.
-    pub http2: Arc<daemon::h2window::WindowStats>,
+    pub http2: Arc<crate::h2window::WindowStats>,
     /// Every connection with an upstream peer.
     pub legacy: Arc<LegacyPool>,
 }
@@ -332,7 +147,7 @@ impl FlowPool {
 
     /// The receiving side of a stream with an upstream peer: its
     /// connections queue at most `slots` packets, and bytes as
-    /// [`crate::legacy`] describes, the stream's budget inside the process's.
+    /// [`crate::flow::legacy`] describes, the stream's budget inside the process's.
     pub fn legacy_link(&self, slots: usize, stall: Duration) -> LegacyLink {
         LegacyLink::new(
             self.legacy.clone(),
@@ -342,34 +157,6 @@ impl FlowPool {
             stall,
             self.stats.clone(),
         )
-    }
-}
-
-/// Totals over every receive window of a process, for its metrics.
-#[derive(Debug, Default)]
-pub struct FlowStats {
-    windows: AtomicI64,
-    parked: AtomicI64,
-}
-
-impl FlowStats {
-    /// Sum of the current receive windows of all flow-controlled connections.
-    pub fn windows(&self) -> i64 {
-        self.windows.load(Ordering::Relaxed)
-    }
-
-    /// Bytes received from the peer and not yet passed on, every connection
-    /// (with upstream peers too).
-    pub fn parked(&self) -> i64 {
-        self.parked.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn add_parked(&self, n: i64) {
-        self.parked.fetch_add(n, Ordering::Relaxed);
-    }
-
-    fn add_windows(&self, n: i64) {
-        self.windows.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -483,17 +270,6 @@ impl LinkFlow {
     }
 }
 
-/// Why incoming DATA was not admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum GateError {
-    /// Legacy peer: the consumer left the queue full for the whole stall limit.
-    #[error("the reader did not take data for {0:?}")]
-    Stalled(Duration),
-    /// Flow-controlled peer: it sent more than it was granted.
-    #[error("peer exceeded the flow-control window of {0} bytes")]
-    Exceeded(i64),
-}
-
 /// What the sweep asks the caller to send the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sweep {
@@ -507,7 +283,7 @@ pub enum Sweep {
 /// local consumer (frontend or destination).
 pub enum RecvGate {
     /// Upstream peer: bounded in packets and bytes per connection and by the
-    /// stream's and the process's budgets (see [`crate::legacy`]).
+    /// stream's and the process's budgets (see [`crate::flow::legacy`]).
     Legacy(LegacyGate),
     /// Flow-controlled peer.
     Window(RecvWindow),
@@ -933,7 +709,7 @@ impl Drop for RecvWindow {
 /// next: a full chunk without flow control (an upstream peer grants no
 /// credit), else [`SendGate::next_read`].
 pub fn read_size(send: Option<&SendGate>) -> usize {
-    let max = daemon::chunks::MAX_CHUNK;
+    let max = crate::chunks::MAX_CHUNK;
     send.map_or(max, |g| g.next_read(max))
 }
 
@@ -1656,7 +1432,7 @@ mod tests {
         assert_eq!(read_size(Some(&gate)), READ_AHEAD);
         assert_eq!(
             read_size(None),
-            daemon::chunks::MAX_CHUNK,
+            crate::chunks::MAX_CHUNK,
             "no flow control: full chunks"
         );
         // An oversize packet took the credit below zero.

@@ -168,10 +168,10 @@ impl Connections {
     }
 
     /// The `/debug/connections` reply for a request with `query`.
-    pub fn reply(&self, query: Option<&str>) -> crate::endpoints::Reply {
-        crate::endpoints::Reply {
+    pub fn reply(&self, query: Option<&str>) -> daemon::endpoints::Reply {
+        daemon::endpoints::Reply {
             content_type: "application/json",
-            ..crate::endpoints::Reply::text(
+            ..daemon::endpoints::Reply::text(
                 http::StatusCode::OK,
                 self.render(Self::limit_from_query(query)),
             )
@@ -179,16 +179,16 @@ impl Connections {
     }
 
     /// [`Connections::reply`], but only to a client on a loopback address
-    /// ([`crate::endpoints::Head::from_loopback`]: one in the same network
+    /// ([`daemon::endpoints::Head::from_loopback`]: one in the same network
     /// namespace; `kubectl port-forward` qualifies), whatever the admin port
     /// is bound to (every interface, so that Prometheus can scrape it, or
     /// `::` with IPv4 clients arriving as `::ffff:127.0.0.1`). Others get
     /// 403.
-    pub fn reply_local(&self, head: &crate::endpoints::Head<'_>) -> crate::endpoints::Reply {
+    pub fn reply_local(&self, head: &daemon::endpoints::Head<'_>) -> daemon::endpoints::Reply {
         if head.from_loopback() {
             return self.reply(head.query);
         }
-        crate::endpoints::Reply::loopback_only("/debug/connections")
+        daemon::endpoints::Reply::loopback_only("/debug/connections")
     }
 
     /// `limit` from a query string such as `limit=50`.
@@ -406,7 +406,7 @@ mod tests {
         let _held = c.open("np", None);
         let head = |peer: &str| {
             let method = http::Method::GET;
-            let h = crate::endpoints::Head {
+            let h = daemon::endpoints::Head {
                 method: &method,
                 path: "/debug/connections",
                 query: None,

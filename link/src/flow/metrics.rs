@@ -5,9 +5,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use daemon::gometrics::{Gauge, Registry};
+use go_compat::gometrics::{Gauge, Registry};
 
-use crate::flow::FlowPool;
+use super::FlowPool;
 
 /// One side's family names and HELP text, `(name, help)` each.
 pub struct FlowGaugeNames {

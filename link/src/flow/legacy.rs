@@ -29,12 +29,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use daemon::budget::Budget;
+use crate::budget::Budget;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::flow::{FLOOR_WINDOW, FlowStats, GateError, SWEEP_INTERVAL, cost};
+use super::settings::{FLOOR_WINDOW, SWEEP_INTERVAL, cost};
+use super::stats::{FlowStats, GateError};
 
 /// Every legacy connection of a process, so that a reader waiting for budget
 /// can find the ones whose consumers stopped.

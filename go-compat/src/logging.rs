@@ -102,6 +102,8 @@ const OUR_CRATES: &[&str] = &[
     "proxy_server",
     "proxy_agent",
     "daemon",
+    "go_compat",
+    "link",
     "konnectivity_proto",
     "nodeport_proxy",
     "tunnel_agent",
