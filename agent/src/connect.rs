@@ -64,7 +64,7 @@ pub struct Connector {
     /// a name resolved by [`crate::servers`]).
     pub addr: Option<std::net::SocketAddr>,
     /// Reloaded when its files change; each attempt takes the current one.
-    pub tls: daemon::tls_reload::Reloading<rustls::ClientConfig>,
+    pub tls: daemon::tls::reload::Reloading<rustls::ClientConfig>,
     pub agent_id: AgentId,
     pub identifiers: String,
     pub token_path: Option<PathBuf>,

@@ -45,7 +45,7 @@ pub enum Segment {
 }
 
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
-pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames {
+pub const TLS: daemon::tls::reload::MetricNames = daemon::tls::reload::MetricNames {
     expiry: "konnectivity_network_proxy_agent_certificate_expiration_timestamp_seconds",
     reloads: "konnectivity_network_proxy_agent_tls_reloads_total",
 };

@@ -162,12 +162,12 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         ca: "ca-cert",
     };
     let at_start = if v.bool("allow-expired-certificates") {
-        daemon::tls_reload::AtStart::Warn
+        daemon::tls::reload::AtStart::Warn
     } else {
-        daemon::tls_reload::AtStart::Refuse
+        daemon::tls::reload::AtStart::Refuse
     };
     let tls =
-        daemon::tls_reload::Reloading::from_files("server", flags, files, at_start, move |f| {
+        daemon::tls::reload::Reloading::from_files("server", flags, files, at_start, move |f| {
             let identity = f.cert.as_deref().zip(f.key.as_deref());
             match &f.ca {
                 Some(ca) => daemon::tls::client_config(ca, identity, &alpn),

@@ -10,7 +10,6 @@
 //! (`link`) or of any protocol the binaries speak.
 
 pub mod authority;
-pub mod cert_validity;
 pub mod drain;
 pub mod egress_proxy;
 pub mod endpoints;
@@ -23,11 +22,7 @@ pub mod lease;
 pub mod limits;
 pub mod listen;
 pub mod metrics;
-#[cfg(feature = "pprof")]
-pub mod pprof;
 pub mod prefixed;
 pub mod process;
-pub mod reply;
 pub mod signals;
 pub mod tls;
-pub mod tls_reload;

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use daemon::drain::Drain;
 use daemon::listen::{AcceptOptions, Listener, accept_loop};
-use daemon::tls_reload::Reloading;
+use daemon::tls::reload::Reloading;
 use konnectivity_proto::agent_service_server::AgentServiceServer;
 use konnectivity_proto::ids::ServerId;
 use konnectivity_proto::proxy_service_server::ProxyServiceServer;

@@ -35,7 +35,7 @@ const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_cou
 /// Ours (issue 38.1): dials moved to another agent.
 const DIALS_RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
-pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames {
+pub const TLS: daemon::tls::reload::MetricNames = daemon::tls::reload::MetricNames {
     expiry: "konnectivity_network_proxy_server_certificate_expiration_timestamp_seconds",
     reloads: "konnectivity_network_proxy_server_tls_reloads_total",
 };

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use daemon::tls::reload::{AtStart, Files, Reloading};
 use daemon::tls::{self, FileFlags, TlsPolicy};
-use daemon::tls_reload::{AtStart, Files, Reloading};
 use go_compat::flags::{FlagSet, Values};
 use konnectivity_proto::ids::ServerId;
 

@@ -6,7 +6,7 @@
 //! New handshakes take [`Reloading::current`]; connections already
 //! established keep the configuration they were made with. A rebuild that
 //! fails (a half-written file, a key that does not match, a certificate
-//! expired or not yet valid: [`crate::cert_validity`]) is logged with the
+//! expired or not yet valid: [`crate::tls::validity`]) is logged with the
 //! flag that named the file, counted as a failed reload and changes nothing:
 //! the previous material stays in use until the files are fixed. Files
 //! refused because their certificate is not valid yet are read again at the
@@ -73,7 +73,7 @@ pub enum AtStart {
 /// Why files could not be taken.
 enum Refused {
     Load(TlsError),
-    Validity(crate::cert_validity::OutsideValidity),
+    Validity(crate::tls::validity::OutsideValidity),
 }
 
 impl Refused {
@@ -138,7 +138,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
         build: impl Fn(&Files) -> Result<T, TlsError> + Send + Sync + 'static,
     ) -> Result<Self, String> {
         let first = build(&files).map_err(|e| e.naming(flags))?;
-        if let Err(e) = crate::cert_validity::check_now(&files, flags) {
+        if let Err(e) = crate::tls::validity::check_now(&files, flags) {
             match at_start {
                 AtStart::Refuse => {
                     return Err(format!("{e} (--allow-expired-certificates starts anyway)"));
@@ -226,7 +226,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
                 let s = src.clone();
                 let built = tokio::task::spawn_blocking(move || {
                     let config = (s.build)(&s.files).map_err(Refused::Load)?;
-                    crate::cert_validity::check_now(&s.files, s.flags)
+                    crate::tls::validity::check_now(&s.files, s.flags)
                         .map_err(Refused::Validity)?;
                     Ok(config)
                 });

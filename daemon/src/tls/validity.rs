@@ -5,7 +5,7 @@
 //! expired") until someone fixes the file. So a certificate file whose
 //! certificates are not all valid now, or a CA file none of whose
 //! certificates is, is refused like any other bad file: on a hot reload the
-//! material loaded before stays in use (see [`crate::tls_reload`]), at
+//! material loaded before stays in use (see [`crate::tls::reload`]), at
 //! start-up it is an error unless the binary's
 //! `--allow-expired-certificates` says otherwise.
 //!

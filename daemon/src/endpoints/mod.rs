@@ -1,6 +1,10 @@
 //! The small HTTP/1.1 servers every binary runs for health, readiness and
 //! metrics. Handlers are plain functions from the request head to a reply.
 
+#[cfg(feature = "pprof")]
+pub mod pprof;
+pub mod reply;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -19,7 +23,7 @@ use crate::drain::Drain;
 use crate::limits::{ENDPOINT_HEAD_TIMEOUT, ENDPOINT_MAX_BUF, ENDPOINT_MAX_CONNECTIONS};
 use crate::listen::{AcceptOptions, Slots, accept_loop};
 
-pub use crate::reply::{CHUNK, ChunkWriter, Head, Render, Reply, Sink, is_loopback};
+pub use crate::endpoints::reply::{CHUNK, ChunkWriter, Head, Render, Reply, Sink, is_loopback};
 
 /// Chunks of a streamed body held at once between the rendering thread and
 /// the connection: with [`CHUNK`], what a large body costs in memory.
@@ -87,7 +91,7 @@ pub async fn serve_with(
                         // A profile shows what the process does: for the
                         // host's eyes only, as /debug/connections.
                         let reply = if peer.is_some_and(|a| is_loopback(a.ip())) {
-                            crate::pprof::handle(req.uri().path(), req.uri().query()).await
+                            crate::endpoints::pprof::handle(req.uri().path(), req.uri().query()).await
                         } else {
                             Reply::loopback_only("/debug/pprof")
                         };

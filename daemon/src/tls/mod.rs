@@ -1,6 +1,9 @@
 //! rustls configuration from PEM files and Go-spelled TLS policy flags
 //! (`--tls-min-version=VersionTLS12`, `--cipher-suites=TLS_ECDHE_…`).
 
+pub mod reload;
+pub mod validity;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

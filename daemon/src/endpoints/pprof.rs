@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 
-use crate::reply::Reply;
+use crate::endpoints::reply::Reply;
 
 /// Samples per second, Go's `runtime.SetCPUProfileRate` default.
 const FREQUENCY: i32 = 100;
