@@ -5,7 +5,7 @@
 //! per-connection flow control, so one reader that stops reading stalls all
 //! of them. Here, when both ends announce it at stream set-up (request
 //! metadata from the agent, response header from the server, both
-//! [`crate::header::FLOW_CONTROL`]), each side of each connection may have
+//! `konnectivity_proto::header::FLOW_CONTROL`), each side of each connection may have
 //! sent no more DATA than the other side granted it credit for; the receiver
 //! returns credit with WINDOW_UPDATE as it passes data on (to the frontend,
 //! or to the destination). A side that ignores the announcement falls back to
@@ -777,7 +777,7 @@ impl SendGate {
     }
 
     /// The peer asks for up to `bytes` of unused credit back; returns what is
-    /// given back (to be reported with [`crate::PacketExt::credit_returned`]).
+    /// given back (to be reported with `konnectivity_proto::PacketExt::credit_returned`).
     pub fn give_back(&self, bytes: i64) -> i64 {
         let mut s = self.state.lock();
         let back = s.credit.clamp(0, bytes.max(0));

@@ -39,7 +39,7 @@ pub fn cost(len: usize) -> i64 {
     i64::try_from(len).unwrap_or(i64::MAX).max(MIN_COST)
 }
 
-/// The [`crate::header::FLOW_CONTROL`] value announcing our largest window.
+/// The `konnectivity_proto::header::FLOW_CONTROL` value announcing our largest window.
 pub fn offer(max_window: i64) -> String {
     format!("v2 max={max_window}")
 }
