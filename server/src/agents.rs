@@ -18,6 +18,7 @@ use tracing::Instrument;
 use crate::backend::{AgentLinks, Backend};
 use crate::core::Core;
 use crate::metrics::{Segment, Service};
+use crate::tunnel::Tunnel;
 
 pub struct AgentSvc {
     pub core: Arc<Core>,
@@ -174,7 +175,7 @@ impl AgentService for AgentSvc {
 
 /// Shrinks the windows of this agent's connections whose data stands still
 /// and asks for their unused credit back (flow control only; never ends).
-async fn sweep_windows(backend: &Backend) {
+async fn sweep_windows(backend: &Backend<Tunnel>) {
     use konnectivity_proto::PacketExt;
     use link::flow::{SWEEP_INTERVAL, Sweep};
     if backend.flow().is_none() {
@@ -201,7 +202,12 @@ async fn sweep_windows(backend: &Backend) {
     }
 }
 
-async fn serve(core: &Core, backend: &Arc<Backend>, mut inbound: Streaming<Packet>, drain: &Drain) {
+async fn serve(
+    core: &Core,
+    backend: &Arc<Backend<Tunnel>>,
+    mut inbound: Streaming<Packet>,
+    drain: &Drain,
+) {
     loop {
         let msg = tokio::select! {
             m = inbound.message() => m,

@@ -34,17 +34,17 @@ pub enum TunnelState {
     /// DIAL_REQ sent to `backend`, waiting for DIAL_RSP.
     Dialing {
         dial: DialId,
-        backend: Arc<Backend>,
+        backend: Arc<Backend<Tunnel>>,
         deadline: Instant,
     },
     /// DIAL_RSP succeeded; packets flow.
     Established {
-        backend: Arc<Backend>,
+        backend: Arc<Backend<Tunnel>>,
         connect: ConnectId,
     },
     /// The frontend asked to close; waiting for the agent's CLOSE_RSP.
     Closing {
-        backend: Arc<Backend>,
+        backend: Arc<Backend<Tunnel>>,
         connect: ConnectId,
     },
     /// Nothing more will be sent either way.
@@ -87,7 +87,7 @@ pub struct Flow {
     pub recv: RecvGate,
     /// Credit for the frontend's DATA to the agent; `None` for upstream agents.
     pub send: Option<SendGate>,
-    backend: Arc<Backend>,
+    backend: Arc<Backend<Tunnel>>,
     connect: ConnectId,
 }
 
@@ -270,7 +270,7 @@ impl Tunnel {
     /// Sets up flow bookkeeping once the agent answered the dial.
     pub fn establish_flow(
         &self,
-        backend: Arc<Backend>,
+        backend: Arc<Backend<Tunnel>>,
         connect: ConnectId,
         recv: RecvGate,
         send: Option<SendGate>,
