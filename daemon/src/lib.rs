@@ -13,6 +13,7 @@ pub mod duplex;
 pub mod duration;
 pub mod egress_proxy;
 pub mod endpoints;
+pub mod envoy_stats;
 pub mod errors;
 pub mod file_watch;
 pub mod flags;
