@@ -13,6 +13,7 @@ pub mod authority;
 pub mod drain;
 pub mod egress_proxy;
 pub mod endpoints;
+pub mod envoy_stats;
 pub mod file_watch;
 pub mod forward;
 pub mod hangup;

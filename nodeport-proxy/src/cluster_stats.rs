@@ -8,22 +8,19 @@
 //! 20,000 idle clusters is a few MB, not a hundred.
 //!
 //! The handles given to the data path are the `metrics` crate's, so code
-//! that counts does not know where its counts go.
+//! that counts does not know where its counts go; the text is written by
+//! daemon's Envoy exposition ([`daemon::metrics`]), as the registry's is.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use daemon::envoy_stats as envoy;
+use daemon::metrics::{Kind, MsHistogram, add_f64, header, sample};
 use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn};
 use parking_lot::Mutex;
 
 use crate::names::ClusterName;
-
-/// Envoy's default histogram buckets, in milliseconds.
-pub const MS_BUCKETS: &[f64] = &[
-    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
-    60000.0, 300000.0, 600000.0, 1800000.0, 3600000.0,
-];
 
 /// Counters, in the order of [`COUNTERS`].
 const CX_TOTAL: usize = 0;
@@ -35,11 +32,11 @@ const CX_TX_BYTES: usize = 5;
 const RQ_TOTAL: usize = 6;
 const COUNTERS: [(&str, &str); 7] = [
     (
-        "envoy_cluster_upstream_cx_total",
+        envoy::CLUSTER_UPSTREAM_CX_TOTAL,
         "Upstream connections opened.",
     ),
     (
-        "envoy_cluster_upstream_cx_connect_fail",
+        envoy::CLUSTER_UPSTREAM_CX_CONNECT_FAIL,
         "Upstream connects refused or failed.",
     ),
     (
@@ -51,15 +48,15 @@ const COUNTERS: [(&str, &str); 7] = [
         "Connections with no endpoint to try.",
     ),
     (
-        "envoy_cluster_upstream_cx_rx_bytes_total",
+        envoy::CLUSTER_UPSTREAM_CX_RX_BYTES,
         "Bytes received from upstreams.",
     ),
     (
-        "envoy_cluster_upstream_cx_tx_bytes_total",
+        envoy::CLUSTER_UPSTREAM_CX_TX_BYTES,
         "Bytes sent to upstreams.",
     ),
     (
-        "envoy_cluster_upstream_rq_total",
+        envoy::CLUSTER_UPSTREAM_RQ_TOTAL,
         "CONNECT tunnels routed to the cluster.",
     ),
 ];
@@ -72,11 +69,11 @@ const MEMBERSHIP_HEALTHY: usize = 2;
 const MEMBERSHIP_TOTAL: usize = 3;
 const GAUGES: [(&str, &str); 4] = [
     (
-        "envoy_cluster_upstream_cx_active",
+        envoy::CLUSTER_UPSTREAM_CX_ACTIVE,
         "Open upstream connections.",
     ),
     (
-        "envoy_cluster_upstream_rq_active",
+        envoy::CLUSTER_UPSTREAM_RQ_ACTIVE,
         "Open CONNECT tunnels to the cluster.",
     ),
     (
@@ -102,30 +99,6 @@ const HISTOGRAMS: [(&str, &str); 2] = [
     ),
 ];
 
-#[derive(Default)]
-struct Hist {
-    buckets: [AtomicU64; MS_BUCKETS.len()],
-    /// f64 bits.
-    sum: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Hist {
-    fn record(&self, v: f64) {
-        if let Some(i) = MS_BUCKETS.iter().position(|b| v <= *b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        add_f64(&self.sum, v);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-fn add_f64(cell: &AtomicU64, v: f64) {
-    let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-        Some((f64::from_bits(b) + v).to_bits())
-    });
-}
-
 /// One cluster's values.
 #[derive(Default)]
 struct Cells {
@@ -134,7 +107,7 @@ struct Cells {
     gauges: [AtomicU64; GAUGES.len()],
     /// Both histograms, allocated together on first use: one cell for
     /// both keeps a cluster's values in a 128-byte allocation (issue 21).
-    hists: OnceLock<Box<[Hist; HISTOGRAMS.len()]>>,
+    hists: OnceLock<Box<[MsHistogram; HISTOGRAMS.len()]>>,
     /// Anything but membership was ever updated.
     used: AtomicBool,
 }
@@ -276,71 +249,34 @@ impl ClusterSet {
         }
         let shown = |c: &Cells| !used_only || c.used.load(Ordering::Relaxed);
         for (i, (name, help)) in COUNTERS.iter().enumerate() {
-            header(out, name, help, "counter")?;
+            header(out, name, Some(help), Kind::Counter)?;
             for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
                 let v = c.counters[i].load(Ordering::Relaxed);
-                writeln!(
-                    out,
-                    "{name}{{envoy_cluster_name=\"{}\"}} {v}",
-                    escape(cluster.as_str())
-                )?;
+                sample(out, name, "", &label(cluster), None, v)?;
             }
         }
         for (i, (name, help)) in GAUGES.iter().enumerate() {
-            header(out, name, help, "gauge")?;
+            header(out, name, Some(help), Kind::Gauge)?;
             let always = i == MEMBERSHIP_HEALTHY || i == MEMBERSHIP_TOTAL;
             for (cluster, c) in list.iter().filter(|(_, c)| always || shown(c)) {
                 let v = f64::from_bits(c.gauges[i].load(Ordering::Relaxed));
-                writeln!(
-                    out,
-                    "{name}{{envoy_cluster_name=\"{}\"}} {v}",
-                    escape(cluster.as_str())
-                )?;
+                sample(out, name, "", &label(cluster), None, v)?;
             }
         }
         for (i, (name, help)) in HISTOGRAMS.iter().enumerate() {
-            header(out, name, help, "histogram")?;
+            header(out, name, Some(help), Kind::Histogram)?;
             for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
-                let label = escape(cluster.as_str());
                 let h = c.hists.get().map(|h| &h[i]);
-                let mut cumulative = 0;
-                for (j, bound) in MS_BUCKETS.iter().enumerate() {
-                    cumulative += h.map_or(0, |h| h.buckets[j].load(Ordering::Relaxed));
-                    writeln!(
-                        out,
-                        "{name}_bucket{{envoy_cluster_name=\"{label}\",le=\"{bound}\"}} {cumulative}"
-                    )?;
-                }
-                let count = h.map_or(0, |h| h.count.load(Ordering::Relaxed));
-                let sum = h.map_or(0.0, |h| f64::from_bits(h.sum.load(Ordering::Relaxed)));
-                writeln!(
-                    out,
-                    "{name}_bucket{{envoy_cluster_name=\"{label}\",le=\"+Inf\"}} {count}"
-                )?;
-                writeln!(out, "{name}_sum{{envoy_cluster_name=\"{label}\"}} {sum}")?;
-                writeln!(
-                    out,
-                    "{name}_count{{envoy_cluster_name=\"{label}\"}} {count}"
-                )?;
+                MsHistogram::write(h, out, name, &label(cluster))?;
             }
         }
         Ok(())
     }
 }
 
-fn header(out: &mut impl std::fmt::Write, name: &str, help: &str, kind: &str) -> std::fmt::Result {
-    writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}")
-}
-
-/// A label value as the exposition format wants it.
-fn escape(v: &str) -> std::borrow::Cow<'_, str> {
-    if !v.contains(['\\', '"', '\n']) {
-        return v.into();
-    }
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-        .into()
+/// A cluster's label pair.
+fn label(cluster: &ClusterName) -> [(&'static str, &str); 1] {
+    [(envoy::CLUSTER_NAME_LABEL, cluster.as_str())]
 }
 
 #[cfg(test)]

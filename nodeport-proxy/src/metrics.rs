@@ -2,13 +2,15 @@
 //! Envoy's Prometheus output, because KKP's dashboards and federation rules
 //! read those (`envoy_cluster_*` by `envoy_cluster_name`, `envoy_http_*` by
 //! `envoy_http_conn_manager_prefix="ingress_http"`, `envoy_listener_*` by
-//! `envoy_listener_address`); ours are prefixed `nodeport_proxy_`.
+//! `envoy_listener_address`); ours are prefixed `nodeport_proxy_`. The
+//! `envoy_*` series tunnel-agent exports too are declared in
+//! [`daemon::envoy_stats`].
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use std::fmt::Write as _;
 
+use daemon::envoy_stats::{self as envoy, ServerStats, TcpHelp};
 use daemon::metrics::Registry;
 use metrics::{Counter, Gauge};
 
@@ -24,9 +26,8 @@ pub const HTTP_PREFIX: &str = "ingress_http";
 pub struct Metrics {
     registry: Arc<Registry>,
     clusters: ClusterSet,
-    started: Instant,
+    server: ServerStats,
     pub server_live: Gauge,
-    server_uptime: Gauge,
     memory_allocated: Gauge,
     memory_heap: Gauge,
     pub tcp: TcpStats,
@@ -99,9 +100,19 @@ impl ListenerStats {
 
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
-        let r = Registry::new(&[]);
+        let r = Registry::new();
         describe(&r);
-        let tcp_l = [("envoy_tcp_prefix", TCP_PREFIX)];
+        let server = ServerStats::new(&r, "proxy");
+        let tcp = envoy::TcpStats::new(
+            &r,
+            TCP_PREFIX,
+            TcpHelp {
+                downstream_cx_total: "TCP proxy connections (NodePort and SNI).",
+                downstream_cx_rx_bytes_total: "Bytes received from TCP proxy clients.",
+                downstream_cx_tx_bytes_total: "Bytes sent to TCP proxy clients.",
+            },
+        );
+        let tcp_l = [(envoy::TCP_PREFIX_LABEL, TCP_PREFIX)];
         let http_l = [("envoy_http_conn_manager_prefix", HTTP_PREFIX)];
         let class = |c: &'static str| {
             r.counter(
@@ -124,17 +135,14 @@ impl Metrics {
                 },
                 "-tunneling-memory-budget in bytes.",
             ),
-            started: Instant::now(),
-            server_live: r.gauge("envoy_server_live", &[]),
-            server_uptime: r.gauge("envoy_server_uptime", &[]),
+            server_live: server.live(),
+            server,
             memory_allocated: r.gauge("envoy_server_memory_allocated", &[]),
             memory_heap: r.gauge("envoy_server_memory_heap_size", &[]),
             tcp: TcpStats {
-                downstream_cx_total: r.counter("envoy_tcp_downstream_cx_total", &tcp_l),
-                downstream_cx_rx_bytes_total: r
-                    .counter("envoy_tcp_downstream_cx_rx_bytes_total", &tcp_l),
-                downstream_cx_tx_bytes_total: r
-                    .counter("envoy_tcp_downstream_cx_tx_bytes_total", &tcp_l),
+                downstream_cx_total: tcp.downstream_cx_total,
+                downstream_cx_rx_bytes_total: tcp.downstream_cx_rx_bytes_total,
+                downstream_cx_tx_bytes_total: tcp.downstream_cx_tx_bytes_total,
                 downstream_cx_no_route: r.counter("envoy_tcp_downstream_cx_no_route", &tcp_l),
                 idle_timeout: r.counter("envoy_tcp_idle_timeout", &tcp_l),
             },
@@ -188,26 +196,23 @@ impl Metrics {
             registry: Arc::new(r),
             clusters: ClusterSet::default(),
         };
-        m.server_live.set(1.0);
         Arc::new(m)
     }
 
     pub fn listener(&self, address: &str) -> ListenerStats {
         let r = self.registry.clone();
         let addr = address.to_string();
+        let envoy::ListenerStats {
+            downstream_cx_total,
+            downstream_cx_active,
+        } = envoy::ListenerStats::new(&r, address);
         ListenerStats {
-            downstream_cx_total: r.counter(
-                "envoy_listener_downstream_cx_total",
-                &[("envoy_listener_address", address)],
-            ),
-            downstream_cx_active: r.gauge(
-                "envoy_listener_downstream_cx_active",
-                &[("envoy_listener_address", address)],
-            ),
+            downstream_cx_total,
+            downstream_cx_active,
             rejected: Arc::new(move |reason| {
                 r.counter(
                     "nodeport_proxy_rejected_connections_total",
-                    &[("envoy_listener_address", &addr), ("reason", reason)],
+                    &[(envoy::LISTENER_ADDRESS_LABEL, &addr), ("reason", reason)],
                 )
             }),
         }
@@ -224,7 +229,10 @@ impl Metrics {
         self.registry
             .counter(
                 "nodeport_proxy_source_denied_total",
-                &[("envoy_cluster_name", cluster.as_str()), ("kind", kind)],
+                &[
+                    (envoy::CLUSTER_NAME_LABEL, cluster.as_str()),
+                    ("kind", kind),
+                ],
             )
             .increment(1);
     }
@@ -285,8 +293,7 @@ impl Metrics {
         if let Some(probe) = self.sync_probe.get() {
             probe();
         }
-        self.server_uptime
-            .set(self.started.elapsed().as_secs() as f64);
+        self.server.update();
         if let Some((allocated, heap)) = daemon::process::allocator_bytes() {
             // Envoy's meaning: bytes in use, and the heap holding them.
             self.memory_allocated.set(allocated as f64);
@@ -304,10 +311,6 @@ impl Metrics {
             let _ = out.finish();
         }
     }
-
-    pub fn registry(&self) -> Arc<Registry> {
-        self.registry.clone()
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -324,8 +327,6 @@ fn resident_bytes() -> Option<u64> {
 }
 
 fn describe(r: &Registry) {
-    r.describe_gauge("envoy_server_live", "1 while the proxy is serving.");
-    r.describe_gauge("envoy_server_uptime", "Seconds since the proxy started.");
     r.describe_gauge(
         "envoy_server_memory_allocated",
         "Bytes allocated and in use (resident memory without jemalloc).",
@@ -333,18 +334,6 @@ fn describe(r: &Registry) {
     r.describe_gauge(
         "envoy_server_memory_heap_size",
         "Bytes of the allocator's resident pages (resident memory without jemalloc).",
-    );
-    r.describe_counter(
-        "envoy_tcp_downstream_cx_total",
-        "TCP proxy connections (NodePort and SNI).",
-    );
-    r.describe_counter(
-        "envoy_tcp_downstream_cx_rx_bytes_total",
-        "Bytes received from TCP proxy clients.",
-    );
-    r.describe_counter(
-        "envoy_tcp_downstream_cx_tx_bytes_total",
-        "Bytes sent to TCP proxy clients.",
     );
     r.describe_counter(
         "envoy_tcp_downstream_cx_no_route",
@@ -399,14 +388,7 @@ fn describe(r: &Registry) {
         "envoy_http_downstream_cx_protocol_error",
         "Connections closed for a protocol error.",
     );
-    r.describe_counter(
-        "envoy_listener_downstream_cx_total",
-        "Connections accepted, per listener.",
-    );
-    r.describe_gauge(
-        "envoy_listener_downstream_cx_active",
-        "Open connections, per listener.",
-    );
+    envoy::ListenerStats::describe(r);
     r.describe_counter(
         "nodeport_proxy_table_reloads_total",
         "Routing table loads, by result.",

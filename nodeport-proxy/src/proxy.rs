@@ -180,7 +180,6 @@ impl NodePortProxy {
                 stats_drain.clone(),
             ));
         }
-        tokio::spawn(metrics.registry().run_upkeep(stats_drain.clone()));
         let reload = Arc::new(Notify::new());
         tokio::spawn(follower.run(shared.table.clone(), reload.clone(), drain.clone()));
         tokio::spawn(crate::node_port::manage(

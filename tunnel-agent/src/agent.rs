@@ -147,7 +147,6 @@ impl TunnelAgent {
             metrics.clone(),
             drain.clone(),
         ));
-        tokio::spawn(metrics.registry().run_upkeep(stats_drain.clone()));
         let inner = Arc::new(Inner {
             config: config_tx,
             metrics: metrics.clone(),
