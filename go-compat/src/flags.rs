@@ -214,35 +214,21 @@ impl FlagSet {
         self
     }
 
-    /// Adds the klog flags upstream binaries accept, with klog's defaults
-    /// except `-v` (upstream's mains set 4), and component-base's
+    /// Adds the klog flags upstream binaries accept ([`Klog`]), with klog's
+    /// defaults except `-v` (upstream's mains set 4), and component-base's
     /// `--logging-format`; [`crate::logging`] applies them.
     pub fn with_klog(self, default_verbosity: i64) -> Self {
-        self.int("v", default_verbosity, "number for the log level verbosity")
-            .short('v')
-            .string("vmodule", "", "comma-separated list of pattern=N settings for file-filtered logging (pattern: a source file name without .rs, * and ? allowed)")
-            .string("log-dir", "", "If non-empty, write log files in this directory (no effect when -logtostderr=true)")
-            .string("log-file", "", "If non-empty, use this log file (no effect when -logtostderr=true)")
-            .int("log-file-max-size", 1800, "Defines the maximum size a log file can grow to (no effect when -logtostderr=true). Unit is megabytes. If the value is 0, the maximum file size is unlimited.")
-            .bool("logtostderr", true, "log to standard error instead of files")
-            .bool("alsologtostderr", false, "log to standard error as well as files (no effect when -logtostderr=true)")
-            .string("alsologtostderrthreshold", "INFO", "logs at or above this threshold go to stderr when -alsologtostderr=true (no effect when -logtostderr=true)")
-            .string("stderrthreshold", "ERROR", "logs at or above this threshold go to stderr when writing to files and stderr (no effect when -logtostderr=true or -alsologtostderr=true unless -legacy_stderr_threshold_behavior=false)")
-            .bool("legacy-stderr-threshold-behavior", true, "If true, stderrthreshold is ignored when logtostderr=true (legacy behavior). If false, stderrthreshold is honored even when logtostderr=true")
-            .bool("add-dir-header", false, "If true, adds the file directory to the header of the log messages")
-            .bool("skip-headers", false, "If true, avoid header prefixes in the log messages")
-            .bool("skip-log-headers", false, "If true, avoid headers when opening log files (no effect when -logtostderr=true)")
-            .bool("one-output", false, "If true, only write logs to their native severity level (vs also writing to each lower severity level; no effect when -logtostderr=true)")
-            .string("log-backtrace-at", ":0", "accepted for compatibility (Rust has no goroutine stacks to print)")
-            .string("logging-format", "text", "Sets the log format. Permitted formats: \"json\", \"text\" (component-base's spelling; ours).")
+        let mut set = Klog::declare(self);
+        if let Some(f) = set.flags.iter_mut().find(|f| f.name == "v") {
+            f.default = Value::Int(default_verbosity);
+        }
+        set
     }
 
-    /// Adds KKP's logging flags (`pkg/log/zap.go`): `-log-debug` and
-    /// `-log-format` (JSON, the default, or Console); [`crate::logging`]
-    /// applies them.
+    /// Adds KKP's logging flags ([`KkpLogging`], `pkg/log/zap.go`);
+    /// [`crate::logging`] applies them.
     pub fn with_kkp_logging(self) -> Self {
-        self.bool("log-debug", false, "Enables more verbose logging")
-            .string("log-format", "JSON", "Log format, one of JSON, Console")
+        KkpLogging::declare(self)
     }
 
     fn find(&self, name: &str) -> Option<&Flag> {
@@ -463,6 +449,7 @@ fn parse_go_int(v: &str) -> Option<i64> {
     Some(if neg { -n } else { n })
 }
 
+/// Lookups by name, while binaries move to [`typed_flags!`] structs.
 impl Values {
     pub fn bool(&self, name: &str) -> bool {
         matches!(self.values.get(name), Some(Value::Bool(true)))
@@ -540,6 +527,311 @@ impl Values {
     pub fn port(&self, name: &str) -> Result<u16, String> {
         let v = self.int(name);
         u16::try_from(v).map_err(|_| format!("--{name}: {v} is not a valid port"))
+    }
+}
+
+/// A type a flag's value can be read into: the flag kinds' Rust types, and
+/// [`Given`] around any of them. Used by [`typed_flags!`].
+pub trait FlagValue: Sized {
+    /// What the declaration gives as the default.
+    type Default;
+    #[doc(hidden)]
+    fn declare(
+        set: FlagSet,
+        name: &'static str,
+        default: Self::Default,
+        usage: &'static str,
+    ) -> FlagSet;
+    #[doc(hidden)]
+    fn read(values: &Values, name: &'static str) -> Self;
+}
+
+macro_rules! flag_value {
+    ($ty:ty, $adder:ident, $variant:ident) => {
+        impl FlagValue for $ty {
+            type Default = $ty;
+            fn declare(
+                set: FlagSet,
+                name: &'static str,
+                default: $ty,
+                usage: &'static str,
+            ) -> FlagSet {
+                set.$adder(name, default, usage)
+            }
+            fn read(values: &Values, name: &'static str) -> $ty {
+                match values.values.get(name) {
+                    Some(Value::$variant(v)) => v.clone(),
+                    _ => Default::default(),
+                }
+            }
+        }
+    };
+}
+
+flag_value!(bool, bool, Bool);
+flag_value!(i64, int, Int);
+flag_value!(f64, float, Float);
+flag_value!(Duration, duration, Duration);
+
+impl FlagValue for String {
+    type Default = String;
+    fn declare(set: FlagSet, name: &'static str, default: String, usage: &'static str) -> FlagSet {
+        set.string(name, &default, usage)
+    }
+    fn read(values: &Values, name: &'static str) -> String {
+        match values.values.get(name) {
+            Some(Value::String(v)) => v.clone(),
+            _ => String::new(),
+        }
+    }
+}
+
+impl FlagValue for Vec<String> {
+    type Default = Vec<String>;
+    fn declare(
+        set: FlagSet,
+        name: &'static str,
+        default: Vec<String>,
+        usage: &'static str,
+    ) -> FlagSet {
+        let default: Vec<&str> = default.iter().map(String::as_str).collect();
+        set.strings(name, &default, usage)
+    }
+    fn read(values: &Values, name: &'static str) -> Vec<String> {
+        match values.values.get(name) {
+            Some(Value::Strings(v)) => v.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// A flag's value with its name and whether (and where) the command line
+/// gave it: for "only when set" settings, errors that name the flag, and two
+/// flags that set the same thing (the one given last wins).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Given<T> {
+    pub value: T,
+    name: &'static str,
+    /// Index among the flags given of this one's last appearance.
+    position: Option<usize>,
+}
+
+impl<T> Given<T> {
+    /// The flag's declared name (without dashes).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Whether the flag appeared on the command line (as opposed to its default).
+    pub fn is_set(&self) -> bool {
+        self.position.is_some()
+    }
+
+    /// The value when the flag was given.
+    pub fn if_set(&self) -> Option<&T> {
+        self.position.map(|_| &self.value)
+    }
+
+    /// Whether this flag was given after `other` (or `other` not at all),
+    /// as pflag leaves the value of whichever came last.
+    pub fn given_after<U>(&self, other: &Given<U>) -> bool {
+        self.position > other.position
+    }
+}
+
+impl<T: FlagValue> FlagValue for Given<T> {
+    type Default = T::Default;
+    fn declare(
+        set: FlagSet,
+        name: &'static str,
+        default: T::Default,
+        usage: &'static str,
+    ) -> FlagSet {
+        T::declare(set, name, default, usage)
+    }
+    fn read(values: &Values, name: &'static str) -> Self {
+        Given {
+            value: T::read(values, name),
+            name,
+            position: values.given.iter().rposition(|g| *g == name),
+        }
+    }
+}
+
+impl Given<String> {
+    /// A path flag that, when set (non-empty), must name an existing file.
+    pub fn existing_file(&self) -> Result<Option<std::path::PathBuf>, String> {
+        existing_file(self.name, &self.value)
+    }
+}
+
+impl Given<i64> {
+    /// A port flag as `u16`, with the flag name in the error.
+    pub fn port(&self) -> Result<u16, String> {
+        let v = self.value;
+        u16::try_from(v).map_err(|_| format!("--{}: {v} is not a valid port", self.name))
+    }
+}
+
+fn existing_file(name: &str, s: &str) -> Result<Option<std::path::PathBuf>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let p = std::path::PathBuf::from(s);
+    match std::fs::metadata(&p) {
+        Ok(m) if m.is_dir() => Err(format!("--{name} {s} is a directory; it must name a file")),
+        Ok(_) => Ok(Some(p)),
+        Err(e) => Err(format!("--{name} {s}: {}", crate::errors::io_reason(&e))),
+    }
+}
+
+/// Declares a struct of flags once: each field's flag name, default and usage
+/// (and `short('c')`, `deprecated("why")`, `hidden`), in `--help` order, and
+/// groups of flags (`#[embed(with_klog(4))] log: Klog`) after them. It
+/// generates the struct, `declare(FlagSet) -> FlagSet` (what `--help` lists)
+/// and `from_values(&Values) -> Self` (the struct filled from a parse), both
+/// from that one list, so a misspelt field does not compile and no flag is
+/// read by a name it was not declared under. With `= (FlagSet::new(..))`
+/// after the name it also generates `flag_set()`.
+///
+/// ```
+/// go_compat::typed_flags! {
+///     pub struct Demo = (go_compat::flags::FlagSet::new("demo", "A demo.")) {
+///         #[flag("server-port", 8090, "Port we listen on.")] server_port: i64,
+///         #[flag("mode", "grpc", "Mode.", short('m'))] mode: String,
+///     }
+/// }
+/// let v = Demo::flag_set().parse(["-m", "http"]).unwrap_or_default();
+/// let d = Demo::from_values(&v);
+/// assert_eq!((d.server_port, d.mode.as_str()), (8090, "http"));
+/// ```
+///
+/// A misspelt field is a compile error (the same code, `server_prot`):
+///
+/// ```compile_fail
+/// go_compat::typed_flags! {
+///     pub struct Demo = (go_compat::flags::FlagSet::new("demo", "A demo.")) {
+///         #[flag("server-port", 8090, "Port we listen on.")] server_port: i64,
+///         #[flag("mode", "grpc", "Mode.", short('m'))] mode: String,
+///     }
+/// }
+/// let v = Demo::flag_set().parse(["-m", "http"]).unwrap_or_default();
+/// let d = Demo::from_values(&v);
+/// assert_eq!((d.server_prot, d.mode.as_str()), (8090, "http"));
+/// ```
+#[macro_export]
+macro_rules! typed_flags {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident = ($set:expr) { $($body:tt)* }
+    ) => {
+        $crate::typed_flags! { $(#[$meta])* $vis struct $name { $($body)* } }
+        // A private struct need not use every generated function.
+        #[allow(dead_code)]
+        impl $name {
+            /// The flags as `--help` lists them.
+            $vis fn flag_set() -> $crate::flags::FlagSet {
+                Self::declare($set)
+            }
+            /// The process arguments parsed into these flags; see
+            /// [`FlagSet::parse_env_or_exit`]($crate::flags::FlagSet::parse_env_or_exit).
+            $vis fn parse_env_or_exit() -> Self {
+                Self::from_values(&Self::flag_set().parse_env_or_exit())
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                #[flag($flag:literal, $default:expr, $usage:expr $(, $modifier:ident $(($arg:expr))?)*)]
+                $field:ident : $ty:ty,
+            )*
+            $(
+                #[embed($group:ident($($garg:expr),*))]
+                $gfield:ident : $gty:ty,
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq)]
+        $vis struct $name {
+            $(pub $field: $ty,)*
+            $(pub $gfield: $gty,)*
+        }
+        // A private struct need not use every generated function.
+        #[allow(dead_code)]
+        impl $name {
+            /// Adds these flags to `set`, in order.
+            $vis fn declare(set: $crate::flags::FlagSet) -> $crate::flags::FlagSet {
+                $(
+                    let set = <$ty as $crate::flags::FlagValue>::declare(
+                        set,
+                        $flag,
+                        ($default).into(),
+                        $usage,
+                    )$(.$modifier($($arg)?))*;
+                )*
+                $(let set = set.$group($($garg),*);)*
+                set
+            }
+            /// These flags' values from a parse of a set they were declared in.
+            $vis fn from_values(values: &$crate::flags::Values) -> Self {
+                $name {
+                    $($field: <$ty as $crate::flags::FlagValue>::read(values, $flag),)*
+                    $($gfield: <$gty>::from_values(values),)*
+                }
+            }
+        }
+    };
+}
+
+crate::typed_flags! {
+    /// klog's flags ([`FlagSet::with_klog`]).
+    pub struct Klog {
+        #[flag("v", 0, "number for the log level verbosity", short('v'))]
+        v: i64,
+        #[flag("vmodule", "", "comma-separated list of pattern=N settings for file-filtered logging (pattern: a source file name without .rs, * and ? allowed)")]
+        vmodule: String,
+        #[flag("log-dir", "", "If non-empty, write log files in this directory (no effect when -logtostderr=true)")]
+        log_dir: String,
+        #[flag("log-file", "", "If non-empty, use this log file (no effect when -logtostderr=true)")]
+        log_file: String,
+        #[flag("log-file-max-size", 1800, "Defines the maximum size a log file can grow to (no effect when -logtostderr=true). Unit is megabytes. If the value is 0, the maximum file size is unlimited.")]
+        log_file_max_size: i64,
+        #[flag("logtostderr", true, "log to standard error instead of files")]
+        logtostderr: bool,
+        #[flag("alsologtostderr", false, "log to standard error as well as files (no effect when -logtostderr=true)")]
+        alsologtostderr: bool,
+        #[flag("alsologtostderrthreshold", "INFO", "logs at or above this threshold go to stderr when -alsologtostderr=true (no effect when -logtostderr=true)")]
+        alsologtostderrthreshold: String,
+        #[flag("stderrthreshold", "ERROR", "logs at or above this threshold go to stderr when writing to files and stderr (no effect when -logtostderr=true or -alsologtostderr=true unless -legacy_stderr_threshold_behavior=false)")]
+        stderrthreshold: String,
+        #[flag("legacy-stderr-threshold-behavior", true, "If true, stderrthreshold is ignored when logtostderr=true (legacy behavior). If false, stderrthreshold is honored even when logtostderr=true")]
+        legacy_stderr_threshold_behavior: bool,
+        #[flag("add-dir-header", false, "If true, adds the file directory to the header of the log messages")]
+        add_dir_header: bool,
+        #[flag("skip-headers", false, "If true, avoid header prefixes in the log messages")]
+        skip_headers: bool,
+        #[flag("skip-log-headers", false, "If true, avoid headers when opening log files (no effect when -logtostderr=true)")]
+        skip_log_headers: bool,
+        #[flag("one-output", false, "If true, only write logs to their native severity level (vs also writing to each lower severity level; no effect when -logtostderr=true)")]
+        one_output: bool,
+        #[flag("log-backtrace-at", ":0", "accepted for compatibility (Rust has no goroutine stacks to print)")]
+        log_backtrace_at: String,
+        #[flag("logging-format", "text", "Sets the log format. Permitted formats: \"json\", \"text\" (component-base's spelling; ours).")]
+        logging_format: String,
+    }
+}
+
+crate::typed_flags! {
+    /// KKP's logging flags (`pkg/log/zap.go`, [`FlagSet::with_kkp_logging`]):
+    /// `-log-debug` and `-log-format` (JSON, the default, or Console).
+    pub struct KkpLogging {
+        #[flag("log-debug", false, "Enables more verbose logging")]
+        log_debug: bool,
+        #[flag("log-format", "JSON", "Log format, one of JSON, Console")]
+        log_format: String,
     }
 }
 
@@ -644,5 +936,104 @@ mod tests {
         assert!(u.contains("--keepalive-time duration"));
         assert!(u.contains("(default 1h0m0s)"));
         assert!(!u.contains("warn-on-channel-limit"));
+    }
+    crate::typed_flags! {
+        struct Typed = (FlagSet::new("t", "test").usage_exit(1)) {
+            #[flag("mode", "grpc", "m", short('m'))]
+            mode: String,
+            #[flag("server-port", 8090, "p")]
+            server_port: Given<i64>,
+            #[flag("keepalive-time", Duration::from_secs(3600), "k")]
+            keepalive_time: Duration,
+            #[flag("alpn-proto", Vec::new(), "a")]
+            alpn_proto: Vec<String>,
+            #[flag("lease-label", "x", "", deprecated("no-op"))]
+            lease_label: Given<String>,
+            #[flag("lease-label-selector", "x", "s")]
+            lease_label_selector: Given<String>,
+            #[flag("kubeconfig", "", "k", hidden)]
+            kubeconfig: Given<String>,
+            #[embed(with_klog(3))]
+            log: Klog,
+        }
+    }
+
+    #[test]
+    fn typed_declaration_is_the_builders() {
+        let built = FlagSet::new("t", "test")
+            .usage_exit(1)
+            .string("mode", "grpc", "m")
+            .short('m')
+            .int("server-port", 8090, "p")
+            .duration("keepalive-time", Duration::from_secs(3600), "k")
+            .strings("alpn-proto", &[], "a")
+            .string("lease-label", "x", "")
+            .deprecated("no-op")
+            .string("lease-label-selector", "x", "s")
+            .string("kubeconfig", "", "k")
+            .hidden()
+            .with_klog(3);
+        assert_eq!(Typed::flag_set().usage(), built.usage());
+        assert!(built.usage().contains("(default 3)"));
+        assert_eq!(Typed::flag_set().usage_exit, 1);
+    }
+
+    #[test]
+    fn typed_fields_are_filled_from_the_parse() {
+        let v = Typed::flag_set()
+            .parse([
+                "-m",
+                "http-connect",
+                "--alpn-proto=a,b",
+                "--lease-label-selector=a=b",
+                "--lease-label=c",
+                "-v=5",
+            ])
+            .unwrap_or_default();
+        let t = Typed::from_values(&v);
+        assert_eq!(t.mode, "http-connect");
+        assert_eq!(t.server_port.value, 8090);
+        assert!(!t.server_port.is_set() && t.server_port.if_set().is_none());
+        assert_eq!(t.keepalive_time, Duration::from_secs(3600));
+        assert_eq!(t.alpn_proto, ["a", "b"]);
+        assert!(t.lease_label.given_after(&t.lease_label_selector));
+        assert!(!t.lease_label_selector.given_after(&t.lease_label));
+        assert_eq!(t.log.v, 5);
+        let v = Typed::flag_set()
+            .parse(["--lease-label-selector=a=b"])
+            .unwrap_or_default();
+        let t = Typed::from_values(&v);
+        assert!(t.lease_label_selector.given_after(&t.lease_label));
+        assert_eq!(
+            t.lease_label_selector.if_set().map(String::as_str),
+            Some("a=b")
+        );
+    }
+
+    #[test]
+    fn given_checks_name_the_flag() {
+        let v = Typed::flag_set()
+            .parse(["--server-port=70000", "--kubeconfig=/nonexistent/k"])
+            .unwrap_or_default();
+        let t = Typed::from_values(&v);
+        assert_eq!(
+            t.server_port.port(),
+            Err("--server-port: 70000 is not a valid port".into())
+        );
+        let e = t.kubeconfig.existing_file().err().unwrap_or_default();
+        assert!(e.starts_with("--kubeconfig /nonexistent/k: "), "{e}");
+        let v = Typed::flag_set()
+            .parse(["--kubeconfig=/"])
+            .unwrap_or_default();
+        assert_eq!(
+            Typed::from_values(&v).kubeconfig.existing_file(),
+            Err("--kubeconfig / is a directory; it must name a file".into())
+        );
+        assert_eq!(
+            Typed::from_values(&Values::default())
+                .kubeconfig
+                .existing_file(),
+            Ok(None)
+        );
     }
 }

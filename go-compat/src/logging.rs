@@ -30,7 +30,7 @@ use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::flags::Values;
+use crate::flags::{KkpLogging, Klog};
 
 /// How a line is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -464,13 +464,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// From the flags of [`crate::flags::FlagSet::with_klog`] or
-    /// [`crate::flags::FlagSet::with_kkp_logging`].
-    pub fn from_values(values: &Values) -> Result<Settings, String> {
-        if values.has("log-format") {
-            return Self::kkp(values);
-        }
-        let format = match values.string("logging-format").as_str() {
+    /// From klog's flags.
+    pub fn klog(flags: &Klog) -> Result<Settings, String> {
+        let format = match flags.logging_format.as_str() {
             "" | "text" => Format::KlogText,
             "json" => Format::KlogJson,
             other => {
@@ -479,20 +475,20 @@ impl Settings {
                 ));
             }
         };
-        let v = values.int("v");
-        let v = u8::try_from(v.clamp(0, 255)).unwrap_or(0);
-        let vmodule = VModule::parse(&values.string("vmodule"))?;
+        let v = u8::try_from(flags.v.clamp(0, 255)).unwrap_or(0);
+        let vmodule = VModule::parse(&flags.vmodule)?;
         Ok(Settings {
             format,
             verbosity: Verbosity::Klog { v, vmodule },
-            outputs: klog_outputs(values)?,
-            skip_headers: values.bool("skip-headers"),
-            add_dir_header: values.bool("add-dir-header"),
+            outputs: klog_outputs(flags)?,
+            skip_headers: flags.skip_headers,
+            add_dir_header: flags.add_dir_header,
         })
     }
 
-    fn kkp(values: &Values) -> Result<Settings, String> {
-        let format = match values.string("log-format").to_ascii_lowercase().as_str() {
+    /// From KKP's logging flags.
+    pub fn kkp(flags: &KkpLogging) -> Result<Settings, String> {
+        let format = match flags.log_format.to_ascii_lowercase().as_str() {
             "json" => Format::ZapJson,
             "console" => Format::ZapConsole,
             other => {
@@ -504,7 +500,7 @@ impl Settings {
         Ok(Settings {
             format,
             verbosity: Verbosity::Zap {
-                debug: values.bool("log-debug"),
+                debug: flags.log_debug,
             },
             outputs: Outputs::stderr(),
             skip_headers: false,
@@ -514,16 +510,14 @@ impl Settings {
 }
 
 /// klog's choice of outputs from its flags.
-fn klog_outputs(values: &Values) -> Result<Outputs, String> {
-    let stderr_threshold = Severity::parse("stderrthreshold", &values.string("stderrthreshold"))?;
-    let also_threshold = Severity::parse(
-        "alsologtostderrthreshold",
-        &values.string("alsologtostderrthreshold"),
-    )?;
-    if values.bool("logtostderr") {
+fn klog_outputs(flags: &Klog) -> Result<Outputs, String> {
+    let stderr_threshold = Severity::parse("stderrthreshold", &flags.stderrthreshold)?;
+    let also_threshold =
+        Severity::parse("alsologtostderrthreshold", &flags.alsologtostderrthreshold)?;
+    if flags.logtostderr {
         // Files are ignored; stderr gets everything unless the legacy
         // behaviour is turned off, then only what passes the threshold.
-        let threshold = if values.bool("legacy-stderr-threshold-behavior") {
+        let threshold = if flags.legacy_stderr_threshold_behavior {
             Severity::Info
         } else {
             stderr_threshold
@@ -533,12 +527,12 @@ fn klog_outputs(values: &Values) -> Result<Outputs, String> {
             files: Files::None,
         });
     }
-    let stderr = if values.bool("alsologtostderr") {
+    let stderr = if flags.alsologtostderr {
         also_threshold
     } else {
         stderr_threshold
     };
-    let max_mb = values.int("log-file-max-size");
+    let max_mb = flags.log_file_max_size;
     if max_mb < 0 {
         return Err(format!(
             "--log-file-max-size must not be negative, got {max_mb}"
@@ -548,10 +542,10 @@ fn klog_outputs(values: &Values) -> Result<Outputs, String> {
         0 => u64::MAX,
         mb => mb.saturating_mul(1 << 20),
     };
-    let headers = !values.bool("skip-log-headers");
-    let log_file = values.string("log-file");
+    let headers = !flags.skip_log_headers;
+    let log_file = &flags.log_file;
     let files = if !log_file.is_empty() {
-        let f = LogFile::open(Path::new(&log_file), max_bytes, headers).map_err(|e| {
+        let f = LogFile::open(Path::new(log_file), max_bytes, headers).map_err(|e| {
             format!(
                 "--log-file {log_file}: cannot open it: {}",
                 crate::errors::io_reason(&e)
@@ -559,8 +553,8 @@ fn klog_outputs(values: &Values) -> Result<Outputs, String> {
         })?;
         Files::One(Mutex::new(f))
     } else {
-        let dir = match values.string("log-dir") {
-            d if d.is_empty() => std::env::temp_dir(),
+        let dir = match flags.log_dir.as_str() {
+            "" => std::env::temp_dir(),
             d => PathBuf::from(d),
         };
         if !dir.is_dir() {
@@ -570,7 +564,7 @@ fn klog_outputs(values: &Values) -> Result<Outputs, String> {
             files: Default::default(),
             dir,
             program: program_name(),
-            one_output: values.bool("one-output"),
+            one_output: flags.one_output,
             headers,
         }
     };
@@ -588,10 +582,39 @@ fn program_name() -> String {
         .unwrap_or_else(|| "proxy".into())
 }
 
+/// The logging flags of a binary: [`Klog`] ([`crate::flags::FlagSet::with_klog`])
+/// or [`KkpLogging`] ([`crate::flags::FlagSet::with_kkp_logging`]).
+pub trait LogFlags {
+    fn settings(&self) -> Result<Settings, String>;
+}
+
+impl LogFlags for Klog {
+    fn settings(&self) -> Result<Settings, String> {
+        Settings::klog(self)
+    }
+}
+
+impl LogFlags for KkpLogging {
+    fn settings(&self) -> Result<Settings, String> {
+        Settings::kkp(self)
+    }
+}
+
+/// While binaries move to typed flags.
+impl LogFlags for crate::flags::Values {
+    fn settings(&self) -> Result<Settings, String> {
+        if self.has("log-format") {
+            Settings::kkp(&KkpLogging::from_values(self))
+        } else {
+            Settings::klog(&Klog::from_values(self))
+        }
+    }
+}
+
 /// Installs the global subscriber from the flags. Call once, first thing
 /// after parsing them.
-pub fn init(values: &Values) -> Result<(), String> {
-    install(Settings::from_values(values)?)
+pub fn init(flags: &impl LogFlags) -> Result<(), String> {
+    install(flags.settings()?)
 }
 
 /// Installs the global subscriber.
