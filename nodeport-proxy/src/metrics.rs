@@ -430,3 +430,45 @@ fn describe(r: &Registry) {
         "Connections closed before reaching an upstream, by reason.",
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family once, its HELP and TYPE before its samples: the
+    /// registry's series and the per-cluster ones are written by one path,
+    /// and the series shared with tunnel-agent keep the proxy's wording.
+    #[test]
+    fn each_family_is_declared_once_with_the_proxys_help() {
+        let m = Metrics::new();
+        let c = m.cluster(&ClusterName::for_port("ns", "svc", ""));
+        c.upstream_cx_total().increment(1);
+        m.listener("127.0.0.1_80").reject("not_tls");
+        m.source_denied(&ClusterName::for_port("ns", "svc", ""), "sni");
+        let text = m.render(true);
+        let mut typed = std::collections::HashSet::new();
+        let mut current = "";
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap_or_default();
+                assert!(typed.insert(name), "{name} typed twice in\n{text}");
+                current = name;
+            } else if !line.starts_with("# HELP ") {
+                assert!(line.starts_with(current), "{line} outside {current}");
+            }
+        }
+        for line in [
+            "# HELP envoy_server_live 1 while the proxy is serving.\n",
+            "# HELP envoy_tcp_downstream_cx_total TCP proxy connections (NodePort and SNI).\n",
+            "# HELP envoy_listener_downstream_cx_total Connections accepted, per listener.\n",
+            "# HELP envoy_cluster_upstream_cx_total Upstream connections opened.\n",
+            "envoy_server_live 1\n",
+            "envoy_cluster_upstream_cx_total{envoy_cluster_name=\"ns/svc\"} 1\n",
+            "nodeport_proxy_rejected_connections_total{envoy_listener_address=\"127.0.0.1_80\",reason=\"not_tls\"} 1\n",
+            "nodeport_proxy_source_denied_total{envoy_cluster_name=\"ns/svc\",kind=\"sni\"} 1\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert_eq!(text.matches("# HELP ").count(), typed.len(), "{text}");
+    }
+}

@@ -216,3 +216,35 @@ impl link::relay::Tally for AgentMetrics {
         self.downstream_tx_bytes.increment(n);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family once with HELP and TYPE, the series shared with
+    /// nodeport-proxy in the agent's wording.
+    #[test]
+    fn each_family_is_declared_once_with_the_agents_help() {
+        let m = AgentMetrics::new();
+        m.listener("127.0.0.1_6443")
+            .downstream_cx_total
+            .increment(1);
+        daemon::relay::Tally::client_bytes(&*m, 5);
+        let text = m.render();
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let unique: std::collections::HashSet<&&str> = types.iter().collect();
+        assert_eq!(types.len(), unique.len(), "{text}");
+        assert_eq!(text.matches("# HELP ").count(), types.len(), "{text}");
+        for line in [
+            "# HELP envoy_server_live 1 while the agent is serving.\n",
+            "# HELP envoy_server_uptime Seconds since the agent started.\n",
+            "# HELP envoy_tcp_downstream_cx_total Local connections accepted.\n",
+            "envoy_tcp_downstream_cx_rx_bytes_total{envoy_tcp_prefix=\"tcp_stats\"} 5\n",
+            "envoy_cluster_upstream_cx_tx_bytes_total{envoy_cluster_name=\"proxy_cluster\"} 5\n",
+            "envoy_listener_downstream_cx_total{envoy_listener_address=\"127.0.0.1_6443\"} 1\n",
+            "envoy_server_live 1\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+}
