@@ -229,7 +229,7 @@ mod tests {
         m.listener("127.0.0.1_6443")
             .downstream_cx_total
             .increment(1);
-        daemon::relay::Tally::client_bytes(&*m, 5);
+        link::relay::Tally::client_bytes(&*m, 5);
         let text = m.render();
         let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
         let unique: std::collections::HashSet<&&str> = types.iter().collect();
