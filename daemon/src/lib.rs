@@ -39,5 +39,6 @@ pub mod procstat;
 pub mod relay;
 pub mod signals;
 pub mod tls;
+mod tls_metrics;
 pub mod tls_reload;
 pub mod x509v1;
