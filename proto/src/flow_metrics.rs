@@ -2,7 +2,7 @@
 //! proxy-server and proxy-agent both show, read from the process's
 //! [`FlowPool`] when the metrics are rendered (docs/konnectivity.md,
 //! "Windows that follow the link"). Each side names them by its prefix and
-//! words the HELP by what it is linked to ([`flow_gauge_names!`]).
+//! words the HELP by what it is linked to ([`crate::flow_gauge_names!`]).
 
 use std::sync::{Arc, OnceLock};
 
