@@ -29,14 +29,6 @@ const STREAM_ERRORS: &str = "konnectivity_network_proxy_agent_stream_errors_tota
 /// `endpoint_dial_failure_total`, whose series stay as upstream's).
 const DIALS_DENIED: &str = "konnectivity_network_proxy_agent_dials_denied_total";
 
-// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
-// of the server streams (docs/konnectivity.md, "Windows that follow the link").
-const FLOW_WINDOWS: &str = "konnectivity_network_proxy_agent_flow_control_window_bytes";
-const FLOW_PARKED: &str = "konnectivity_network_proxy_agent_flow_control_parked_bytes";
-const FLOW_RESERVED: &str = "konnectivity_network_proxy_agent_flow_control_reserved_bytes";
-const FLOW_BUDGET: &str = "konnectivity_network_proxy_agent_flow_control_budget_bytes";
-const HTTP2_WINDOWS: &str = "konnectivity_network_proxy_agent_http2_window_bytes";
-
 /// Packets sent to the server (`from_agent`) or received from it (`to_agent`).
 #[derive(Debug, Clone, Copy)]
 pub enum Segment {
@@ -45,30 +37,16 @@ pub enum Segment {
 }
 
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
-pub const TLS: daemon::tls::reload::MetricNames = daemon::tls::reload::MetricNames {
-    expiry: "konnectivity_network_proxy_agent_certificate_expiration_timestamp_seconds",
-    reloads: "konnectivity_network_proxy_agent_tls_reloads_total",
-};
-/// Ours: the flow-control and HTTP/2 window gauges.
-const FLOW: FlowGaugeNames = FlowGaugeNames {
-    windows: (
-        FLOW_WINDOWS,
-        "Ours: sum of the current flow-control windows of connections through servers of this project, bytes the servers may send before hearing from us (each grows with its link, see --flow-control-max-window).",
-    ),
-    parked: (
-        FLOW_PARKED,
-        "Ours: bytes received from servers and not yet passed on to destinations, every connection.",
-    ),
-    reserved: (
-        FLOW_RESERVED,
-        "Ours: bytes reserved against --flow-control-budget by flow-control and HTTP/2 windows.",
-    ),
-    budget: (FLOW_BUDGET, "Ours: --flow-control-budget in bytes."),
-    http2: (
-        HTTP2_WINDOWS,
-        "Ours: sum of the current HTTP/2 receive windows of the connections to servers (each grows with its link, see --http2-max-window).",
-    ),
-};
+pub const TLS: daemon::tls::reload::MetricNames =
+    daemon::tls_metric_names!("konnectivity_network_proxy_agent");
+// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
+// of the server streams (docs/konnectivity.md, "Windows that follow the link").
+const FLOW: FlowGaugeNames = link::flow_gauge_names!(
+    prefix: "konnectivity_network_proxy_agent",
+    peers: "servers",
+    on_to: "destinations",
+    http2_flag: "--http2-max-window",
+);
 
 pub struct Metrics {
     registry: Arc<Registry>,

@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt};
 use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_server::AgentService;
 use konnectivity_proto::header::{self, AgentIdentifiers};
-use konnectivity_proto::ids::{AgentId, ServerId};
+use konnectivity_proto::ids::{AgentId, ConnectId, ServerId};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
@@ -177,29 +177,18 @@ impl AgentService for AgentSvc {
 /// and asks for their unused credit back (flow control only; never ends).
 async fn sweep_windows(backend: &Backend<Tunnel>) {
     use konnectivity_proto::PacketExt;
-    use link::flow::{SWEEP_INTERVAL, Sweep};
     if backend.flow().is_none() {
         return std::future::pending().await;
     }
-    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut out = Vec::new();
-    loop {
-        tick.tick().await;
-        let now = tokio::time::Instant::now();
+    let collect = |now, out: &mut Vec<_>| {
         backend.for_each_conn(|id, t| {
             if let Some(sweep) = t.flow().and_then(|f| f.recv.sweep(now)) {
                 out.push((id, sweep));
             }
-        });
-        for (id, sweep) in out.drain(..) {
-            let bytes = match sweep {
-                Sweep::Grant(n) => n,
-                Sweep::Revoke(n) => n.saturating_neg(),
-            };
-            backend.control(Packet::window_update(id.0, bytes));
-        }
-    }
+        })
+    };
+    let send = |id: ConnectId, bytes| backend.control(Packet::window_update(id.0, bytes));
+    link::flow::sweep_windows(collect, send).await
 }
 
 async fn serve(

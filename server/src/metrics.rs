@@ -35,10 +35,8 @@ const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_cou
 /// Ours (issue 38.1): dials moved to another agent.
 const DIALS_RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
-pub const TLS: daemon::tls::reload::MetricNames = daemon::tls::reload::MetricNames {
-    expiry: "konnectivity_network_proxy_server_certificate_expiration_timestamp_seconds",
-    reloads: "konnectivity_network_proxy_server_tls_reloads_total",
-};
+pub const TLS: daemon::tls::reload::MetricNames =
+    daemon::tls_metric_names!("konnectivity_network_proxy_server");
 const LEASE_DELETE_LATENCY: &str = "konnectivity_network_proxy_server_lease_delete_latency_seconds";
 const LEASE_DELETES: &str = "konnectivity_network_proxy_server_lease_delete_total";
 const LEASE_LIST_LATENCY: &str = "konnectivity_network_proxy_server_lease_list_latency_seconds";
@@ -107,14 +105,6 @@ impl Segment {
     }
 }
 
-// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
-// of the agent streams (docs/konnectivity.md, "Windows that follow the link").
-const FLOW_WINDOWS: &str = "konnectivity_network_proxy_server_flow_control_window_bytes";
-const FLOW_PARKED: &str = "konnectivity_network_proxy_server_flow_control_parked_bytes";
-const FLOW_RESERVED: &str = "konnectivity_network_proxy_server_flow_control_reserved_bytes";
-const FLOW_BUDGET: &str = "konnectivity_network_proxy_server_flow_control_budget_bytes";
-const HTTP2_WINDOWS: &str = "konnectivity_network_proxy_server_http2_window_bytes";
-
 /// Which gRPC service a connection gauge counts.
 #[derive(Debug, Clone, Copy)]
 pub enum Service {
@@ -122,26 +112,14 @@ pub enum Service {
     Connect,
 }
 
-/// Ours: the flow-control and HTTP/2 window gauges.
-const FLOW: FlowGaugeNames = FlowGaugeNames {
-    windows: (
-        FLOW_WINDOWS,
-        "Ours: sum of the current flow-control windows of connections through agents of this project, bytes the agents may send before hearing from us (each grows with its link, see --flow-control-max-window).",
-    ),
-    parked: (
-        FLOW_PARKED,
-        "Ours: bytes received from agents and not yet passed on to frontends, every connection.",
-    ),
-    reserved: (
-        FLOW_RESERVED,
-        "Ours: bytes reserved against --flow-control-budget by flow-control and HTTP/2 windows.",
-    ),
-    budget: (FLOW_BUDGET, "Ours: --flow-control-budget in bytes."),
-    http2: (
-        HTTP2_WINDOWS,
-        "Ours: sum of the current HTTP/2 receive windows of the connections to agents (each grows with its link, see --agent-http2-max-window).",
-    ),
-};
+// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
+// of the agent streams (docs/konnectivity.md, "Windows that follow the link").
+const FLOW: FlowGaugeNames = link::flow_gauge_names!(
+    prefix: "konnectivity_network_proxy_server",
+    peers: "agents",
+    on_to: "frontends",
+    http2_flag: "--agent-http2-max-window",
+);
 
 pub struct Metrics {
     registry: Arc<Registry>,

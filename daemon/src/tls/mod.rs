@@ -1,6 +1,7 @@
 //! rustls configuration from PEM files and Go-spelled TLS policy flags
 //! (`--tls-min-version=VersionTLS12`, `--cipher-suites=TLS_ECDHE_…`).
 
+mod metrics;
 pub mod reload;
 pub mod validity;
 

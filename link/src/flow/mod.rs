@@ -279,6 +279,37 @@ pub enum Sweep {
     Revoke(i64),
 }
 
+impl Sweep {
+    /// The WINDOW_UPDATE amount that carries it: credit granted, or a
+    /// negative amount asking for unused credit back.
+    pub fn window_update(self) -> i64 {
+        match self {
+            Sweep::Grant(n) => n,
+            Sweep::Revoke(n) => n.saturating_neg(),
+        }
+    }
+}
+
+/// Sweeps one stream's receive windows every [`SWEEP_INTERVAL`] and never
+/// returns: `collect` adds the [`Sweep`] each connection (by its id `K`)
+/// asks for at `now` ([`RecvGate::sweep`]); `send` sends one connection's
+/// WINDOW_UPDATE of [`Sweep::window_update`] bytes.
+pub async fn sweep_windows<K>(
+    mut collect: impl FnMut(Instant, &mut Vec<(K, Sweep)>),
+    mut send: impl FnMut(K, i64),
+) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut out = Vec::new();
+    loop {
+        tick.tick().await;
+        collect(Instant::now(), &mut out);
+        for (id, sweep) in out.drain(..) {
+            send(id, sweep.window_update());
+        }
+    }
+}
+
 /// Admission for one connection's incoming DATA, before it is queued for the
 /// local consumer (frontend or destination).
 pub enum RecvGate {
