@@ -39,7 +39,7 @@ pub struct ClientSet {
     held: Mutex<HashMap<ServerId, String>>,
     server_count: AtomicU32,
     /// Set with `--count-server-leases`.
-    leases: std::sync::OnceLock<Arc<crate::leases::LeaseCount>>,
+    leases: std::sync::OnceLock<Arc<crate::servers::leases::LeaseCount>>,
     lost: Notify,
     connected_tx: watch::Sender<usize>,
     metrics: Arc<Metrics>,
@@ -95,7 +95,7 @@ impl ClientSet {
     }
 
     /// Counts server leases from now on (`--count-server-leases`).
-    pub fn count_leases(&self, count: Arc<crate::leases::LeaseCount>) {
+    pub fn count_leases(&self, count: Arc<crate::servers::leases::LeaseCount>) {
         let _ = self.leases.set(count);
     }
 

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 
-use crate::destination::Dialer;
+use crate::dial::destination::Dialer;
 use crate::metrics::Metrics;
 use crate::session::{Links, Session, SessionConfig};
 
@@ -116,7 +116,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             stall_timeout: Duration::from_millis(1),
             // 127.0.0.2 is outside: dials there are refused before connecting.
             policy: Arc::new(
-                crate::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
+                crate::dial::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
             ),
             flow: link::flow::FlowPool::new(link::flow::FlowSettings::default()),
             dialer,

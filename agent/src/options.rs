@@ -81,7 +81,7 @@ pub fn flags() -> FlagSet {
 }
 
 /// `--count-server-leases` and its companions (`None` when off).
-pub fn lease_counting(v: &Values) -> Result<Option<crate::leases::LeaseCounting>, String> {
+pub fn lease_counting(v: &Values) -> Result<Option<crate::servers::leases::LeaseCounting>, String> {
     let kubeconfig = v.existing_file("kubeconfig")?;
     // Upstream after v0.36.0 (#868): `--lease-label-selector` takes a full
     // label selector and `--lease-label` (v0.36's, now deprecated) sets the
@@ -91,12 +91,12 @@ pub fn lease_counting(v: &Values) -> Result<Option<crate::leases::LeaseCounting>
         .last_given(&["lease-label", "lease-label-selector"])
         .unwrap_or("lease-label-selector");
     let selector = v.string(flag).trim().to_string();
-    crate::label_selector::validate(&selector)
+    crate::servers::label_selector::validate(&selector)
         .map_err(|e| format!("--{flag} {selector:?} is not a valid label selector: {e}"))?;
     if !v.bool("count-server-leases") {
         return Ok(None);
     }
-    Ok(Some(crate::leases::LeaseCounting {
+    Ok(Some(crate::servers::leases::LeaseCounting {
         namespace: v.string("lease-namespace"),
         selector,
         kubeconfig,
@@ -275,7 +275,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
                 .duration("destination-stall-timeout")
                 .max(Duration::from_millis(100)),
             policy: Arc::new(
-                crate::policy::DestinationPolicy::parse(&v.string("allowed-destinations"))
+                crate::dial::policy::DestinationPolicy::parse(&v.string("allowed-destinations"))
                     .map_err(|e| format!("--allowed-destinations: {e}"))?,
             ),
             flow,

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tracing::Instrument;
 
-use crate::destination::Dialer;
-use crate::endpoint::{self, CloseSignal, ConnHandle, Link};
+use crate::dial::destination::Dialer;
+use crate::dial::endpoint::{self, CloseSignal, ConnHandle, Link};
 use crate::metrics::{Metrics, Segment};
 
 /// Settings every session shares.
@@ -36,7 +36,7 @@ pub struct SessionConfig {
     /// connection is closed (the stream reader waits that long at most).
     pub stall_timeout: Duration,
     /// What may be dialed (`--allowed-destinations`).
-    pub policy: Arc<crate::policy::DestinationPolicy>,
+    pub policy: Arc<crate::dial::policy::DestinationPolicy>,
     /// Flow-control settings, the process budget and the window totals.
     pub flow: Arc<FlowPool>,
     /// TCP, or in-memory pipes in the fuzz target.

@@ -251,7 +251,7 @@ pub struct AgentOpts {
     /// Offer per-connection flow control to the server.
     pub flow_control: bool,
     /// `--allowed-destinations`.
-    pub policy: proxy_agent::policy::DestinationPolicy,
+    pub policy: proxy_agent::dial::policy::DestinationPolicy,
     /// Several servers (a list, or a name resolved to many addresses); the
     /// first host is the connector's. Empty: the `server` address only.
     pub servers: proxy_agent::servers::Servers,

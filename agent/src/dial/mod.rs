@@ -2,6 +2,10 @@
 //! servers (ours and upstream's) map the text to HTTP statuses by substring,
 //! and operators grep for it.
 
+pub mod destination;
+pub(crate) mod endpoint;
+pub mod policy;
+
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -9,8 +13,8 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::dial::policy::DestinationPolicy;
 use crate::limits::MAX_DIAL_ADDRESS;
-use crate::policy::DestinationPolicy;
 
 /// Upstream's fixed agent dial timeout.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);

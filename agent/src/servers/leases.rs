@@ -20,8 +20,8 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::lease_calls::ObserveLeaseCalls;
 use crate::metrics::Metrics;
+use crate::servers::lease_calls::ObserveLeaseCalls;
 
 /// How often lease validity is re-evaluated: leases expire without events.
 const RECOUNT_INTERVAL: Duration = Duration::from_secs(1);

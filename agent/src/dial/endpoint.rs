@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::destination::Destination;
+use crate::dial::destination::Destination;
 
 /// The stream-facing handle of a connection.
 pub struct ConnHandle {

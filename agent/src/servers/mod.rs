@@ -6,6 +6,10 @@
 //! streams the agent wants is still the server count's (or the Leases')
 //! business, in [`crate::clientset`].
 
+pub mod label_selector;
+pub(crate) mod lease_calls;
+pub mod leases;
+
 use std::fmt;
 use std::future::Future;
 use std::io;

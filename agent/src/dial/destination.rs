@@ -13,8 +13,8 @@ use tokio::io::{AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::net::{TcpStream, tcp};
 use tokio_util::either::Either;
 
+use crate::dial::policy::DestinationPolicy;
 use crate::dial::{self, DialError};
-use crate::policy::DestinationPolicy;
 
 /// Opens the in-memory side of a destination address, or fails as a connect
 /// would (e.g. `ECONNREFUSED`).
