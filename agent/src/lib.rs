@@ -7,7 +7,8 @@
 //!
 //! The server side, then the destination side:
 //! - `servers/`: where the proxy servers are and how many to hold streams
-//!   to (`--server-count`, or counted from Leases);
+//!   to (the count the servers announce, or Leases with
+//!   `--count-server-leases`);
 //! - `clientset`: keeps one stream to each server, reconnecting with
 //!   back-off; `connect`: one connection attempt (TCP or through an egress
 //!   proxy, TLS, HTTP/2);
