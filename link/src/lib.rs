@@ -19,3 +19,4 @@ pub mod h2io;
 pub mod h2window;
 pub mod limits;
 pub mod relay;
+pub mod stream_metrics;

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
-use go_compat::gometrics::{CounterGrid, Registry};
+use go_compat::gometrics::Registry;
 use link::flow::FlowPool;
 use link::flow::metrics::{FlowGaugeNames, FlowGauges};
+use link::stream_metrics::StreamStats;
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
@@ -29,8 +30,6 @@ const PENDING_DIALS: &str = "konnectivity_network_proxy_server_pending_backend_d
 const ESTABLISHED: &str = "konnectivity_network_proxy_server_established_connections";
 const FULL_RECV_CHANNELS: &str = "konnectivity_network_proxy_server_full_receive_channels";
 const DIAL_FAILURES: &str = "konnectivity_network_proxy_server_dial_failure_count";
-const STREAM_PACKETS: &str = "konnectivity_network_proxy_server_stream_packets_total";
-const STREAM_ERRORS: &str = "konnectivity_network_proxy_server_stream_errors_total";
 const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_count";
 /// Ours (issue 38.1): dials moved to another agent.
 const DIALS_RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
@@ -141,7 +140,7 @@ pub struct Metrics {
     dial_failures: Vec<Counter>,
     dials_resent: Counter,
     /// Segment × packet type: the data path counts every packet.
-    packets: CounterGrid,
+    stream: StreamStats,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -228,14 +227,6 @@ impl Metrics {
             LEASE_LISTS,
             "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.",
         );
-        r.describe_counter(
-            STREAM_PACKETS,
-            "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
-        );
-        r.describe_counter(
-            STREAM_ERRORS,
-            "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
-        );
         Metrics {
             flow: FlowGauges::new(&r, &FLOW),
             dial_duration: r.histogram(DIAL_DURATION, &[]),
@@ -255,11 +246,12 @@ impl Metrics {
                 .map(|f| r.counter(DIAL_FAILURES, &[("reason", f.label())]))
                 .collect(),
             dials_resent: r.counter(DIALS_RESENT, &[]),
-            packets: CounterGrid::new(
+            stream: StreamStats::new(
                 &r,
-                STREAM_PACKETS,
-                ("segment", &Segment::ALL.map(Segment::label)),
-                ("packet_type", &konnectivity_proto::PACKET_TYPE_LABELS),
+                link::stream_metric_names!("konnectivity_network_proxy_server"),
+                &Segment::ALL.map(Segment::label),
+                &konnectivity_proto::PACKET_TYPE_LABELS,
+                konnectivity_proto::counted_packet_type,
             ),
             registry: r,
         }
@@ -338,26 +330,15 @@ impl Metrics {
     /// never sends WINDOW_UPDATE (our flow control between our server and
     /// agent); it is left out so the family's series stay upstream's.
     pub fn packet(&self, segment: Segment, packet_type: i32) {
-        if packet_type == konnectivity_proto::PacketType::WindowUpdate as i32 {
-            return;
-        }
-        let t = konnectivity_proto::packet_type_index(packet_type);
-        if let Some(c) = self.packets.get(segment as usize, t) {
-            c.increment(1);
-        }
+        self.stream.packet(segment as usize, packet_type);
     }
 
     pub fn stream_error(&self, segment: Segment, code: tonic::Code, packet_type: &'static str) {
-        self.registry
-            .counter(
-                STREAM_ERRORS,
-                &[
-                    ("segment", segment.label()),
-                    ("code", konnectivity_proto::code_name(code)),
-                    ("packet_type", packet_type),
-                ],
-            )
-            .increment(1);
+        self.stream.error(
+            segment.label(),
+            konnectivity_proto::code_name(code),
+            packet_type,
+        );
     }
 
     /// Shows `pool`'s windows and budget from now on.
