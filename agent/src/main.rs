@@ -9,15 +9,15 @@ use go_compat::flags::{fatal, usage_error};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let values = proxy_agent::options::flags().parse_env_or_exit();
-    if let Err(e) = go_compat::logging::init(&values) {
+    let (values, flags) = proxy_agent::options::parse_env_or_exit();
+    if let Err(e) = go_compat::logging::init(&flags.log) {
         usage_error(&e);
     }
     daemon::process::init();
     let (config, addrs) = proxy_agent::options::parse(&values).unwrap_or_else(|e| usage_error(&e));
     let lease_counting =
         proxy_agent::options::lease_counting(&values).unwrap_or_else(|e| usage_error(&e));
-    let grace = values.duration("graceful-shutdown-timeout");
+    let grace = flags.graceful_shutdown_timeout;
     let listeners = proxy_agent::bind(&addrs)
         .await
         .unwrap_or_else(|e| fatal(&e.to_string()));
@@ -33,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let agent = proxy_agent::Agent::new(config)
         .with_lease_counting(lease_counting)
-        .with_profiling(values.bool("enable-profiling"));
+        .with_profiling(flags.enable_profiling);
     let handle = agent.handle();
     let mut first = count.clone();
     // `stop` starts only once `drain` has run, so the first signal always

@@ -5,6 +5,11 @@
 //!
 //! Written here rather than taken from clap because clap cannot accept
 //! single-dash long flags or Go's value syntax, and both appear in real manifests.
+//!
+//! A binary declares its flags once, as the fields of a [`typed_flags!`]
+//! struct: `--help` comes from that declaration and the binary reads the
+//! filled struct, so a flag it never declared cannot be read (a typo does not
+//! compile) and none reads as a silent zero.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -449,84 +454,16 @@ fn parse_go_int(v: &str) -> Option<i64> {
     Some(if neg { -n } else { n })
 }
 
-/// Lookups by name, while binaries move to [`typed_flags!`] structs.
 impl Values {
-    pub fn bool(&self, name: &str) -> bool {
-        matches!(self.values.get(name), Some(Value::Bool(true)))
-    }
-
-    pub fn string(&self, name: &str) -> String {
-        match self.values.get(name) {
-            Some(Value::String(s)) => s.clone(),
-            _ => String::new(),
-        }
-    }
-
-    pub fn int(&self, name: &str) -> i64 {
-        match self.values.get(name) {
-            Some(Value::Int(i)) => *i,
-            _ => 0,
-        }
-    }
-
-    pub fn float(&self, name: &str) -> f64 {
-        match self.values.get(name) {
-            Some(Value::Float(f)) => *f,
-            _ => 0.0,
-        }
-    }
-
+    /// A duration flag by name, for tests that check a manifest's flags
+    /// without knowing which binary's struct they fill; binaries read their
+    /// [`typed_flags!`] struct. Panics when no duration flag has that name.
+    #[doc(hidden)]
     pub fn duration(&self, name: &str) -> Duration {
         match self.values.get(name) {
             Some(Value::Duration(d)) => *d,
-            _ => Duration::ZERO,
+            _ => panic!("no duration flag --{name} is declared"),
         }
-    }
-
-    pub fn strings(&self, name: &str) -> Vec<String> {
-        match self.values.get(name) {
-            Some(Value::Strings(v)) => v.clone(),
-            _ => Vec::new(),
-        }
-    }
-
-    /// Whether the flag is declared at all.
-    pub fn has(&self, name: &str) -> bool {
-        self.values.contains_key(name)
-    }
-
-    /// Whether the flag appeared on the command line (as opposed to its default).
-    pub fn is_set(&self, name: &str) -> bool {
-        self.explicit.contains(name)
-    }
-
-    /// Of `names` (two flags that set the same thing), the one given last on
-    /// the command line, as pflag leaves the value of whichever came last.
-    pub fn last_given<'a>(&self, names: &[&'a str]) -> Option<&'a str> {
-        self.given
-            .iter()
-            .rev()
-            .find_map(|g| names.iter().find(|n| **n == *g).copied())
-    }
-
-    /// A path flag that, when set, must name an existing file.
-    pub fn existing_file(&self, name: &str) -> Result<Option<std::path::PathBuf>, String> {
-        let s = self.string(name);
-        if s.is_empty() {
-            return Ok(None);
-        }
-        let p = std::path::PathBuf::from(&s);
-        match std::fs::metadata(&p) {
-            Ok(m) if m.is_dir() => Err(format!("--{name} {s} is a directory; it must name a file")),
-            Ok(_) => Ok(Some(p)),
-            Err(e) => Err(format!("--{name} {s}: {}", crate::errors::io_reason(&e))),
-        }
-    }
-
-    /// A port flag as `u16`, with the flag name in the error.
-    pub fn port(&self, name: &str) -> Result<u16, String> {
-        let v = self.int(name);
-        u16::try_from(v).map_err(|_| format!("--{name}: {v} is not a valid port"))
     }
 }
 
@@ -838,6 +775,25 @@ crate::typed_flags! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads by name for these tests of the parser itself.
+    impl Values {
+        fn bool(&self, name: &'static str) -> bool {
+            bool::read(self, name)
+        }
+        fn string(&self, name: &'static str) -> String {
+            String::read(self, name)
+        }
+        fn int(&self, name: &'static str) -> i64 {
+            i64::read(self, name)
+        }
+        fn strings(&self, name: &'static str) -> Vec<String> {
+            Vec::<String>::read(self, name)
+        }
+        fn is_set(&self, name: &'static str) -> bool {
+            Given::<String>::read(self, name).is_set()
+        }
+    }
 
     fn set() -> FlagSet {
         FlagSet::new("t", "test")

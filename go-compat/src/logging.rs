@@ -600,17 +600,6 @@ impl LogFlags for KkpLogging {
     }
 }
 
-/// While binaries move to typed flags.
-impl LogFlags for crate::flags::Values {
-    fn settings(&self) -> Result<Settings, String> {
-        if self.has("log-format") {
-            Settings::kkp(&KkpLogging::from_values(self))
-        } else {
-            Settings::klog(&Klog::from_values(self))
-        }
-    }
-}
-
 /// Installs the global subscriber from the flags. Call once, first thing
 /// after parsing them.
 pub fn init(flags: &impl LogFlags) -> Result<(), String> {

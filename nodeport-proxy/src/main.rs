@@ -17,7 +17,7 @@ fn main() {
         std::process::exit(copy_file(args.collect()));
     }
     let values = cli::flag_set().parse_env_or_exit();
-    if let Err(e) = go_compat::logging::init(&values) {
+    if let Err(e) = go_compat::logging::init(&cli::Flags::from_values(&values).log) {
         usage_error(&e);
     }
     daemon::process::init();
