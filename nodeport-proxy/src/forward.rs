@@ -1,12 +1,13 @@
-//! The part every listener shares once a route is chosen: connect upstream,
-//! replay what the client already sent, relay until either side ends, the
-//! connection idles out, its route expires after removal, or the process
-//! stops. An endpoint leaving its cluster ends nothing (Envoy keeps such
-//! connections too).
+//! The part every listener shares: [`Shared`], the client as [`Downstream`],
+//! and the [`Session`] a listener builds once a route is chosen, which
+//! carries the connection through admission, the upstream connect and the
+//! relay (replay what the client already sent, relay until either side
+//! ends, the connection idles out, its route expires after removal, or the
+//! process stops). An endpoint leaving its cluster ends nothing (Envoy keeps
+//! such connections too).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::debug_connections::{Both, Connections, Tracked};
@@ -22,7 +23,7 @@ use crate::config::ProxyConfig;
 use crate::metrics::Metrics;
 use crate::store::TableStore;
 use crate::table::Route;
-use crate::upstream::ConnectOptions;
+use crate::upstream::{ConnectOptions, UpstreamError};
 
 /// What every connection handler needs.
 pub struct Shared {
@@ -73,23 +74,6 @@ impl Downstream {
         daemon::listen::attribute(d.source.ip());
         Ok((d, got.rest))
     }
-
-    /// Whether `route`'s Service admits this client; counts and logs a
-    /// refusal (`kind`: nodeport, sni or tunnel).
-    pub fn admitted(&self, route: &Route, shared: &Shared, kind: &'static str) -> bool {
-        if route.cluster.admits(self.source.ip()) {
-            return true;
-        }
-        shared.metrics.source_denied(&route.cluster.name, kind);
-        tracing::info!(
-            client = %self.source,
-            route = %route.key,
-            cluster = %route.cluster.name,
-            "refused: client address not in the Service's {}",
-            crate::policy::SOURCE_RANGES_ANNOTATION_KEY
-        );
-        false
-    }
 }
 
 /// Increments a gauge now and decrements it when dropped.
@@ -128,81 +112,200 @@ impl Tally for ByteCounters {
     }
 }
 
-/// Relays `client` and `upstream` (already connected to `endpoint`) after
-/// writing `early` (bytes the client sent while the route was chosen, given
-/// up once written).
-#[allow(clippy::too_many_arguments)]
-pub async fn forward<C>(
-    client: C,
-    early: Bytes,
-    route: &Route,
-    downstream: &Downstream,
-    conn: &Tracked,
-    mut upstream: TcpStream,
-    endpoint: std::net::SocketAddr,
-    idle: Duration,
-    bytes: &ByteCounters,
-    shared: &Shared,
-    access: &mut Access,
-) -> RelayEnd
-where
-    C: Duplex,
-{
-    let _active = Active::new(&route.cluster.stats.upstream_cx_active());
-    access.cluster(route.cluster.name.as_str());
-    access.upstream(endpoint);
-    conn.set_upstream(endpoint);
-    conn.set("cluster", &route.cluster.name);
-    conn.set_state("established");
-    if route.cluster.upstream_proxy_protocol() {
-        let header = crate::proxy_protocol::v2_header(downstream.source, downstream.local);
-        if let Err(e) = upstream.write_all(&header).await {
-            let end = RelayEnd::UpstreamError(e);
-            conn.set_close_reason(end.reason());
-            access.ended(&end, RelayBytes::default());
-            return end;
+/// Which listener a connection came in on: it picks the downstream counters,
+/// the idle timeout and the label of a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    NodePort,
+    Sni,
+    /// A CONNECT tunnel, over HTTP/1.1 or an HTTP/2 stream.
+    Tunnel,
+}
+
+impl Listener {
+    /// The `kind` label of a refusal.
+    fn label(self) -> &'static str {
+        match self {
+            Listener::NodePort => "nodeport",
+            Listener::Sni => "sni",
+            Listener::Tunnel => "tunnel",
         }
     }
-    let early_len = early.len() as u64;
-    if !early.is_empty() {
-        if let Err(e) = upstream.write_all(&early).await {
-            let end = RelayEnd::UpstreamError(e);
-            conn.set_close_reason(end.reason());
-            access.ended(&end, RelayBytes::default());
-            return end;
+}
+
+/// The upstream side once connected.
+pub struct Upstream {
+    pub stream: TcpStream,
+    pub endpoint: SocketAddr,
+}
+
+/// One routed connection (or CONNECT stream): what its listener gathered
+/// (the client as [`Downstream`], the route, the access-log record) carried
+/// through admission, the upstream connect and the relay. A listener builds
+/// it once the route is known and hands it on.
+pub struct Session<'a> {
+    pub shared: &'a Shared,
+    pub listener: Listener,
+    pub downstream: Downstream,
+    pub route: Arc<Route>,
+    /// What `/debug/connections` shows of it.
+    pub conn: &'a Tracked,
+    pub access: &'a mut Access,
+}
+
+impl Session<'_> {
+    /// Whether the route's Service admits this client; counts and logs a
+    /// refusal.
+    pub fn admitted(&self) -> bool {
+        let route = &self.route;
+        if route.cluster.admits(self.downstream.source.ip()) {
+            return true;
         }
-        bytes.client_bytes(early_len);
-        conn.client_bytes(early_len);
+        self.shared
+            .metrics
+            .source_denied(&route.cluster.name, self.listener.label());
+        tracing::info!(
+            client = %self.downstream.source,
+            route = %route.key,
+            cluster = %route.cluster.name,
+            "refused: client address not in the Service's {}",
+            crate::policy::SOURCE_RANGES_ANNOTATION_KEY
+        );
+        false
     }
-    drop(early);
-    let options = RelayOptions {
-        buffer_size: shared.config.buffer_size,
-        idle_timeout: Some(idle).filter(|d| !d.is_zero()),
-    };
-    let stop = async {
-        tokio::select! {
-            _ = route.life.expired() => {}
-            _ = shared.drain.stopping() => {}
+
+    /// Connects to the route's cluster. A tunnel counts the request and its
+    /// connect time; a plain TCP connection that finds no upstream has its
+    /// access-log line say so.
+    pub async fn connect(&mut self) -> Result<Upstream, UpstreamError> {
+        let cluster = &self.route.cluster;
+        let tunnel = self.listener == Listener::Tunnel;
+        if tunnel {
+            cluster.stats.upstream_rq_total().increment(1);
         }
-    };
-    let (end, moved) = relay(client, Plain(upstream), options, &Both(bytes, conn), stop).await;
-    conn.set_close_reason(end.reason());
-    tracing::debug!(
-        route = %route.key,
-        upstream = %endpoint,
-        reason = end.reason(),
-        from_client = moved.from_client,
-        from_upstream = moved.from_upstream,
-        "connection closed"
-    );
-    access.ended(
-        &end,
-        RelayBytes {
-            from_client: moved.from_client + early_len,
-            from_upstream: moved.from_upstream,
-        },
-    );
-    end
+        let started = std::time::Instant::now();
+        match crate::upstream::connect(cluster, &self.shared.connect).await {
+            Ok((stream, endpoint)) => {
+                if tunnel {
+                    cluster
+                        .stats
+                        .upstream_rq_time()
+                        .record(started.elapsed().as_secs_f64() * 1000.0);
+                }
+                Ok(Upstream { stream, endpoint })
+            }
+            Err(e) => {
+                if !tunnel {
+                    self.access.cluster(cluster.name.as_str());
+                    self.access.answer(0, e.flags(), "upstream_unavailable");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Relays `client` and `upstream` after writing `early` (bytes the client
+    /// sent while the route was chosen, given up once written), until either
+    /// side ends, the connection idles out, its route expires after removal,
+    /// or the process stops.
+    pub async fn relay<C>(&mut self, client: C, early: Bytes, upstream: Upstream) -> RelayEnd
+    where
+        C: Duplex,
+    {
+        let shared = self.shared;
+        let route = &*self.route;
+        let conn = self.conn;
+        let stats = &route.cluster.stats;
+        let tunnel = self.listener == Listener::Tunnel;
+        let _rq = tunnel.then(|| Active::new(&stats.upstream_rq_active()));
+        let (downstream_rx, downstream_tx, idle) = match self.listener {
+            Listener::NodePort => (
+                &shared.metrics.tcp.downstream_cx_rx_bytes_total,
+                &shared.metrics.tcp.downstream_cx_tx_bytes_total,
+                shared.config.node_port_idle_timeout,
+            ),
+            Listener::Sni => (
+                &shared.metrics.tcp.downstream_cx_rx_bytes_total,
+                &shared.metrics.tcp.downstream_cx_tx_bytes_total,
+                shared.config.connection.sni_idle_timeout,
+            ),
+            Listener::Tunnel => (
+                &shared.metrics.http.downstream_cx_rx_bytes_total,
+                &shared.metrics.http.downstream_cx_tx_bytes_total,
+                shared.config.connection.tunneling_stream_idle_timeout,
+            ),
+        };
+        let bytes = ByteCounters {
+            downstream_rx: downstream_rx.clone(),
+            downstream_tx: downstream_tx.clone(),
+            upstream_tx: stats.upstream_cx_tx_bytes_total(),
+            upstream_rx: stats.upstream_cx_rx_bytes_total(),
+        };
+        let Upstream {
+            stream: mut upstream,
+            endpoint,
+        } = upstream;
+        let access = &mut *self.access;
+        let _active = Active::new(&stats.upstream_cx_active());
+        access.cluster(route.cluster.name.as_str());
+        access.upstream(endpoint);
+        conn.set_upstream(endpoint);
+        conn.set("cluster", &route.cluster.name);
+        conn.set_state("established");
+        if route.cluster.upstream_proxy_protocol() {
+            let header =
+                crate::proxy_protocol::v2_header(self.downstream.source, self.downstream.local);
+            if let Err(e) = upstream.write_all(&header).await {
+                let end = RelayEnd::UpstreamError(e);
+                conn.set_close_reason(end.reason());
+                access.ended(&end, RelayBytes::default());
+                return end;
+            }
+        }
+        let early_len = early.len() as u64;
+        if !early.is_empty() {
+            if let Err(e) = upstream.write_all(&early).await {
+                let end = RelayEnd::UpstreamError(e);
+                conn.set_close_reason(end.reason());
+                access.ended(&end, RelayBytes::default());
+                return end;
+            }
+            bytes.client_bytes(early_len);
+            conn.client_bytes(early_len);
+        }
+        drop(early);
+        let options = RelayOptions {
+            buffer_size: shared.config.buffer_size,
+            idle_timeout: Some(idle).filter(|d| !d.is_zero()),
+        };
+        let stop = async {
+            tokio::select! {
+                _ = route.life.expired() => {}
+                _ = shared.drain.stopping() => {}
+            }
+        };
+        let (end, moved) = relay(client, Plain(upstream), options, &Both(&bytes, conn), stop).await;
+        conn.set_close_reason(end.reason());
+        tracing::debug!(
+            route = %route.key,
+            upstream = %endpoint,
+            reason = end.reason(),
+            from_client = moved.from_client,
+            from_upstream = moved.from_upstream,
+            "connection closed"
+        );
+        access.ended(
+            &end,
+            RelayBytes {
+                from_client: moved.from_client + early_len,
+                from_upstream: moved.from_upstream,
+            },
+        );
+        if !tunnel && matches!(end, RelayEnd::Idle) {
+            shared.metrics.tcp.idle_timeout.increment(1);
+        }
+        end
+    }
 }
 
 #[cfg(test)]
@@ -239,46 +342,4 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         access_log: None,
         connections: Connections::new(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What a connection that has not sent its first byte costs in task
-    /// state: a listener holds up to -max-connections-per-listener of them.
-    #[tokio::test]
-    async fn a_silent_connection_is_a_small_task() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
-        let shared = test_shared();
-        let stats = shared.metrics.listener("test");
-        let sni = crate::sni::handle(
-            TcpStream::connect(addr)
-                .await
-                .unwrap_or_else(|e| panic!("{e}")),
-            shared.clone(),
-            stats.clone(),
-        );
-        let tl = Arc::new(crate::tunnel::TunnelListener {
-            shared: shared.clone(),
-            stats,
-            tunnels: Arc::new(tokio::sync::Semaphore::new(1)),
-        });
-        let tunnel = crate::tunnel::handle(
-            TcpStream::connect(addr)
-                .await
-                .unwrap_or_else(|e| panic!("{e}")),
-            tl,
-        );
-        let (sni, tunnel) = (size_of_val(&sni), size_of_val(&tunnel));
-        eprintln!("SNI {sni} bytes, tunneling {tunnel} bytes");
-        assert!(sni <= 1024, "SNI connection future: {sni} bytes");
-        assert!(
-            tunnel <= 1024,
-            "tunneling connection future: {tunnel} bytes"
-        );
-    }
 }

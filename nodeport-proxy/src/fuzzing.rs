@@ -5,8 +5,9 @@
 //! The committed corpora replay them in `cargo test` (corpus_tests.rs).
 
 use crate::expose::{ExposeTypes, parse_expose, port_mapping};
+use crate::index::build;
 use crate::model::{ObjectMeta, Protocol, Service, ServicePort, ServiceSpec};
-use crate::plan::{PlanOptions, build};
+use crate::plan::PlanOptions;
 
 /// The table file: the first byte picks JSON (odd) or YAML (even), the rest
 /// is the file. Whatever parses must build a plan, the same plan twice, and

@@ -476,7 +476,7 @@ impl Index {
         out
     }
 
-    /// The whole plan, as [`crate::plan::build`] returns it.
+    /// The whole plan, as [`build`] returns it.
     pub fn plan(&self) -> Plan {
         let mut plan = Plan::default();
         for p in self.node_ports.keys() {
@@ -1002,6 +1002,15 @@ impl<K: std::hash::Hash + Eq, V> ClaimMap<K, V> for HashMap<K, Sorted<Claim, V>>
             }
         }
     }
+}
+
+/// Builds the plan from scratch and returns, besides it, one line per thing
+/// skipped (for the log: KKP warns about the same cases). The rules are
+/// [`Index`]'s, which also keeps a plan up to date change by change.
+pub fn build(inventory: &Inventory, options: &PlanOptions) -> (Plan, Vec<String>) {
+    let mut index = Index::new(options.clone());
+    index.replace_all(inventory);
+    (index.plan(), index.take_warnings())
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ pub mod store;
 pub mod table;
 mod tunnel;
 mod tunnel_h2;
+mod tunnel_open;
 pub mod upstream;
 pub mod yaml_items;
 

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use crate::model::Inventory;
 use crate::names::{ClusterName, ConnectAuthority, SniHost};
 
 /// What the routing table is built from besides the inventory.
@@ -45,15 +44,6 @@ impl Plan {
     pub fn route_count(&self) -> usize {
         self.node_ports.len() + self.sni.len() + self.tunnels.len()
     }
-}
-
-/// Builds the plan from scratch and returns, besides it, one line per thing
-/// skipped (for the log: KKP warns about the same cases). The rules are in
-/// [`crate::index`], which also keeps a plan up to date change by change.
-pub fn build(inventory: &Inventory, options: &PlanOptions) -> (Plan, Vec<String>) {
-    let mut index = crate::index::Index::new(options.clone());
-    index.replace_all(inventory);
-    (index.plan(), index.take_warnings())
 }
 
 #[cfg(test)]

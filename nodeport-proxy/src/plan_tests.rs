@@ -1,6 +1,7 @@
 //! KKP's `TestSync` scenarios, on the plan instead of Envoy resources.
 
 use super::*;
+use crate::index::build;
 use crate::model::*;
 use std::collections::BTreeMap;
 

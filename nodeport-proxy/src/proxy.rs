@@ -22,7 +22,7 @@ use crate::readiness::{Readiness, SourceSync};
 use crate::source::{self, SourceError};
 use crate::store::{Change, TableStatus, TableStore};
 use crate::table::RoutingTable;
-use crate::tunnel::TunnelListener;
+use crate::tunnel_open::TunnelListener;
 use crate::upstream::ConnectOptions;
 
 /// Sockets bound by the caller (port 0 in tests, flags in the binary). A
@@ -500,5 +500,49 @@ mod tests {
             .await;
             assert_eq!(proxy.table().version, version);
         });
+    }
+}
+
+/// What a silent connection costs each listener kind.
+#[cfg(test)]
+mod task_size {
+    use super::*;
+    use crate::forward::test_shared;
+
+    /// What a connection that has not sent its first byte costs in task
+    /// state: a listener holds up to -max-connections-per-listener of them.
+    #[tokio::test]
+    async fn a_silent_connection_is_a_small_task() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let shared = test_shared();
+        let stats = shared.metrics.listener("test");
+        let sni = crate::sni::handle(
+            TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            shared.clone(),
+            stats.clone(),
+        );
+        let tl = Arc::new(TunnelListener {
+            shared: shared.clone(),
+            stats,
+            tunnels: Arc::new(tokio::sync::Semaphore::new(1)),
+        });
+        let tunnel = crate::tunnel::handle(
+            TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            tl,
+        );
+        let (sni, tunnel) = (size_of_val(&sni), size_of_val(&tunnel));
+        eprintln!("SNI {sni} bytes, tunneling {tunnel} bytes");
+        assert!(sni <= 1024, "SNI connection future: {sni} bytes");
+        assert!(
+            tunnel <= 1024,
+            "tunneling connection future: {tunnel} bytes"
+        );
     }
 }

@@ -369,7 +369,7 @@ mod tests {
     #[test]
     fn embedded_default_parses_and_exposes_every_kind() {
         let inv = parse(EMBEDDED_DEFAULT, false).unwrap_or_else(|e| panic!("{e}"));
-        let (plan, warnings) = crate::plan::build(&inv, &crate::plan::PlanOptions::default());
+        let (plan, warnings) = crate::index::build(&inv, &crate::plan::PlanOptions::default());
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(plan.node_ports.len(), 2);
         assert_eq!(plan.sni.len(), 1);
