@@ -45,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
     let kubeconfig = v
         .existing_file("kubeconfig")
         .unwrap_or_else(|e| usage_error(&e));
-    let client = nodeport_proxy::kube::client(kubeconfig.as_deref())
+    let client = nodeport_proxy::sources::kube::client(kubeconfig.as_deref())
         .await
         .context("kubernetes client")?;
     let services: Api<Service> = if opts.namespaced {

@@ -9,7 +9,7 @@ use daemon::flags::{FlagSet, Values};
 use daemon::keepalive::TcpKeepalive;
 
 use crate::config::{ConnectionSettings, ProxyConfig, TableSource};
-use crate::source;
+use crate::sources::source;
 
 /// The command line, parsed and validated.
 #[derive(Debug, Clone)]
@@ -29,7 +29,7 @@ pub struct Cli {
     pub worker_threads: usize,
     /// Services and EndpointSlices come from the apiserver (`None`: from
     /// the table file or the embedded demo).
-    pub kubernetes: Option<crate::kube::KubeSource>,
+    pub kubernetes: Option<crate::sources::kube::KubeSource>,
 }
 
 pub fn flag_set() -> FlagSet {
@@ -56,7 +56,7 @@ pub fn flag_set() -> FlagSet {
     .duration("upstream-tcp-keepalive-interval", Duration::ZERO, "upstream socket keepalive probe interval (0: unset)")
     .int("upstream-tcp-keepalive-probes", 0, "upstream socket keepalive probes (0: unset)")
     .string("namespace", "", "only expose Services in this namespace (empty: all)")
-    .string("expose-annotation-key", crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")
+    .string("expose-annotation-key", crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")
     .string("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (needed outside a cluster unless -kubeconfig or -source=demo is given)")
     .string("source", "", "where Services and EndpointSlices come from: kubernetes (watch the apiserver), file (-config) or demo; empty: file with -config, else kubernetes with -kubeconfig or inside a cluster, else an error (demo is only ever chosen by name)")
     .string("kubeconfig", "", "kubeconfig for the kubernetes source (empty: in-cluster configuration)")
@@ -206,7 +206,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             .filter(|d| !d.is_zero())
             .unwrap_or(default)
     };
-    let access_log_format: crate::access_log::Format = v
+    let access_log_format: crate::relay::access_log::Format = v
         .string("access-log-format")
         .parse()
         .map_err(|e| format!("-access-log-format: {e}"))?;
@@ -241,7 +241,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         proxy_protocol_timeout: nonzero("proxy-protocol-timeout", p.proxy_protocol_timeout),
         access_log: match (v.string("access-log"), access_log_format) {
             (p, _) if p.is_empty() => None,
-            (path, format) => Some(crate::access_log::AccessLogConfig { path, format }),
+            (path, format) => Some(crate::relay::access_log::AccessLogConfig { path, format }),
         },
         tunnel_windows: tunnel_windows(v, &p)?,
         tunnel_memory_budget: at_least(v, "tunneling-memory-budget", 1 << 20)?,
@@ -249,7 +249,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
     if config.expose_annotation_key.is_empty() {
         return Err("-expose-annotation-key must not be empty".into());
     }
-    let kubernetes = (kind == "kubernetes").then(|| crate::kube::KubeSource {
+    let kubernetes = (kind == "kubernetes").then(|| crate::sources::kube::KubeSource {
         kubeconfig,
         namespace: config.namespace.clone(),
         expose_annotation_key: config.expose_annotation_key.clone(),
@@ -402,7 +402,7 @@ mod tests {
         let demo = parse(&["-source=demo"]).unwrap_or_else(|e| panic!("{e}"));
         assert!(demo.kubernetes.is_none());
         assert!(
-            matches!(&demo.config.source, TableSource::Inline(inv) if *inv != crate::model::Inventory::default()),
+            matches!(&demo.config.source, TableSource::Inline(inv) if *inv != crate::routing::model::Inventory::default()),
             "-source=demo serves the embedded table"
         );
         if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {

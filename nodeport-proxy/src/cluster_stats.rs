@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn};
 use parking_lot::Mutex;
 
-use crate::names::ClusterName;
+use crate::routing::names::ClusterName;
 
 /// Envoy's default histogram buckets, in milliseconds.
 pub const MS_BUCKETS: &[f64] = &[

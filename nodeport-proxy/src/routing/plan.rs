@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use crate::names::{ClusterName, ConnectAuthority, SniHost};
+use crate::routing::names::{ClusterName, ConnectAuthority, SniHost};
 
 /// What the routing table is built from besides the inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +22,8 @@ pub struct PlanOptions {
 impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
-            expose_annotation_key: crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
+            expose_annotation_key: crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY
+                .to_string(),
             namespace: None,
             sni: true,
             tunneling: true,

@@ -9,12 +9,12 @@ use daemon::debug_connections::Tracked;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::access_log::Access;
-use crate::client_hello::{self, Hello, HelloError};
-use crate::first_bytes;
-use crate::forward::{Active, Downstream, Listener, Session, Shared};
 use crate::limits::MAX_SNI_PREFIX;
 use crate::metrics::ListenerStats;
+use crate::relay::access_log::Access;
+use crate::relay::client_hello::{self, Hello, HelloError};
+use crate::relay::first_bytes;
+use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
 
 /// Why an SNI connection was closed before reaching an upstream.
 #[derive(Debug, thiserror::Error)]
@@ -32,11 +32,11 @@ pub enum SniError {
     #[error("no route for server name {0}")]
     NoRoute(String),
     #[error(transparent)]
-    ProxyHeader(#[from] crate::proxy_protocol::ProxyHeaderError),
+    ProxyHeader(#[from] crate::relay::proxy_protocol::ProxyHeaderError),
     #[error("client {0} is not in the allow-list of server name {1}")]
     Denied(std::net::SocketAddr, String),
     #[error(transparent)]
-    Upstream(#[from] crate::upstream::UpstreamError),
+    Upstream(#[from] crate::relay::upstream::UpstreamError),
 }
 
 impl SniError {

@@ -13,12 +13,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::access_log::Access;
-use crate::connect_request::RequestError;
-use crate::forward::{Active, Downstream};
 use crate::limits;
-use crate::names::ConnectAuthority;
-use crate::tunnel_open::{TunnelError, TunnelListener, open, record_refusal};
+use crate::listeners::tunnel_open::{TunnelError, TunnelListener, open, record_refusal};
+use crate::relay::access_log::Access;
+use crate::relay::connect_request::RequestError;
+use crate::relay::session::{Active, Downstream};
+use crate::routing::names::ConnectAuthority;
 
 /// `deadline` bounded the client preface (read before this is called); it
 /// also bounds our side of the handshake.

@@ -13,9 +13,9 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::access_log::Access;
-use crate::forward::{Active, Downstream, Listener, Session, Shared};
 use crate::metrics::ListenerStats;
+use crate::relay::access_log::Access;
+use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
 
 /// First wait before binding a node port again, doubled per failure up to
 /// [`BIND_RETRY_MAX`].
@@ -229,7 +229,7 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
-        let shared = crate::forward::test_shared();
+        let shared = crate::relay::session::test_shared();
         let stats = shared.metrics.listener("test");
         let client = TcpStream::connect(addr)
             .await

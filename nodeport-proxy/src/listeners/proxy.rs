@@ -13,17 +13,17 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, watch};
 
 use crate::config::ProxyConfig;
-use crate::forward::Shared;
 use crate::health::Health;
+use crate::health::readiness::{Readiness, SourceSync};
+use crate::listeners::tunnel_open::TunnelListener;
 use crate::metrics::{ListenerStats, Metrics};
-use crate::model::Inventory;
-use crate::plan::PlanOptions;
-use crate::readiness::{Readiness, SourceSync};
-use crate::source::{self, SourceError};
-use crate::store::{Change, TableStatus, TableStore};
-use crate::table::RoutingTable;
-use crate::tunnel_open::TunnelListener;
-use crate::upstream::ConnectOptions;
+use crate::relay::session::Shared;
+use crate::relay::upstream::ConnectOptions;
+use crate::routing::model::Inventory;
+use crate::routing::plan::PlanOptions;
+use crate::routing::store::{Change, TableStatus, TableStore};
+use crate::routing::table::RoutingTable;
+use crate::sources::source::{self, SourceError};
 
 /// Sockets bound by the caller (port 0 in tests, flags in the binary). A
 /// listener left `None` is disabled, like KKP's port 0; for SNI and tunneling
@@ -121,7 +121,7 @@ impl NodePortProxy {
             config.ready_out_of_sync_limit,
             config.source.describe(),
         ));
-        metrics.watch_sync(crate::readiness::gauge_probe(
+        metrics.watch_sync(crate::health::readiness::gauge_probe(
             readiness.clone(),
             metrics.source_synced.clone(),
         ));
@@ -129,12 +129,11 @@ impl NodePortProxy {
         let access_log = match &config.access_log {
             None => None,
             Some(c) => Some(
-                crate::access_log::AccessLog::open(c, metrics.access_log_dropped.clone()).map_err(
-                    |source| ProxyError::AccessLog {
+                crate::relay::access_log::AccessLog::open(c, metrics.access_log_dropped.clone())
+                    .map_err(|source| ProxyError::AccessLog {
                         path: c.path.clone(),
                         source,
-                    },
-                )?,
+                    })?,
             ),
         };
         let shared = Arc::new(Shared {
@@ -183,7 +182,7 @@ impl NodePortProxy {
         tokio::spawn(metrics.registry().run_upkeep(stats_drain.clone()));
         let reload = Arc::new(Notify::new());
         tokio::spawn(follower.run(shared.table.clone(), reload.clone(), drain.clone()));
-        tokio::spawn(crate::node_port::manage(
+        tokio::spawn(crate::listeners::node_port::manage(
             shared.clone(),
             listeners.node_ports,
         ));
@@ -217,7 +216,7 @@ impl NodePortProxy {
                     let (s, stats) = (s.clone(), stats.clone());
                     async move {
                         let _permit = permit;
-                        crate::sni::handle(io, s, stats).await;
+                        crate::listeners::sni::handle(io, s, stats).await;
                     }
                 },
             ));
@@ -240,7 +239,7 @@ impl NodePortProxy {
                     let tl = tl.clone();
                     async move {
                         let _permit = permit;
-                        crate::tunnel::handle(io, tl).await;
+                        crate::listeners::tunnel::handle(io, tl).await;
                     }
                 },
             ));
@@ -366,7 +365,7 @@ mod tests {
 
     use super::*;
     use crate::config::TableSource;
-    use crate::model::*;
+    use crate::routing::model::*;
 
     fn tunneled(name: &str, echo: SocketAddr) -> (Service, EndpointSlice) {
         let svc = Service {
@@ -374,7 +373,7 @@ mod tests {
                 namespace: "ns".into(),
                 name: name.into(),
                 annotations: [(
-                    crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
+                    crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
                     "Tunneling".to_string(),
                 )]
                 .into(),
@@ -507,7 +506,7 @@ mod tests {
 #[cfg(test)]
 mod task_size {
     use super::*;
-    use crate::forward::test_shared;
+    use crate::relay::session::test_shared;
 
     /// What a connection that has not sent its first byte costs in task
     /// state: a listener holds up to -max-connections-per-listener of them.
@@ -519,7 +518,7 @@ mod task_size {
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let shared = test_shared();
         let stats = shared.metrics.listener("test");
-        let sni = crate::sni::handle(
+        let sni = crate::listeners::sni::handle(
             TcpStream::connect(addr)
                 .await
                 .unwrap_or_else(|e| panic!("{e}")),
@@ -531,7 +530,7 @@ mod task_size {
             stats,
             tunnels: Arc::new(tokio::sync::Semaphore::new(1)),
         });
-        let tunnel = crate::tunnel::handle(
+        let tunnel = crate::listeners::tunnel::handle(
             TcpStream::connect(addr)
                 .await
                 .unwrap_or_else(|e| panic!("{e}")),

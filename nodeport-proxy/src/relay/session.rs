@@ -18,12 +18,12 @@ use metrics::{Counter, Gauge};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::access_log::Access;
 use crate::config::ProxyConfig;
 use crate::metrics::Metrics;
-use crate::store::TableStore;
-use crate::table::Route;
-use crate::upstream::{ConnectOptions, UpstreamError};
+use crate::relay::access_log::Access;
+use crate::relay::upstream::{ConnectOptions, UpstreamError};
+use crate::routing::store::TableStore;
+use crate::routing::table::Route;
 
 /// What every connection handler needs.
 pub struct Shared {
@@ -34,7 +34,7 @@ pub struct Shared {
     pub drain: Drain,
     pub connect: ConnectOptions,
     /// `-access-log`; `None` when off.
-    pub access_log: Option<Arc<crate::access_log::AccessLog>>,
+    pub access_log: Option<Arc<crate::relay::access_log::AccessLog>>,
     /// What `/debug/connections` on the admin port lists.
     pub connections: Connections,
     /// The budget and totals of the tunneling connections' HTTP/2 windows.
@@ -57,7 +57,7 @@ impl Downstream {
         client: &TcpStream,
         expect_proxy_header: bool,
         shared: &Shared,
-    ) -> Result<(Downstream, Vec<u8>), crate::proxy_protocol::ProxyHeaderError> {
+    ) -> Result<(Downstream, Vec<u8>), crate::relay::proxy_protocol::ProxyHeaderError> {
         let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
         let mut d = Downstream {
             source: client.peer_addr().unwrap_or(unspecified),
@@ -66,7 +66,8 @@ impl Downstream {
         if !expect_proxy_header {
             return Ok((d, Vec::new()));
         }
-        let got = crate::proxy_protocol::read(client, shared.config.proxy_protocol_timeout).await?;
+        let got = crate::relay::proxy_protocol::read(client, shared.config.proxy_protocol_timeout)
+            .await?;
         if let Some((source, local)) = got.header.addresses {
             d = Downstream { source, local };
         }
@@ -169,7 +170,7 @@ impl Session<'_> {
             route = %route.key,
             cluster = %route.cluster.name,
             "refused: client address not in the Service's {}",
-            crate::policy::SOURCE_RANGES_ANNOTATION_KEY
+            crate::routing::policy::SOURCE_RANGES_ANNOTATION_KEY
         );
         false
     }
@@ -184,7 +185,7 @@ impl Session<'_> {
             cluster.stats.upstream_rq_total().increment(1);
         }
         let started = std::time::Instant::now();
-        match crate::upstream::connect(cluster, &self.shared.connect).await {
+        match crate::relay::upstream::connect(cluster, &self.shared.connect).await {
             Ok((stream, endpoint)) => {
                 if tunnel {
                     cluster
@@ -253,8 +254,10 @@ impl Session<'_> {
         conn.set("cluster", &route.cluster.name);
         conn.set_state("established");
         if route.cluster.upstream_proxy_protocol() {
-            let header =
-                crate::proxy_protocol::v2_header(self.downstream.source, self.downstream.local);
+            let header = crate::relay::proxy_protocol::v2_header(
+                self.downstream.source,
+                self.downstream.local,
+            );
             if let Err(e) = upstream.write_all(&header).await {
                 let end = RelayEnd::UpstreamError(e);
                 conn.set_close_reason(end.reason());
@@ -314,7 +317,7 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     let metrics = Metrics::new();
     let drain = Drain::new();
     let table = Arc::new(TableStore::new(
-        crate::plan::PlanOptions::default(),
+        crate::routing::plan::PlanOptions::default(),
         config.drain_timeout,
         drain.clone(),
         metrics.clone(),
@@ -322,9 +325,9 @@ pub(crate) fn test_shared() -> Arc<Shared> {
     Arc::new(Shared {
         health: Arc::new(crate::health::Health::new(
             table.subscribe(),
-            Arc::new(crate::readiness::Readiness::new(
+            Arc::new(crate::health::readiness::Readiness::new(
                 table.subscribe(),
-                crate::readiness::SourceSync::new(),
+                crate::health::readiness::SourceSync::new(),
                 config.ready_out_of_sync_limit,
                 config.source.describe(),
             )),

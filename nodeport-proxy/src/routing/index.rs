@@ -6,7 +6,7 @@
 //! which keys changed; nothing scans the whole inventory. Rebuilding from
 //! scratch is applying every object to an empty index, so both paths share
 //! one implementation (tests compare it with a direct transcription of the
-//! rules, `plan_tests.rs`).
+//! rules, `routing/plan_tests.rs`).
 //!
 //! The rules (KKP's envoy-manager): Services are taken oldest first
 //! (creation time, then UID, then namespace/name); a node port or tunnel
@@ -21,13 +21,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::expose::{ExposeTypes, port_mapping_of, service_expose};
-use crate::model::{
+use crate::routing::expose::{ExposeTypes, port_mapping_of, service_expose};
+use crate::routing::model::{
     EndpointSlice, Inventory, ObjectMeta, Protocol, Service, ServicePort, ServiceType, Timestamp,
 };
-use crate::names::{ClusterName, ConnectAuthority, RouteKey, SniHost, tunnel_authority};
-use crate::plan::{Plan, PlanOptions};
-use crate::policy::ServicePolicy;
+use crate::routing::names::{ClusterName, ConnectAuthority, RouteKey, SniHost, tunnel_authority};
+use crate::routing::plan::{Plan, PlanOptions};
+use crate::routing::policy::ServicePolicy;
 
 /// A Service or EndpointSlice: namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -305,7 +305,7 @@ impl Inputs {
             mapping: s
                 .metadata
                 .annotations
-                .get(crate::expose::PORT_MAPPING_ANNOTATION_KEY)
+                .get(crate::routing::expose::PORT_MAPPING_ANNOTATION_KEY)
                 .map(|m| m.as_str().into()),
             policy: Some(ServicePolicy::of(s))
                 .filter(|p| !p.is_open())

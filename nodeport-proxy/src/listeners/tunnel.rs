@@ -13,12 +13,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::access_log::Access;
-use crate::connect_request::{self, Parsed};
-use crate::first_bytes;
-use crate::forward::{Active, Downstream};
 use crate::limits::{MAX_CONNECT_HEAD, MAX_REFUSAL_DRAIN, REFUSAL_DRAIN_TIME};
-use crate::tunnel_open::{TunnelError, TunnelListener, open, record_refusal};
+use crate::listeners::tunnel_open::{TunnelError, TunnelListener, open, record_refusal};
+use crate::relay::access_log::Access;
+use crate::relay::connect_request::{self, Parsed};
+use crate::relay::first_bytes;
+use crate::relay::session::{Active, Downstream};
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
@@ -116,7 +116,7 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         // h2 bounds reset and CONTINUATION floods itself; the guard bounds
         // the other control frames.
         let io = daemon::h2flood::FloodGuard::server(PrefixedIo::new(buf.into(), client));
-        Box::pin(crate::tunnel_h2::serve(
+        Box::pin(crate::listeners::tunnel_h2::serve(
             io,
             l.clone(),
             deadline,

@@ -1,5 +1,5 @@
-//! What both CONNECT listeners (HTTP/1.1 in [`crate::tunnel`], HTTP/2 in
-//! [`crate::tunnel_h2`]) share between a valid request and the 200: the
+//! What both CONNECT listeners (HTTP/1.1 in [`crate::listeners::tunnel`], HTTP/2 in
+//! [`crate::listeners::tunnel_h2`]) share between a valid request and the 200: the
 //! tunnel permit, the route, the upstream connection, and how a refusal is
 //! counted and logged.
 
@@ -8,11 +8,11 @@ use std::sync::Arc;
 use daemon::debug_connections::Tracked;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::access_log::Access;
-use crate::connect_request::RequestError;
-use crate::forward::{Downstream, Listener, Session, Shared, Upstream};
 use crate::metrics::ListenerStats;
-use crate::names::ConnectAuthority;
+use crate::relay::access_log::Access;
+use crate::relay::connect_request::RequestError;
+use crate::relay::session::{Downstream, Listener, Session, Shared, Upstream};
+use crate::routing::names::ConnectAuthority;
 
 /// Why a tunnel was not opened; each has one status.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +28,7 @@ pub enum TunnelError {
     #[error("client {0} is not in the allow-list of {1}")]
     Denied(std::net::SocketAddr, ConnectAuthority),
     #[error(transparent)]
-    Upstream(#[from] crate::upstream::UpstreamError),
+    Upstream(#[from] crate::relay::upstream::UpstreamError),
 }
 
 impl TunnelError {
