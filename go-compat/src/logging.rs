@@ -1088,7 +1088,7 @@ mod tests {
         let zap = Verbosity::Zap { debug: false };
         assert!(keeps(
             &zap,
-            &span_meta(Level::TRACE, "nodeport_proxy::tunnel")
+            &span_meta(Level::TRACE, "nodeport_proxy::listeners::tunnel")
         ));
         assert!(!keeps(&zap, &span_meta(Level::DEBUG, "h2::proto")));
     }

@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
         .kubeconfig
         .existing_file()
         .unwrap_or_else(|e| usage_error(&e));
-    let client = nodeport_proxy::kube::client(kubeconfig.as_deref())
+    let client = nodeport_proxy::sources::kube::client(kubeconfig.as_deref())
         .await
         .context("kubernetes client")?;
     let services: Api<Service> = if opts.namespaced {

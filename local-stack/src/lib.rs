@@ -245,7 +245,9 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
     // nodeport-proxy with its embedded table, and tunnel-agent in front of it.
     let nodeport = nodeport_proxy::NodePortProxy::start(
         nodeport_proxy::ProxyConfig {
-            source: nodeport_proxy::TableSource::Inline(nodeport_proxy::source::embedded_default()),
+            source: nodeport_proxy::TableSource::Inline(
+                nodeport_proxy::sources::source::embedded_default(),
+            ),
             node_port_bind_address: std::net::IpAddr::from([127, 0, 0, 1]),
             shutdown_delay: Duration::ZERO,
             drain_timeout: Duration::from_secs(1),

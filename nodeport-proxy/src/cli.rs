@@ -9,7 +9,7 @@ use daemon::keepalive::TcpKeepalive;
 use go_compat::flags::{FlagSet, Given, KkpLogging, Values};
 
 use crate::config::{ConnectionSettings, ProxyConfig, TableSource};
-use crate::source;
+use crate::sources::source;
 
 /// The command line, parsed and validated.
 #[derive(Debug, Clone)]
@@ -29,7 +29,7 @@ pub struct Cli {
     pub worker_threads: usize,
     /// Services and EndpointSlices come from the apiserver (`None`: from
     /// the table file or the embedded demo).
-    pub kubernetes: Option<crate::kube::KubeSource>,
+    pub kubernetes: Option<crate::sources::kube::KubeSource>,
 }
 
 go_compat::typed_flags! {
@@ -73,7 +73,7 @@ go_compat::typed_flags! {
         upstream_tcp_keepalive_probes: Given<i64>,
         #[flag("namespace", "", "only expose Services in this namespace (empty: all)")]
         namespace: String,
-        #[flag("expose-annotation-key", crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")]
+        #[flag("expose-annotation-key", crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")]
         expose_annotation_key: String,
         #[flag("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (needed outside a cluster unless -kubeconfig or -source=demo is given)")]
         config: String,
@@ -273,7 +273,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
     let nonzero = |d: Duration, default: Duration| -> Duration {
         Some(d).filter(|d| !d.is_zero()).unwrap_or(default)
     };
-    let access_log_format: crate::access_log::Format = f
+    let access_log_format: crate::relay::access_log::Format = f
         .access_log_format
         .parse()
         .map_err(|e| format!("-access-log-format: {e}"))?;
@@ -308,7 +308,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         proxy_protocol_timeout: nonzero(f.proxy_protocol_timeout, p.proxy_protocol_timeout),
         access_log: match (f.access_log.clone(), access_log_format) {
             (p, _) if p.is_empty() => None,
-            (path, format) => Some(crate::access_log::AccessLogConfig { path, format }),
+            (path, format) => Some(crate::relay::access_log::AccessLogConfig { path, format }),
         },
         tunnel_windows: tunnel_windows(&f, &p)?,
         tunnel_memory_budget: at_least(&f.tunneling_memory_budget, 1 << 20)?,
@@ -316,7 +316,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
     if config.expose_annotation_key.is_empty() {
         return Err("-expose-annotation-key must not be empty".into());
     }
-    let kubernetes = (kind == "kubernetes").then(|| crate::kube::KubeSource {
+    let kubernetes = (kind == "kubernetes").then(|| crate::sources::kube::KubeSource {
         kubeconfig,
         namespace: config.namespace.clone(),
         expose_annotation_key: config.expose_annotation_key.clone(),
@@ -469,7 +469,7 @@ mod tests {
         let demo = parse(&["-source=demo"]).unwrap_or_else(|e| panic!("{e}"));
         assert!(demo.kubernetes.is_none());
         assert!(
-            matches!(&demo.config.source, TableSource::Inline(inv) if *inv != crate::model::Inventory::default()),
+            matches!(&demo.config.source, TableSource::Inline(inv) if *inv != crate::routing::model::Inventory::default()),
             "-source=demo serves the embedded table"
         );
         if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {

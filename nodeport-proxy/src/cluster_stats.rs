@@ -20,7 +20,7 @@ use daemon::metrics::{Kind, MsHistogram, add_f64, header, sample};
 use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn};
 use parking_lot::Mutex;
 
-use crate::names::ClusterName;
+use crate::routing::names::ClusterName;
 
 /// Counters, in the order of [`COUNTERS`].
 const CX_TOTAL: usize = 0;

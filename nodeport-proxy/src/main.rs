@@ -88,11 +88,14 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
     if let Some(source) = cli.kubernetes {
         let sync = proxy.source_sync();
         let client =
-            nodeport_proxy::kube::watch_client(source.kubeconfig.as_deref(), sync.clone()).await?;
+            nodeport_proxy::sources::kube::watch_client(source.kubeconfig.as_deref(), sync.clone())
+                .await?;
         let p = proxy.clone();
         tokio::spawn(async move {
-            nodeport_proxy::kube::follow(client, source, sync, |changes| p.apply_changes(changes))
-                .await;
+            nodeport_proxy::sources::kube::follow(client, source, sync, |changes| {
+                p.apply_changes(changes)
+            })
+            .await;
         });
     } else {
         tokio::spawn(async move {

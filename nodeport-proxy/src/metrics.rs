@@ -16,7 +16,7 @@ use metrics::{Counter, Gauge};
 
 use crate::cluster_stats::ClusterSet;
 pub use crate::cluster_stats::ClusterStats;
-use crate::names::ClusterName;
+use crate::routing::names::ClusterName;
 
 /// The tcp_proxy stat prefix KKP's NodePort and SNI chains use.
 pub const TCP_PREFIX: &str = "ingress_tcp";

@@ -13,17 +13,17 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, watch};
 
 use crate::config::ProxyConfig;
-use crate::forward::Shared;
 use crate::health::Health;
+use crate::health::readiness::{Readiness, SourceSync};
+use crate::listeners::tunnel_open::TunnelListener;
 use crate::metrics::{ListenerStats, Metrics};
-use crate::model::Inventory;
-use crate::plan::PlanOptions;
-use crate::readiness::{Readiness, SourceSync};
-use crate::source::{self, SourceError};
-use crate::store::{Change, TableStatus, TableStore};
-use crate::table::RoutingTable;
-use crate::tunnel::TunnelListener;
-use crate::upstream::ConnectOptions;
+use crate::relay::session::Shared;
+use crate::relay::upstream::ConnectOptions;
+use crate::routing::model::Inventory;
+use crate::routing::plan::PlanOptions;
+use crate::routing::store::{Change, TableStatus, TableStore};
+use crate::routing::table::RoutingTable;
+use crate::sources::source::{self, SourceError};
 
 /// Sockets bound by the caller (port 0 in tests, flags in the binary). A
 /// listener left `None` is disabled, like KKP's port 0; for SNI and tunneling
@@ -121,7 +121,7 @@ impl NodePortProxy {
             config.ready_out_of_sync_limit,
             config.source.describe(),
         ));
-        metrics.watch_sync(crate::readiness::gauge_probe(
+        metrics.watch_sync(crate::health::readiness::gauge_probe(
             readiness.clone(),
             metrics.source_synced.clone(),
         ));
@@ -129,12 +129,11 @@ impl NodePortProxy {
         let access_log = match &config.access_log {
             None => None,
             Some(c) => Some(
-                crate::access_log::AccessLog::open(c, metrics.access_log_dropped.clone()).map_err(
-                    |source| ProxyError::AccessLog {
+                crate::relay::access_log::AccessLog::open(c, metrics.access_log_dropped.clone())
+                    .map_err(|source| ProxyError::AccessLog {
                         path: c.path.clone(),
                         source,
-                    },
-                )?,
+                    })?,
             ),
         };
         let shared = Arc::new(Shared {
@@ -182,7 +181,7 @@ impl NodePortProxy {
         }
         let reload = Arc::new(Notify::new());
         tokio::spawn(follower.run(shared.table.clone(), reload.clone(), drain.clone()));
-        tokio::spawn(crate::node_port::manage(
+        tokio::spawn(crate::listeners::node_port::manage(
             shared.clone(),
             listeners.node_ports,
         ));
@@ -216,7 +215,7 @@ impl NodePortProxy {
                     let (s, stats) = (s.clone(), stats.clone());
                     async move {
                         let _permit = permit;
-                        crate::sni::handle(io, s, stats).await;
+                        crate::listeners::sni::handle(io, s, stats).await;
                     }
                 },
             ));
@@ -239,7 +238,7 @@ impl NodePortProxy {
                     let tl = tl.clone();
                     async move {
                         let _permit = permit;
-                        crate::tunnel::handle(io, tl).await;
+                        crate::listeners::tunnel::handle(io, tl).await;
                     }
                 },
             ));
@@ -365,7 +364,7 @@ mod tests {
 
     use super::*;
     use crate::config::TableSource;
-    use crate::model::*;
+    use crate::routing::model::*;
 
     fn tunneled(name: &str, echo: SocketAddr) -> (Service, EndpointSlice) {
         let svc = Service {
@@ -373,7 +372,7 @@ mod tests {
                 namespace: "ns".into(),
                 name: name.into(),
                 annotations: [(
-                    crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
+                    crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
                     "Tunneling".to_string(),
                 )]
                 .into(),
@@ -499,5 +498,49 @@ mod tests {
             .await;
             assert_eq!(proxy.table().version, version);
         });
+    }
+}
+
+/// What a silent connection costs each listener kind.
+#[cfg(test)]
+mod task_size {
+    use super::*;
+    use crate::relay::session::test_shared;
+
+    /// What a connection that has not sent its first byte costs in task
+    /// state: a listener holds up to -max-connections-per-listener of them.
+    #[tokio::test]
+    async fn a_silent_connection_is_a_small_task() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let shared = test_shared();
+        let stats = shared.metrics.listener("test");
+        let sni = crate::listeners::sni::handle(
+            TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            shared.clone(),
+            stats.clone(),
+        );
+        let tl = Arc::new(TunnelListener {
+            shared: shared.clone(),
+            stats,
+            tunnels: Arc::new(tokio::sync::Semaphore::new(1)),
+        });
+        let tunnel = crate::listeners::tunnel::handle(
+            TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            tl,
+        );
+        let (sni, tunnel) = (size_of_val(&sni), size_of_val(&tunnel));
+        eprintln!("SNI {sni} bytes, tunneling {tunnel} bytes");
+        assert!(sni <= 1024, "SNI connection future: {sni} bytes");
+        assert!(
+            tunnel <= 1024,
+            "tunneling connection future: {tunnel} bytes"
+        );
     }
 }

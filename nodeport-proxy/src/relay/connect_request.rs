@@ -4,7 +4,7 @@
 
 pub use crate::limits::MAX_CONNECT_HEAD as MAX_HEAD;
 use crate::limits::MAX_CONNECT_HEADERS as MAX_HEADERS;
-use crate::names::ConnectAuthority;
+use crate::routing::names::ConnectAuthority;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectHead {

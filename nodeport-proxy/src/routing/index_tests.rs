@@ -10,10 +10,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::expose::{PORT_MAPPING_ANNOTATION_KEY, port_mapping, service_expose};
-use crate::model::*;
-use crate::names::tunnel_authority;
-use crate::plan::{Plan, PlanOptions};
+use crate::routing::expose::{PORT_MAPPING_ANNOTATION_KEY, port_mapping, service_expose};
+use crate::routing::model::*;
+use crate::routing::names::tunnel_authority;
+use crate::routing::plan::{Plan, PlanOptions};
 
 /// The rules as plainly as they can be written: every Service, oldest
 /// first, against everything older. Quadratic, which is why the index
@@ -153,7 +153,7 @@ fn random_service(rng: &mut StdRng) -> Service {
     ];
     if let Some(e) = pick(rng, &expose) {
         annotations.insert(
-            crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
+            crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
             (*e).to_string(),
         );
     }

@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use crate::model::Inventory;
-use crate::names::{ClusterName, ConnectAuthority, SniHost};
+use crate::routing::names::{ClusterName, ConnectAuthority, SniHost};
 
 /// What the routing table is built from besides the inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +22,8 @@ pub struct PlanOptions {
 impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
-            expose_annotation_key: crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
+            expose_annotation_key: crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY
+                .to_string(),
             namespace: None,
             sni: true,
             tunneling: true,
@@ -45,15 +45,6 @@ impl Plan {
     pub fn route_count(&self) -> usize {
         self.node_ports.len() + self.sni.len() + self.tunnels.len()
     }
-}
-
-/// Builds the plan from scratch and returns, besides it, one line per thing
-/// skipped (for the log: KKP warns about the same cases). The rules are in
-/// [`crate::index`], which also keeps a plan up to date change by change.
-pub fn build(inventory: &Inventory, options: &PlanOptions) -> (Plan, Vec<String>) {
-    let mut index = crate::index::Index::new(options.clone());
-    index.replace_all(inventory);
-    (index.plan(), index.take_warnings())
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::model::{Protocol, Service, ServicePort};
-use crate::names::SniHost;
+use crate::routing::model::{Protocol, Service, ServicePort};
+use crate::routing::names::SniHost;
 
 /// `nodeport-proxy.k8s.io/expose`, the default of `-expose-annotation-key`.
 pub const DEFAULT_EXPOSE_ANNOTATION_KEY: &str = "nodeport-proxy.k8s.io/expose";
@@ -70,7 +70,7 @@ pub enum PortMappingError {
     #[error("port mapping names {0:?}, which is not a TCP port of the service")]
     UnknownPort(String),
     #[error(transparent)]
-    InvalidHost(#[from] crate::names::InvalidSniHost),
+    InvalidHost(#[from] crate::routing::names::InvalidSniHost),
 }
 
 /// Service port name → SNI host, validated as KKP does: valid JSON, no host
@@ -130,7 +130,7 @@ pub fn port_mapping_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ObjectMeta, ServicePort, ServiceSpec};
+    use crate::routing::model::{ObjectMeta, ServicePort, ServiceSpec};
 
     #[test]
     fn expose_values_as_kkp_reads_them() {

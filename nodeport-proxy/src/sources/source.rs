@@ -16,13 +16,13 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::config::TableSource;
-use crate::index::ObjKey;
 use crate::limits::MAX_TABLE_FILE;
-use crate::model::Inventory;
-use crate::store::{Change, TableStore};
+use crate::routing::index::ObjKey;
+use crate::routing::model::Inventory;
+use crate::routing::store::{Change, TableStore};
 
 /// The demo inventory used when no file is given.
-pub const EMBEDDED_DEFAULT: &str = include_str!("../config/demo.yaml");
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../config/demo.yaml");
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -195,7 +195,7 @@ pub fn load_items(path: &Path, bytes: &[u8], cache: &mut ItemCache) -> Result<Lo
     let split = (!json)
         .then(|| std::str::from_utf8(bytes).ok())
         .flatten()
-        .and_then(crate::yaml_items::split);
+        .and_then(crate::sources::yaml_items::split);
     if let Some(items) = split {
         let empty = HashMap::new();
         let (before_services, before_slices) = if cache.valid {
@@ -207,14 +207,18 @@ pub fn load_items(path: &Path, bytes: &[u8], cache: &mut ItemCache) -> Result<Lo
         let services = diff_items(
             &items.services,
             before_services,
-            |s: &crate::model::Service| ObjKey::new(&s.metadata.namespace, &s.metadata.name),
+            |s: &crate::routing::model::Service| {
+                ObjKey::new(&s.metadata.namespace, &s.metadata.name)
+            },
             Change::Service,
             &mut changes,
         );
         let slices = diff_items(
             &items.slices,
             before_slices,
-            |s: &crate::model::EndpointSlice| ObjKey::new(&s.metadata.namespace, &s.metadata.name),
+            |s: &crate::routing::model::EndpointSlice| {
+                ObjKey::new(&s.metadata.namespace, &s.metadata.name)
+            },
             Change::Slice,
             &mut changes,
         );
@@ -369,7 +373,8 @@ mod tests {
     #[test]
     fn embedded_default_parses_and_exposes_every_kind() {
         let inv = parse(EMBEDDED_DEFAULT, false).unwrap_or_else(|e| panic!("{e}"));
-        let (plan, warnings) = crate::plan::build(&inv, &crate::plan::PlanOptions::default());
+        let (plan, warnings) =
+            crate::routing::index::build(&inv, &crate::routing::plan::PlanOptions::default());
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(plan.node_ports.len(), 2);
         assert_eq!(plan.sni.len(), 1);

@@ -11,11 +11,11 @@ use daemon::drain::Drain;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::index::{Index, ObjKey};
 use crate::metrics::{Metrics, ReloadResult};
-use crate::model::{EndpointSlice, Inventory, Service};
-use crate::plan::PlanOptions;
-use crate::table::RoutingTable;
+use crate::routing::index::{Index, ObjKey};
+use crate::routing::model::{EndpointSlice, Inventory, Service};
+use crate::routing::plan::PlanOptions;
+use crate::routing::table::RoutingTable;
 
 /// One object added, changed (`Some`) or deleted (`None`), or the end of
 /// a list of every object of a kind.
@@ -186,7 +186,7 @@ impl TableStore {
         });
     }
 
-    fn retire(&self, gone: Vec<Arc<crate::table::Lifetime>>) {
+    fn retire(&self, gone: Vec<Arc<crate::routing::table::Lifetime>>) {
         if gone.is_empty() {
             return;
         }

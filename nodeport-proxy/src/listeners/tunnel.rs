@@ -11,17 +11,14 @@ use daemon::prefixed::PrefixedIo;
 use link::debug_connections::Tracked;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::access_log::Access;
-use crate::connect_request::{self, Parsed, RequestError};
-use crate::first_bytes;
-use crate::forward::{Active, ByteCounters, Downstream, Shared, forward};
 use crate::limits::{MAX_CONNECT_HEAD, MAX_REFUSAL_DRAIN, REFUSAL_DRAIN_TIME};
-use crate::metrics::ListenerStats;
-use crate::names::ConnectAuthority;
-use crate::table::Route;
+use crate::listeners::tunnel_open::{TunnelError, TunnelListener, open, record_refusal};
+use crate::relay::access_log::Access;
+use crate::relay::connect_request::{self, Parsed};
+use crate::relay::first_bytes;
+use crate::relay::session::{Active, Downstream};
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
@@ -42,68 +39,6 @@ fn client_preface_complete(buf: &[u8]) -> bool {
     let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
     let settings = header[3] == 0x4;
     !settings || len > MAX_FIRST_FRAME || buf.len() >= H2_PREFACE.len() + FRAME_HEADER + len
-}
-
-/// Why a tunnel was not opened; each has one status.
-#[derive(Debug, thiserror::Error)]
-pub enum TunnelError {
-    #[error("client: {0}")]
-    Request(#[from] RequestError),
-    #[error("client sent no complete request head within the timeout")]
-    HeaderTimeout,
-    #[error("no route for authority {0}")]
-    NoRoute(ConnectAuthority),
-    #[error("too many open tunnels")]
-    Overloaded,
-    #[error("client {0} is not in the allow-list of {1}")]
-    Denied(std::net::SocketAddr, ConnectAuthority),
-    #[error(transparent)]
-    Upstream(#[from] crate::upstream::UpstreamError),
-}
-
-impl TunnelError {
-    pub fn status(&self) -> u16 {
-        match self {
-            TunnelError::Request(e) => e.status(),
-            TunnelError::HeaderTimeout => 408,
-            TunnelError::NoRoute(_) => 404,
-            TunnelError::Denied(..) => 403,
-            TunnelError::Overloaded | TunnelError::Upstream(_) => 503,
-        }
-    }
-
-    /// Envoy's response flag for this refusal.
-    fn flags(&self) -> &'static str {
-        match self {
-            TunnelError::Request(RequestError::NotConnect(_)) | TunnelError::NoRoute(_) => "NR",
-            TunnelError::Request(_) => "DPE",
-            TunnelError::HeaderTimeout => "-",
-            TunnelError::Overloaded => "UO",
-            TunnelError::Denied(..) => "RBAC",
-            TunnelError::Upstream(e) => e.flags(),
-        }
-    }
-
-    pub(crate) fn reason(&self) -> &'static str {
-        match self {
-            TunnelError::Request(RequestError::NotConnect(_)) => "not_connect",
-            TunnelError::Request(RequestError::TooLarge) => "request_too_large",
-            TunnelError::Request(_) => "bad_request",
-            TunnelError::HeaderTimeout => "request_header_timeout",
-            TunnelError::NoRoute(_) => "no_route",
-            TunnelError::Overloaded => "overloaded",
-            TunnelError::Denied(..) => "source_denied",
-            TunnelError::Upstream(_) => "upstream_unavailable",
-        }
-    }
-}
-
-/// Per-listener state shared by its connections.
-pub struct TunnelListener {
-    pub shared: Arc<Shared>,
-    pub stats: ListenerStats,
-    /// Open tunnels (HTTP/1.1 connections and HTTP/2 streams) on this listener.
-    pub tunnels: Arc<Semaphore>,
 }
 
 pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
@@ -181,7 +116,7 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         // h2 bounds reset and CONTINUATION floods itself; the guard bounds
         // the other control frames.
         let io = link::h2flood::FloodGuard::server(PrefixedIo::new(buf.into(), client));
-        Box::pin(crate::tunnel_h2::serve(
+        Box::pin(crate::listeners::tunnel_h2::serve(
             io,
             l.clone(),
             deadline,
@@ -241,38 +176,26 @@ async fn http1(
     access.authority(&head.authority.to_string());
     conn.set_target(&head.authority);
     conn.set_state("connecting");
-    let opened = open(&head.authority, l, downstream).await;
-    let (route, upstream, endpoint, _permit) = match opened {
+    let opened = open(&head.authority, l, *downstream, conn, &mut access).await;
+    let (mut session, upstream, _permit) = match opened {
         Ok(o) => o,
         Err(e) => {
             conn.set_close_reason(e.reason());
             return refuse_h1(&mut client, e, l, &mut access).await;
         }
     };
-    access.answer(200, "-", "-");
+    session.access.answer(200, "-", "-");
     if client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.is_err() {
-        access.answer(200, "DC", "client_error");
+        session.access.answer(200, "DC", "client_error");
         conn.set_close_reason("client_error");
         return;
     }
     http.downstream_rq_2xx.increment(1);
     let early = Bytes::copy_from_slice(&buf[head.head_len..]);
     drop(buf);
-    let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active());
-    forward(
-        link::duplex::Plain(client),
-        early,
-        &route,
-        downstream,
-        conn,
-        upstream,
-        endpoint,
-        shared.config.connection.tunneling_stream_idle_timeout,
-        &counters(l, &route),
-        shared,
-        &mut access,
-    )
-    .await;
+    session
+        .relay(link::duplex::Plain(client), early, upstream)
+        .await;
 }
 
 /// What one read of a request head (or preface) before its deadline gave.
@@ -292,74 +215,6 @@ async fn read_head(
         Ok(Ok(0)) | Ok(Err(_)) => HeadRead::Closed,
         Ok(Ok(_)) => HeadRead::More,
         Err(_) => HeadRead::TimedOut,
-    }
-}
-
-pub(crate) fn counters(l: &TunnelListener, route: &Route) -> ByteCounters {
-    let http = &l.shared.metrics.http;
-    ByteCounters {
-        downstream_rx: http.downstream_cx_rx_bytes_total.clone(),
-        downstream_tx: http.downstream_cx_tx_bytes_total.clone(),
-        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total(),
-        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
-    }
-}
-
-/// Everything between a valid CONNECT and the 200: the tunnel permit, the
-/// route, the upstream connection.
-pub(crate) async fn open(
-    authority: &ConnectAuthority,
-    l: &TunnelListener,
-    downstream: &Downstream,
-) -> Result<
-    (
-        Arc<Route>,
-        TcpStream,
-        std::net::SocketAddr,
-        tokio::sync::OwnedSemaphorePermit,
-    ),
-    TunnelError,
-> {
-    let permit = l
-        .tunnels
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| TunnelError::Overloaded)?;
-    let route = l
-        .shared
-        .table
-        .current()
-        .tunnels
-        .get(authority)
-        .cloned()
-        .ok_or_else(|| TunnelError::NoRoute(authority.clone()))?;
-    if !downstream.admitted(&route, &l.shared, "tunnel") {
-        return Err(TunnelError::Denied(downstream.source, authority.clone()));
-    }
-    let stats = &route.cluster.stats;
-    stats.upstream_rq_total().increment(1);
-    let started = std::time::Instant::now();
-    let (upstream, endpoint) = crate::upstream::connect(&route.cluster, &l.shared.connect).await?;
-    stats
-        .upstream_rq_time()
-        .record(started.elapsed().as_secs_f64() * 1000.0);
-    Ok((route, upstream, endpoint, permit))
-}
-
-/// Counts a refused request and logs it at a level matching whose fault it is.
-pub(crate) fn record_refusal(e: &TunnelError, l: &TunnelListener, access: &mut Access) {
-    let http = &l.shared.metrics.http;
-    access.answer(e.status(), e.flags(), e.reason());
-    l.stats.reject(e.reason());
-    if matches!(e, TunnelError::NoRoute(_)) {
-        http.no_route.increment(1);
-    }
-    if e.status() >= 500 {
-        http.downstream_rq_5xx.increment(1);
-        tracing::warn!(error = %e, status = e.status(), "CONNECT refused");
-    } else {
-        http.downstream_rq_4xx.increment(1);
-        tracing::debug!(error = %e, status = e.status(), "CONNECT refused");
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use daemon::keepalive::TcpKeepalive;
 use tokio::net::TcpStream;
 
-use crate::table::Cluster;
+use crate::routing::table::Cluster;
 
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectOptions {

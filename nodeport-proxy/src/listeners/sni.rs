@@ -9,13 +9,12 @@ use link::debug_connections::Tracked;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::access_log::Access;
-use crate::client_hello::{self, Hello, HelloError};
-use crate::first_bytes;
-use crate::forward::{Active, ByteCounters, Downstream, Shared, forward};
 use crate::limits::MAX_SNI_PREFIX;
 use crate::metrics::ListenerStats;
-use crate::table::Route;
+use crate::relay::access_log::Access;
+use crate::relay::client_hello::{self, Hello, HelloError};
+use crate::relay::first_bytes;
+use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
 
 /// Why an SNI connection was closed before reaching an upstream.
 #[derive(Debug, thiserror::Error)]
@@ -33,11 +32,11 @@ pub enum SniError {
     #[error("no route for server name {0}")]
     NoRoute(String),
     #[error(transparent)]
-    ProxyHeader(#[from] crate::proxy_protocol::ProxyHeaderError),
+    ProxyHeader(#[from] crate::relay::proxy_protocol::ProxyHeaderError),
     #[error("client {0} is not in the allow-list of server name {1}")]
     Denied(std::net::SocketAddr, String),
     #[error(transparent)]
-    Upstream(#[from] crate::upstream::UpstreamError),
+    Upstream(#[from] crate::relay::upstream::UpstreamError),
 }
 
 impl SniError {
@@ -126,64 +125,41 @@ async fn serve(client: TcpStream, shared: &Shared, conn: &Tracked) -> Result<(),
         .cloned()
         .ok_or_else(|| SniError::NoRoute(host.to_string()))?;
     drop(table);
-    if !downstream.admitted(&route, shared, "sni") {
+    // Envoy logs only connections that reached a filter chain (a route) and
+    // were admitted: a refused one has its line off until then.
+    let mut access = Access::start(None, None, None);
+    let session = Session {
+        shared,
+        listener: Listener::Sni,
+        downstream,
+        route,
+        conn,
+        access: &mut access,
+    };
+    if !session.admitted() {
         let mut client = client;
         let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
         return Err(SniError::Denied(downstream.source, host.to_string()));
     }
-    // Envoy logs only connections that reached a filter chain (a route).
-    let mut access = Access::start(
+    *session.access = Access::start(
         shared.access_log.as_ref(),
         Some(downstream.local),
         Some(downstream.source),
     );
-    access.sni(host.as_str());
+    session.access.sni(host.as_str());
     // Allocated only for a routed connection, so a silent one stays small.
     conn.set_state("connecting");
-    Box::pin(proxy(client, buf, route, &downstream, conn, shared, access)).await
+    Box::pin(proxy(client, buf, session)).await
 }
 
 async fn proxy(
     client: TcpStream,
     hello: Vec<u8>,
-    route: Arc<Route>,
-    downstream: &Downstream,
-    conn: &Tracked,
-    shared: &Shared,
-    mut access: Access,
+    mut session: Session<'_>,
 ) -> Result<(), SniError> {
-    let (upstream, endpoint) = match crate::upstream::connect(&route.cluster, &shared.connect).await
-    {
-        Ok(c) => c,
-        Err(e) => {
-            access.cluster(route.cluster.name.as_str());
-            access.answer(0, e.flags(), "upstream_unavailable");
-            return Err(e.into());
-        }
-    };
-    let tcp = &shared.metrics.tcp;
-    let counters = ByteCounters {
-        downstream_rx: tcp.downstream_cx_rx_bytes_total.clone(),
-        downstream_tx: tcp.downstream_cx_tx_bytes_total.clone(),
-        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total(),
-        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
-    };
-    let end = forward(
-        link::duplex::Plain(client),
-        hello.into(),
-        &route,
-        downstream,
-        conn,
-        upstream,
-        endpoint,
-        shared.config.connection.sni_idle_timeout,
-        &counters,
-        shared,
-        &mut access,
-    )
-    .await;
-    if matches!(end, link::relay::RelayEnd::Idle) {
-        tcp.idle_timeout.increment(1);
-    }
+    let upstream = session.connect().await?;
+    session
+        .relay(link::duplex::Plain(client), hello.into(), upstream)
+        .await;
     Ok(())
 }

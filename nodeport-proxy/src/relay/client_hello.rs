@@ -4,7 +4,7 @@
 //! handshake message may be split across TLS records and records across TCP
 //! segments; the caller just keeps appending bytes and asking again.
 
-use crate::names::SniHost;
+use crate::routing::names::SniHost;
 
 pub use crate::limits::MAX_CLIENT_HELLO;
 

@@ -1,14 +1,15 @@
 //! KKP's `TestSync` scenarios, on the plan instead of Envoy resources.
 
 use super::*;
-use crate::model::*;
+use crate::routing::index::build;
+use crate::routing::model::*;
 use std::collections::BTreeMap;
 
 fn svc(ns: &str, name: &str, created: i64, expose: Option<&str>, ty: ServiceType) -> Service {
     let mut annotations = BTreeMap::new();
     if let Some(e) = expose {
         annotations.insert(
-            crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
+            crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
             e.to_string(),
         );
     }
@@ -170,7 +171,7 @@ fn unexposed_unready_and_wrong_type_services_produce_nothing() {
 fn sni_svc(name: &str, created: i64, mapping: &str) -> (Service, EndpointSlice) {
     let mut s = svc("t", name, created, Some("SNI"), ServiceType::ClusterIP);
     s.metadata.annotations.insert(
-        crate::expose::PORT_MAPPING_ANNOTATION_KEY.into(),
+        crate::routing::expose::PORT_MAPPING_ANNOTATION_KEY.into(),
         mapping.into(),
     );
     s.spec.ports = vec![
@@ -296,7 +297,7 @@ fn tunneling_every_tcp_port_and_with_sni() {
         ServiceType::ClusterIP,
     );
     s.metadata.annotations.insert(
-        crate::expose::PORT_MAPPING_ANNOTATION_KEY.into(),
+        crate::routing::expose::PORT_MAPPING_ANNOTATION_KEY.into(),
         r#"{"secure":"x.seed.example.com"}"#.into(),
     );
     s.spec.ports = vec![
@@ -332,7 +333,7 @@ fn tunneling_every_tcp_port_and_with_sni() {
     // An invalid mapping drops SNI but keeps the tunnel.
     let mut broken = s;
     broken.metadata.annotations.insert(
-        crate::expose::PORT_MAPPING_ANNOTATION_KEY.into(),
+        crate::routing::expose::PORT_MAPPING_ANNOTATION_KEY.into(),
         r#"{"missing":"h"}"#.into(),
     );
     let (plan, _) = build(
@@ -350,7 +351,7 @@ fn tunneling_every_tcp_port_and_with_sni() {
 fn namespace_and_annotation_key_filters() {
     let mut a = svc("ns-a", "s", 0, None, ServiceType::NodePort);
     a.metadata.annotations.insert(
-        crate::expose::EXPOSE_NAMESPACED_ANNOTATION_KEY.into(),
+        crate::routing::expose::EXPOSE_NAMESPACED_ANNOTATION_KEY.into(),
         "true".into(),
     );
     a.spec.ports = vec![port("p", 1, 31001, Protocol::Tcp)];
@@ -366,7 +367,7 @@ fn namespace_and_annotation_key_filters() {
     };
     assert_eq!(build(&inv, &PlanOptions::default()).0, Plan::default());
     let opts = PlanOptions {
-        expose_annotation_key: crate::expose::EXPOSE_NAMESPACED_ANNOTATION_KEY.into(),
+        expose_annotation_key: crate::routing::expose::EXPOSE_NAMESPACED_ANNOTATION_KEY.into(),
         namespace: Some("ns-b".into()),
         ..PlanOptions::default()
     };

@@ -13,9 +13,9 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::access_log::Access;
-use crate::forward::{Active, ByteCounters, Downstream, Shared, forward};
 use crate::metrics::ListenerStats;
+use crate::relay::access_log::Access;
+use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
 
 /// First wait before binding a node port again, doubled per failure up to
 /// [`BIND_RETRY_MAX`].
@@ -188,49 +188,33 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         shared.metrics.tcp.downstream_cx_no_route.increment(1);
         return;
     };
-    if !downstream.admitted(&route, &shared, "nodeport") {
-        access.cluster(route.cluster.name.as_str());
-        access.answer(0, "RBAC", "source_denied");
+    let mut session = Session {
+        shared: &shared,
+        listener: Listener::NodePort,
+        downstream,
+        route,
+        conn: &conn,
+        access: &mut access,
+    };
+    if !session.admitted() {
+        session.access.cluster(session.route.cluster.name.as_str());
+        session.access.answer(0, "RBAC", "source_denied");
         conn.set_close_reason("source_denied");
         listener.reject("source_denied");
         return;
     }
-    let (upstream, endpoint) = match crate::upstream::connect(&route.cluster, &shared.connect).await
-    {
-        Ok(c) => c,
+    let upstream = match session.connect().await {
+        Ok(u) => u,
         Err(e) => {
-            access.cluster(route.cluster.name.as_str());
-            access.answer(0, e.flags(), "upstream_unavailable");
             conn.set_close_reason("upstream_unavailable");
             listener.reject("upstream_unavailable");
             tracing::warn!(port, error = %e, "NodePort connection closed");
             return;
         }
     };
-    let tcp = &shared.metrics.tcp;
-    let counters = ByteCounters {
-        downstream_rx: tcp.downstream_cx_rx_bytes_total.clone(),
-        downstream_tx: tcp.downstream_cx_tx_bytes_total.clone(),
-        upstream_tx: route.cluster.stats.upstream_cx_tx_bytes_total(),
-        upstream_rx: route.cluster.stats.upstream_cx_rx_bytes_total(),
-    };
-    let end = forward(
-        link::duplex::Plain(client),
-        early.into(),
-        &route,
-        &downstream,
-        &conn,
-        upstream,
-        endpoint,
-        shared.config.node_port_idle_timeout,
-        &counters,
-        &shared,
-        &mut access,
-    )
-    .await;
-    if matches!(end, link::relay::RelayEnd::Idle) {
-        tcp.idle_timeout.increment(1);
-    }
+    session
+        .relay(link::duplex::Plain(client), early.into(), upstream)
+        .await;
 }
 
 #[cfg(test)]
@@ -245,7 +229,7 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
-        let shared = crate::forward::test_shared();
+        let shared = crate::relay::session::test_shared();
         let stats = shared.metrics.listener("test");
         let client = TcpStream::connect(addr)
             .await

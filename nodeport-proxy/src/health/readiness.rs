@@ -5,12 +5,12 @@
 //! out of sync for longer than `-ready-out-of-sync-limit` (a table file that
 //! no longer loads, a watch whose requests fail). Within the limit the last
 //! table keeps serving and the body says why it may be stale. `/healthz`
-//! stays liveness (health.rs).
+//! stays liveness (health/mod.rs).
 //!
 //! A Kubernetes watch is in sync when its latest request was answered
 //! (2xx) or its latest event arrived after its latest error: kube-rs's
 //! watcher resumes a broken watch without an event when nothing changed, so
-//! the HTTP answers are watched too (kube.rs's client layer).
+//! the HTTP answers are watched too (sources/kube.rs's client layer).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use metrics::Gauge;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::store::TableStatus;
+use crate::routing::store::TableStatus;
 
 /// `-ready-out-of-sync-limit`'s default: a seed apiserver restart or a
 /// watch's back-off (at most 30 s between attempts) stays well inside it,

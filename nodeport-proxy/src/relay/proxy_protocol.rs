@@ -14,8 +14,8 @@ use std::time::Duration;
 use ppp::{HeaderResult, PartialResult, v1, v2};
 use tokio::net::TcpStream;
 
-use crate::first_bytes;
 use crate::limits::MAX_PROXY_HEADER;
+use crate::relay::first_bytes;
 
 /// Why a connection's PROXY header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

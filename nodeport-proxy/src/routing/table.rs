@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
-use crate::index::{Delta, Index};
 use crate::metrics::{ClusterStats, Metrics};
-use crate::names::{ClusterName, ConnectAuthority, RouteKey, SniHost};
-use crate::shards::Shards;
+use crate::routing::index::{Delta, Index};
+use crate::routing::names::{ClusterName, ConnectAuthority, RouteKey, SniHost};
+use crate::routing::shards::Shards;
 
 /// Whether a route is still in the table: retired when it leaves the table,
 /// expired when its connections must end. One atomic and one `Notify`:
@@ -73,7 +73,7 @@ pub struct Cluster {
     pub stats: ClusterStats,
     /// Its Service's source allow-list and upstream PROXY header; `None`:
     /// open to all, nothing sent first.
-    pub policy: Option<Arc<crate::policy::ServicePolicy>>,
+    pub policy: Option<Arc<crate::routing::policy::ServicePolicy>>,
 }
 
 impl std::fmt::Debug for Cluster {

@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::limits::{MAX_SOURCE_RANGES, MAX_SOURCE_RANGES_ANNOTATION};
-use crate::model::Service;
+use crate::routing::model::Service;
 
 pub const SOURCE_RANGES_ANNOTATION_KEY: &str = "nodeport-proxy.k8s.io/source-ranges";
 pub const UPSTREAM_PROXY_PROTOCOL_ANNOTATION_KEY: &str =

@@ -27,13 +27,13 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::index::ObjKey;
-use crate::model::{
+use crate::health::readiness::SourceSync;
+use crate::routing::index::ObjKey;
+use crate::routing::model::{
     self, Endpoint, EndpointConditions, EndpointPort, ObjectMeta, Protocol, SERVICE_NAME_LABEL,
     ServicePort, ServiceSpec, ServiceType, Timestamp,
 };
-use crate::readiness::SourceSync;
-use crate::store::Change;
+use crate::routing::store::Change;
 
 /// The two watches, as `/ready` names them.
 const SERVICES: &str = "services watch";
@@ -498,8 +498,8 @@ mod tests {
             tokio::task::yield_now().await;
             ev
         });
-        let store = Arc::new(crate::store::TableStore::new(
-            crate::plan::PlanOptions::default(),
+        let store = Arc::new(crate::routing::store::TableStore::new(
+            crate::routing::plan::PlanOptions::default(),
             std::time::Duration::from_secs(1),
             daemon::drain::Drain::new(),
             crate::metrics::Metrics::new(),
@@ -508,7 +508,7 @@ mod tests {
         let (st, sn) = (store.clone(), seen.clone());
         run(
             events,
-            crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY,
+            crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY,
             &SourceSync::default(),
             move |changes| {
                 let (st, sn) = (st.clone(), sn.clone());

@@ -5,6 +5,8 @@
 //! line each. `/ready` also fails until the source's first table is applied
 //! and while the source is out of sync past its limit (readiness.rs).
 
+pub mod readiness;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
@@ -12,8 +14,8 @@ use std::time::SystemTime;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::readiness::Readiness;
-use crate::store::TableStatus;
+use crate::health::readiness::Readiness;
+use crate::routing::store::TableStatus;
 
 pub struct Health {
     /// Set once shutdown begins.

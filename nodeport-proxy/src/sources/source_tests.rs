@@ -9,8 +9,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::index::Index;
-use crate::plan::PlanOptions;
+use crate::routing::index::Index;
+use crate::routing::plan::PlanOptions;
 
 fn pick<'a, T>(rng: &mut StdRng, from: &'a [T]) -> &'a T {
     &from[rng.random_range(0..from.len())]

@@ -331,7 +331,7 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Timestamp;
+    use crate::routing::model::Timestamp;
 
     fn record(format: Format) -> Record {
         let (queue, _) = sync_channel(1);

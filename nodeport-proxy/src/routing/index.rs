@@ -6,7 +6,7 @@
 //! which keys changed; nothing scans the whole inventory. Rebuilding from
 //! scratch is applying every object to an empty index, so both paths share
 //! one implementation (tests compare it with a direct transcription of the
-//! rules, `plan_tests.rs`).
+//! rules, `routing/plan_tests.rs`).
 //!
 //! The rules (KKP's envoy-manager): Services are taken oldest first
 //! (creation time, then UID, then namespace/name); a node port or tunnel
@@ -21,13 +21,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::expose::{ExposeTypes, port_mapping_of, service_expose};
-use crate::model::{
+use crate::routing::expose::{ExposeTypes, port_mapping_of, service_expose};
+use crate::routing::model::{
     EndpointSlice, Inventory, ObjectMeta, Protocol, Service, ServicePort, ServiceType, Timestamp,
 };
-use crate::names::{ClusterName, ConnectAuthority, RouteKey, SniHost, tunnel_authority};
-use crate::plan::{Plan, PlanOptions};
-use crate::policy::ServicePolicy;
+use crate::routing::names::{ClusterName, ConnectAuthority, RouteKey, SniHost, tunnel_authority};
+use crate::routing::plan::{Plan, PlanOptions};
+use crate::routing::policy::ServicePolicy;
 
 /// A Service or EndpointSlice: namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -305,7 +305,7 @@ impl Inputs {
             mapping: s
                 .metadata
                 .annotations
-                .get(crate::expose::PORT_MAPPING_ANNOTATION_KEY)
+                .get(crate::routing::expose::PORT_MAPPING_ANNOTATION_KEY)
                 .map(|m| m.as_str().into()),
             policy: Some(ServicePolicy::of(s))
                 .filter(|p| !p.is_open())
@@ -476,7 +476,7 @@ impl Index {
         out
     }
 
-    /// The whole plan, as [`crate::plan::build`] returns it.
+    /// The whole plan, as [`build`] returns it.
     pub fn plan(&self) -> Plan {
         let mut plan = Plan::default();
         for p in self.node_ports.keys() {
@@ -1002,6 +1002,15 @@ impl<K: std::hash::Hash + Eq, V> ClaimMap<K, V> for HashMap<K, Sorted<Claim, V>>
             }
         }
     }
+}
+
+/// Builds the plan from scratch and returns, besides it, one line per thing
+/// skipped (for the log: KKP warns about the same cases). The rules are
+/// [`Index`]'s, which also keeps a plan up to date change by change.
+pub fn build(inventory: &Inventory, options: &PlanOptions) -> (Plan, Vec<String>) {
+    let mut index = Index::new(options.clone());
+    index.replace_all(inventory);
+    (index.plan(), index.take_warnings())
 }
 
 #[cfg(test)]

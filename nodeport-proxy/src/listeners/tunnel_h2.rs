@@ -13,12 +13,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::access_log::Access;
-use crate::connect_request::RequestError;
-use crate::forward::{Active, Downstream, forward};
 use crate::limits;
-use crate::names::ConnectAuthority;
-use crate::tunnel::{TunnelError, TunnelListener, counters, open, record_refusal};
+use crate::listeners::tunnel_open::{TunnelError, TunnelListener, open, record_refusal};
+use crate::relay::access_log::Access;
+use crate::relay::connect_request::RequestError;
+use crate::relay::session::{Active, Downstream};
+use crate::routing::names::ConnectAuthority;
 
 /// `deadline` bounded the client preface (read before this is called); it
 /// also bounds our side of the handshake.
@@ -168,40 +168,27 @@ async fn stream(
     access.authority(&authority.to_string());
     conn.set_target(&authority);
     conn.set_state("connecting");
-    let (route, upstream, endpoint, _permit) = match open(&authority, l, downstream).await {
-        Ok(o) => o,
-        Err(e) => {
-            conn.set_close_reason(e.reason());
-            return refuse(&mut respond, e, l, &mut access);
-        }
-    };
-    access.answer(200, "-", "-");
+    let (mut session, upstream, _permit) =
+        match open(&authority, l, *downstream, conn, &mut access).await {
+            Ok(o) => o,
+            Err(e) => {
+                conn.set_close_reason(e.reason());
+                return refuse(&mut respond, e, l, &mut access);
+            }
+        };
+    session.access.answer(200, "-", "-");
     let send = match respond.send_response(Response::new(()), false) {
         Ok(s) => s,
         Err(e) => {
-            access.answer(200, "DC", "client_error");
+            session.access.answer(200, "DC", "client_error");
             conn.set_close_reason("client_error");
             tracing::debug!(error = %e, "client: stream gone before 200");
             return;
         }
     };
     http.downstream_rq_2xx.increment(1);
-    let _up_rq = Active::new(&route.cluster.stats.upstream_rq_active());
     let io = H2Io::metered(send, req.into_body(), meter);
-    forward(
-        io,
-        bytes::Bytes::new(),
-        &route,
-        downstream,
-        conn,
-        upstream,
-        endpoint,
-        shared.config.connection.tunneling_stream_idle_timeout,
-        &counters(l, &route),
-        shared,
-        &mut access,
-    )
-    .await;
+    session.relay(io, Bytes::new(), upstream).await;
 }
 
 fn request_authority(req: &Request<h2::RecvStream>) -> Result<ConnectAuthority, RequestError> {
