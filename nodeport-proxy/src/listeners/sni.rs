@@ -15,6 +15,7 @@ use crate::relay::access_log::Access;
 use crate::relay::client_hello::{self, Hello, HelloError};
 use crate::relay::first_bytes;
 use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
+use crate::routing::names::SniHost;
 
 /// Why an SNI connection was closed before reaching an upstream.
 #[derive(Debug, thiserror::Error)]
@@ -136,27 +137,28 @@ async fn serve(client: TcpStream, shared: &Shared, conn: &Tracked) -> Result<(),
         conn,
         access: &mut access,
     };
+    // Allocated only for a routed connection, so a silent one stays small.
+    Box::pin(proxy(client, buf, host, session)).await
+}
+
+async fn proxy(
+    mut client: TcpStream,
+    hello: Vec<u8>,
+    host: SniHost,
+    mut session: Session<'_>,
+) -> Result<(), SniError> {
+    let downstream = session.downstream;
     if !session.admitted() {
-        let mut client = client;
         let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
         return Err(SniError::Denied(downstream.source, host.to_string()));
     }
     *session.access = Access::start(
-        shared.access_log.as_ref(),
+        session.shared.access_log.as_ref(),
         Some(downstream.local),
         Some(downstream.source),
     );
     session.access.sni(host.as_str());
-    // Allocated only for a routed connection, so a silent one stays small.
-    conn.set_state("connecting");
-    Box::pin(proxy(client, buf, session)).await
-}
-
-async fn proxy(
-    client: TcpStream,
-    hello: Vec<u8>,
-    mut session: Session<'_>,
-) -> Result<(), SniError> {
+    session.conn.set_state("connecting");
     let upstream = session.connect().await?;
     session
         .relay(link::duplex::Plain(client), hello.into(), upstream)

@@ -193,6 +193,7 @@ async fn http1(
     http.downstream_rq_2xx.increment(1);
     let early = Bytes::copy_from_slice(&buf[head.head_len..]);
     drop(buf);
+    let _up_rq = Active::new(&session.route.cluster.stats.upstream_rq_active());
     session
         .relay(link::duplex::Plain(client), early, upstream)
         .await;

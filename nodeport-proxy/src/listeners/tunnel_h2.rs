@@ -187,6 +187,7 @@ async fn stream(
         }
     };
     http.downstream_rq_2xx.increment(1);
+    let _up_rq = Active::new(&session.route.cluster.stats.upstream_rq_active());
     let io = H2Io::metered(send, req.into_body(), meter);
     session.relay(io, Bytes::new(), upstream).await;
 }

@@ -218,7 +218,6 @@ impl Session<'_> {
         let conn = self.conn;
         let stats = &route.cluster.stats;
         let tunnel = self.listener == Listener::Tunnel;
-        let _rq = tunnel.then(|| Active::new(&stats.upstream_rq_active()));
         let (downstream_rx, downstream_tx, idle) = match self.listener {
             Listener::NodePort => (
                 &shared.metrics.tcp.downstream_cx_rx_bytes_total,
