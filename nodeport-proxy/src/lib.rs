@@ -4,7 +4,8 @@
 //! NodePort, SNI (6443) and CONNECT tunneling (8088) listeners route by it;
 //! Envoy-compatible stats and health are served on 8002.
 //!
-//! The stages, each a folder, each using only those above it:
+//! The stages, each a folder; a connection goes down them, the table
+//! comes from the top:
 //!
 //! ```text
 //! sources/    file, inline or API-server inventory (Services, EndpointSlices)
@@ -17,22 +18,20 @@
 //!             connect, relay, access-log record
 //! ```
 //!
-//! Beside them: health/ (/healthz, readiness), the stats port (stats,
-//! metrics, cluster_stats), flags (cli), config and limits.
+//! Beside them: health/ (/healthz, readiness), stats/ (the stats port, the
+//! Envoy-named metrics, per-cluster stats), flags (cli), config and limits.
 
 pub mod cli;
-pub mod cluster_stats;
 pub mod config;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod health;
 pub mod limits;
 pub mod listeners;
-pub mod metrics;
 pub mod relay;
 pub mod routing;
 pub mod sources;
-mod stats;
+pub mod stats;
 
 pub use config::{ConnectionSettings, ProxyConfig, TableSource};
 pub use listeners::proxy::{BoundAddrs, Listeners, NodePortProxy, ProxyError, run};

@@ -14,10 +14,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use nodeport_proxy::metrics::Metrics;
 use nodeport_proxy::routing::plan::PlanOptions;
 use nodeport_proxy::routing::store::{Change, TableStore};
 use nodeport_proxy::sources::source::{ItemCache, load_items};
+use nodeport_proxy::stats::metrics::Metrics;
 
 /// Services per table: enough that fixed costs (256 empty shards per map,
 /// the metrics registry) weigh a few bytes per route.

@@ -13,9 +13,9 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::ListenerStats;
 use crate::relay::access_log::Access;
 use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
+use crate::stats::metrics::ListenerStats;
 
 /// First wait before binding a node port again, doubled per failure up to
 /// [`BIND_RETRY_MAX`].

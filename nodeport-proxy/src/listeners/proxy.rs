@@ -16,7 +16,6 @@ use crate::config::ProxyConfig;
 use crate::health::Health;
 use crate::health::readiness::{Readiness, SourceSync};
 use crate::listeners::tunnel_open::TunnelListener;
-use crate::metrics::{ListenerStats, Metrics};
 use crate::relay::session::Shared;
 use crate::relay::upstream::ConnectOptions;
 use crate::routing::model::Inventory;
@@ -24,6 +23,7 @@ use crate::routing::plan::PlanOptions;
 use crate::routing::store::{Change, TableStatus, TableStore};
 use crate::routing::table::RoutingTable;
 use crate::sources::source::{self, SourceError};
+use crate::stats::metrics::{ListenerStats, Metrics};
 
 /// Sockets bound by the caller (port 0 in tests, flags in the binary). A
 /// listener left `None` is disabled, like KKP's port 0; for SNI and tunneling

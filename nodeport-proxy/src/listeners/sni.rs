@@ -10,12 +10,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::limits::MAX_SNI_PREFIX;
-use crate::metrics::ListenerStats;
 use crate::relay::access_log::Access;
 use crate::relay::client_hello::{self, Hello, HelloError};
 use crate::relay::first_bytes;
 use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
 use crate::routing::names::SniHost;
+use crate::stats::metrics::ListenerStats;
 
 /// Why an SNI connection was closed before reaching an upstream.
 #[derive(Debug, thiserror::Error)]

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use link::debug_connections::Tracked;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::metrics::ListenerStats;
 use crate::relay::access_log::Access;
 use crate::relay::connect_request::RequestError;
 use crate::relay::session::{Downstream, Listener, Session, Shared, Upstream};
 use crate::routing::names::ConnectAuthority;
+use crate::stats::metrics::ListenerStats;
 
 /// Why a tunnel was not opened; each has one status.
 #[derive(Debug, thiserror::Error)]

@@ -19,11 +19,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::config::ProxyConfig;
-use crate::metrics::Metrics;
 use crate::relay::access_log::Access;
 use crate::relay::upstream::{ConnectOptions, UpstreamError};
 use crate::routing::store::TableStore;
 use crate::routing::table::Route;
+use crate::stats::metrics::Metrics;
 
 /// What every connection handler needs.
 pub struct Shared {

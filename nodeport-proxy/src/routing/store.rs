@@ -11,11 +11,11 @@ use daemon::drain::Drain;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::metrics::{Metrics, ReloadResult};
 use crate::routing::index::{Index, ObjKey};
 use crate::routing::model::{EndpointSlice, Inventory, Service};
 use crate::routing::plan::PlanOptions;
 use crate::routing::table::RoutingTable;
+use crate::stats::metrics::{Metrics, ReloadResult};
 
 /// One object added, changed (`Some`) or deleted (`None`), or the end of
 /// a list of every object of a kind.

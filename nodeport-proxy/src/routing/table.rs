@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
-use crate::metrics::{ClusterStats, Metrics};
 use crate::routing::index::{Delta, Index};
 use crate::routing::names::{ClusterName, ConnectAuthority, RouteKey, SniHost};
 use crate::routing::shards::Shards;
+use crate::stats::metrics::{ClusterStats, Metrics};
 
 /// Whether a route is still in the table: retired when it leaves the table,
 /// expired when its connections must end. One atomic and one `Notify`:

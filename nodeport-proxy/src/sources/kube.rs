@@ -502,7 +502,7 @@ mod tests {
             crate::routing::plan::PlanOptions::default(),
             std::time::Duration::from_secs(1),
             daemon::drain::Drain::new(),
-            crate::metrics::Metrics::new(),
+            crate::stats::metrics::Metrics::new(),
         ));
         let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let (st, sn) = (store.clone(), seen.clone());

@@ -14,9 +14,9 @@ use daemon::envoy_stats::{self as envoy, ServerStats, TcpHelp};
 use daemon::metrics::Registry;
 use metrics::{Counter, Gauge};
 
-use crate::cluster_stats::ClusterSet;
-pub use crate::cluster_stats::ClusterStats;
 use crate::routing::names::ClusterName;
+use crate::stats::cluster_stats::ClusterSet;
+pub use crate::stats::cluster_stats::ClusterStats;
 
 /// The tcp_proxy stat prefix KKP's NodePort and SNI chains use.
 pub const TCP_PREFIX: &str = "ingress_tcp";

@@ -5,6 +5,9 @@
 //! serves its source's table (readiness.rs); `/stats/prometheus` (and
 //! `/stats`) serve the metrics.
 
+pub mod cluster_stats;
+pub mod metrics;
+
 use std::sync::Arc;
 
 use daemon::drain::Drain;
@@ -13,7 +16,7 @@ use http::StatusCode;
 use tokio::net::TcpListener;
 
 use crate::health::Health;
-use crate::metrics::Metrics;
+use crate::stats::metrics::Metrics;
 
 pub async fn run(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Health>, drain: Drain) {
     let handler: Handler = Arc::new(move |head| match head.path {
