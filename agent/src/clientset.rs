@@ -39,7 +39,7 @@ pub struct ClientSet {
     held: Mutex<HashMap<ServerId, String>>,
     server_count: AtomicU32,
     /// Set with `--count-server-leases`.
-    leases: std::sync::OnceLock<Arc<crate::leases::LeaseCount>>,
+    leases: std::sync::OnceLock<Arc<crate::servers::leases::LeaseCount>>,
     lost: Notify,
     connected_tx: watch::Sender<usize>,
     metrics: Arc<Metrics>,
@@ -49,7 +49,7 @@ pub struct ClientSet {
     /// The agent is draining (first SIGTERM): no new servers, DRAIN sent.
     draining: CancellationToken,
     /// Every session's connections, for `/debug/connections`.
-    pub debug: daemon::debug_connections::Connections,
+    pub debug: link::debug_connections::Connections,
 }
 
 /// When an endpoint that failed is tried again, and the wait after that.
@@ -95,7 +95,7 @@ impl ClientSet {
     }
 
     /// Counts server leases from now on (`--count-server-leases`).
-    pub fn count_leases(&self, count: Arc<crate::leases::LeaseCount>) {
+    pub fn count_leases(&self, count: Arc<crate::servers::leases::LeaseCount>) {
         let _ = self.leases.set(count);
     }
 
@@ -210,7 +210,7 @@ impl ClientSet {
                                     at: now,
                                     backoff: cfg.interval,
                                 });
-                                tracing::warn!(server = %ep, error = %e, retry_in = %daemon::duration::format(r.backoff), "cannot connect to proxy server");
+                                tracing::warn!(server = %ep, error = %e, retry_in = %go_compat::duration::format(r.backoff), "cannot connect to proxy server");
                                 let w = jitter(r.backoff);
                                 r.at = tokio::time::Instant::now() + w;
                                 r.backoff = r.backoff.mul_f64(1.5).min(cfg.interval_cap);

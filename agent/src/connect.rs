@@ -1,6 +1,6 @@
 //! One connection attempt to a proxy server: TCP (directly, or through an
 //! HTTP CONNECT egress proxy: `daemon::egress_proxy`), TLS (with our ALPN
-//! list plus `h2`), HTTP/2 (`daemon::h2grpc`: windows that grow with the link, bounded
+//! list plus `h2`), HTTP/2 (`link::h2grpc`: windows that grow with the link, bounded
 //! by the process budget), and the `Connect` stream with the agent's
 //! metadata. The server's `serverid`/`servercount` response headers come
 //! back with it.
@@ -64,7 +64,7 @@ pub struct Connector {
     /// a name resolved by [`crate::servers`]).
     pub addr: Option<std::net::SocketAddr>,
     /// Reloaded when its files change; each attempt takes the current one.
-    pub tls: daemon::tls_reload::Reloading<rustls::ClientConfig>,
+    pub tls: daemon::tls::reload::Reloading<rustls::ClientConfig>,
     pub agent_id: AgentId,
     pub identifiers: String,
     pub token_path: Option<PathBuf>,
@@ -74,7 +74,7 @@ pub struct Connector {
     pub keepalive_min_interval: Duration,
     /// Flow-control settings (offered to the server unless off: then the
     /// agent behaves exactly as upstream's), the budget and window totals.
-    pub flow: Arc<konnectivity_proto::flow::FlowPool>,
+    pub flow: Arc<link::flow::FlowPool>,
     /// The HTTP proxy servers are reached through, if any
     /// (`--proxy-server-http-proxy`, `HTTPS_PROXY`).
     pub egress: Arc<daemon::egress_proxy::EgressProxy>,
@@ -128,7 +128,7 @@ impl Connector {
             })?;
         let tls_error = Arc::new(std::sync::OnceLock::new());
         let stream = daemon::tls::NoteTlsError::new(stream, tls_error.clone());
-        let channel = daemon::h2grpc::connect(stream, &self.h2_config())
+        let channel = link::h2grpc::connect(stream, &self.h2_config())
             .await
             .map_err(|e| match tls_error.get() {
                 Some(t) => ConnectError::Tls(t.clone()),
@@ -153,10 +153,9 @@ impl Connector {
         })?;
         md.insert(header::AGENT_IDENTIFIERS, idents);
         if let Some(max) = self.flow.offer() {
-            let offer =
-                MetadataValue::try_from(konnectivity_proto::flow::offer(max)).map_err(|_| {
-                    ConnectError::Address("flow-control offer is not header text".into())
-                })?;
+            let offer = MetadataValue::try_from(link::flow::offer(max)).map_err(|_| {
+                ConnectError::Address("flow-control offer is not header text".into())
+            })?;
             md.insert(header::FLOW_CONTROL, offer);
         }
         if let Some(path) = &self.token_path {
@@ -203,10 +202,8 @@ impl Connector {
         };
         // Only a server of ours answers the offer; take no more than we offered.
         let flow_max = self.flow.offer().and_then(|ours| {
-            konnectivity_proto::flow::parse_offer(
-                md.get(header::FLOW_CONTROL).and_then(|v| v.to_str().ok()),
-            )
-            .map(|theirs| theirs.min(ours))
+            link::flow::parse_offer(md.get(header::FLOW_CONTROL).and_then(|v| v.to_str().ok()))
+                .map(|theirs| theirs.min(ours))
         });
         Ok(Connection {
             server_id,
@@ -265,17 +262,17 @@ impl Connector {
     /// The server link's HTTP/2: one stream carries every connection, so
     /// the connection window is the stream window; it grows from 1 MiB with
     /// the link up to `--http2-max-window`, reserved from the process budget.
-    fn h2_config(&self) -> daemon::h2grpc::H2Config {
+    fn h2_config(&self) -> link::h2grpc::H2Config {
         let max = self.flow.settings.http2_max_window;
-        daemon::h2grpc::H2Config {
-            window: daemon::h2window::WindowSettings {
-                initial: konnectivity_proto::flow::HTTP2_INITIAL_WINDOW.min(max),
+        link::h2grpc::H2Config {
+            window: link::h2window::WindowSettings {
+                initial: link::flow::HTTP2_INITIAL_WINDOW.min(max),
                 max,
                 connection_budget: i64::from(max),
                 idle: WINDOW_IDLE,
                 single_stream: true,
             },
-            keepalive: Some(daemon::h2window::Keepalive {
+            keepalive: Some(link::h2window::Keepalive {
                 interval: self.keepalive,
                 timeout: self.keepalive_timeout,
                 min_gap: self.keepalive_min_interval,

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 
-use crate::destination::Dialer;
+use crate::dial::destination::Dialer;
 use crate::metrics::Metrics;
 use crate::session::{Links, Session, SessionConfig};
 
@@ -104,7 +104,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
         Links {
             out: out_tx,
             control: ctl_tx,
-            flow_max: flow.then_some(konnectivity_proto::flow::MIN_WINDOW),
+            flow_max: flow.then_some(link::flow::MIN_WINDOW),
             debug: Default::default(),
         },
         metrics,
@@ -116,11 +116,9 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             stall_timeout: Duration::from_millis(1),
             // 127.0.0.2 is outside: dials there are refused before connecting.
             policy: Arc::new(
-                crate::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
+                crate::dial::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
             ),
-            flow: konnectivity_proto::flow::FlowPool::new(
-                konnectivity_proto::flow::FlowSettings::default(),
-            ),
+            flow: link::flow::FlowPool::new(link::flow::FlowSettings::default()),
             dialer,
         },
         drain.clone(),

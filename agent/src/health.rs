@@ -44,7 +44,7 @@ pub fn health_handler(clients: Arc<ClientSet>, metrics: Arc<Metrics>) -> Handler
 /// own address when it is bound to one, else at the address the client
 /// reached the admin port on (never the client's `Host` header, which it
 /// controls).
-pub fn admin_handler(health: SocketAddr, debug: daemon::debug_connections::Connections) -> Handler {
+pub fn admin_handler(health: SocketAddr, debug: link::debug_connections::Connections) -> Handler {
     Arc::new(move |head| match head.path {
         "/debug/connections" => debug.reply_local(head),
         "/metrics" => {

@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use daemon::drain::Drain;
-use konnectivity_proto::flow::{FlowPool, FlowSettings};
 use konnectivity_proto::ids::ServerId;
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
+use link::flow::{FlowPool, FlowSettings};
 use parking_lot::Mutex;
 use tokio::io::DuplexStream;
 use tokio::sync::mpsc;
 
-use crate::destination::Dialer;
+use crate::dial::destination::Dialer;
 use crate::metrics::Metrics;
 use crate::session::{Links, Session, SessionConfig};
 
@@ -60,7 +60,7 @@ async fn large_packets_to_stalled_destinations_are_held_to_the_stream_budget() {
             conn_queue: 150,
             stall_timeout: STALL,
             policy: Arc::new(
-                crate::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
+                crate::dial::policy::DestinationPolicy::parse("127.0.0.1/32").unwrap_or_default(),
             ),
             flow: flow.clone(),
             dialer,

@@ -4,27 +4,32 @@
 //!
 //! `main.rs` parses flags into a [`Config`], binds the health and admin
 //! ports and calls [`Agent::run`]; tests do the same with port 0.
+//!
+//! The server side, then the destination side:
+//! - `servers/`: where the proxy servers are and how many to hold streams
+//!   to (the count the servers announce, or Leases with
+//!   `--count-server-leases`);
+//! - `clientset`: keeps one stream to each server, reconnecting with
+//!   back-off; `connect`: one connection attempt (TCP or through an egress
+//!   proxy, TLS, HTTP/2);
+//! - `session`: one agent stream, its packets in and out, flow control;
+//! - `dial/`: which destinations may be dialed (`policy`), dialing them,
+//!   and one task per destination connection (`endpoint`).
 
 mod clientset;
 pub mod connect;
 #[cfg(test)]
 mod corpus_tests;
-pub mod destination;
 pub mod dial;
-mod endpoint;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod health;
-pub mod label_selector;
-mod lease_calls;
-pub mod leases;
 #[cfg(test)]
 mod legacy_tests;
 pub mod limits;
 pub mod metrics;
 pub mod options;
-pub mod policy;
 pub mod servers;
 mod session;
 
@@ -61,7 +66,7 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     clients: Arc<ClientSet>,
     drain: Drain,
-    lease_counting: Option<leases::LeaseCounting>,
+    lease_counting: Option<servers::leases::LeaseCounting>,
     profiling: bool,
 }
 
@@ -199,7 +204,10 @@ impl Agent {
     }
 
     /// Takes the number of servers from their Leases (`--count-server-leases`).
-    pub fn with_lease_counting(mut self, counting: Option<leases::LeaseCounting>) -> Agent {
+    pub fn with_lease_counting(
+        mut self,
+        counting: Option<servers::leases::LeaseCounting>,
+    ) -> Agent {
         self.lease_counting = counting;
         self
     }
@@ -232,9 +240,9 @@ impl Agent {
         let stop_counting = tokio_util::sync::CancellationToken::new();
         if let Some(counting) = lease_counting {
             tracing::info!(namespace = %counting.namespace, selector = %counting.selector, "counting proxy servers by their leases");
-            let count = leases::LeaseCount::new(counting.max_with_header);
+            let count = servers::leases::LeaseCount::new(counting.max_with_header);
             clients.count_leases(count.clone());
-            tasks.spawn(leases::run(
+            tasks.spawn(servers::leases::run(
                 counting,
                 count,
                 metrics.clone(),

@@ -5,19 +5,19 @@
 //! when it holds no stream to any server and no connection.
 
 use anyhow::Context;
-use daemon::flags::{fatal, usage_error};
+use go_compat::flags::{fatal, usage_error};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let values = proxy_agent::options::flags().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&values) {
+    let (values, flags) = proxy_agent::options::parse_env_or_exit();
+    if let Err(e) = go_compat::logging::init(&flags.log) {
         usage_error(&e);
     }
     daemon::process::init();
     let (config, addrs) = proxy_agent::options::parse(&values).unwrap_or_else(|e| usage_error(&e));
     let lease_counting =
         proxy_agent::options::lease_counting(&values).unwrap_or_else(|e| usage_error(&e));
-    let grace = values.duration("graceful-shutdown-timeout");
+    let grace = flags.graceful_shutdown_timeout;
     let listeners = proxy_agent::bind(&addrs)
         .await
         .unwrap_or_else(|e| fatal(&e.to_string()));
@@ -33,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let agent = proxy_agent::Agent::new(config)
         .with_lease_counting(lease_counting)
-        .with_profiling(values.bool("enable-profiling"));
+        .with_profiling(flags.enable_profiling);
     let handle = agent.handle();
     let mut first = count.clone();
     // `stop` starts only once `drain` has run, so the first signal always
@@ -56,12 +56,12 @@ async fn main() -> anyhow::Result<()> {
             _ = tokio::time::sleep(grace) => match handle.open_connections() {
                 0 => tracing::info!(
                     "--graceful-shutdown-timeout ({}) is over: exiting",
-                    daemon::duration::format(grace)
+                    go_compat::duration::format(grace)
                 ),
                 n => tracing::warn!(
                     connections = n,
                     "--graceful-shutdown-timeout ({}) is over: closing the connections left",
-                    daemon::duration::format(grace)
+                    go_compat::duration::format(grace)
                 ),
             },
         }

@@ -1,13 +1,14 @@
 //! The agent's metrics: upstream's names, labels, buckets and HELP text
 //! (`konnectivity_network_proxy_agent_*`), registered once per agent
 //! instance, each series appearing when upstream's would (see
-//! [`daemon::gometrics`]); with `process_*` and promhttp's families.
+//! [`go_compat::gometrics`]); with `process_*` and promhttp's families.
 
 use std::sync::Arc;
 
-use daemon::gometrics::{CounterGrid, Registry};
-use konnectivity_proto::flow::FlowPool;
-use konnectivity_proto::flow_metrics::{FlowGaugeNames, FlowGauges};
+use go_compat::gometrics::Registry;
+use link::flow::FlowPool;
+use link::flow::metrics::{FlowGaugeNames, FlowGauges};
+use link::stream_metrics::StreamStats;
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
@@ -23,19 +24,9 @@ const OPEN_ENDPOINT_CONNECTIONS: &str =
 const LEASE_LISTS: &str = "konnectivity_network_proxy_agent_lease_lists_total";
 const LEASE_WATCHES: &str = "konnectivity_network_proxy_agent_lease_watches_total";
 const LEASE_LIST_LATENCY: &str = "konnectivity_network_proxy_agent_lease_list_latency_seconds";
-const STREAM_PACKETS: &str = "konnectivity_network_proxy_agent_stream_packets_total";
-const STREAM_ERRORS: &str = "konnectivity_network_proxy_agent_stream_errors_total";
 /// Ours: dials refused by `--allowed-destinations` (not in upstream's
 /// `endpoint_dial_failure_total`, whose series stay as upstream's).
 const DIALS_DENIED: &str = "konnectivity_network_proxy_agent_dials_denied_total";
-
-// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
-// of the server streams (docs/konnectivity.md, "Windows that follow the link").
-const FLOW_WINDOWS: &str = "konnectivity_network_proxy_agent_flow_control_window_bytes";
-const FLOW_PARKED: &str = "konnectivity_network_proxy_agent_flow_control_parked_bytes";
-const FLOW_RESERVED: &str = "konnectivity_network_proxy_agent_flow_control_reserved_bytes";
-const FLOW_BUDGET: &str = "konnectivity_network_proxy_agent_flow_control_budget_bytes";
-const HTTP2_WINDOWS: &str = "konnectivity_network_proxy_agent_http2_window_bytes";
 
 /// Packets sent to the server (`from_agent`) or received from it (`to_agent`).
 #[derive(Debug, Clone, Copy)]
@@ -45,30 +36,16 @@ pub enum Segment {
 }
 
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
-pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames {
-    expiry: "konnectivity_network_proxy_agent_certificate_expiration_timestamp_seconds",
-    reloads: "konnectivity_network_proxy_agent_tls_reloads_total",
-};
-/// Ours: the flow-control and HTTP/2 window gauges.
-const FLOW: FlowGaugeNames = FlowGaugeNames {
-    windows: (
-        FLOW_WINDOWS,
-        "Ours: sum of the current flow-control windows of connections through servers of this project, bytes the servers may send before hearing from us (each grows with its link, see --flow-control-max-window).",
-    ),
-    parked: (
-        FLOW_PARKED,
-        "Ours: bytes received from servers and not yet passed on to destinations, every connection.",
-    ),
-    reserved: (
-        FLOW_RESERVED,
-        "Ours: bytes reserved against --flow-control-budget by flow-control and HTTP/2 windows.",
-    ),
-    budget: (FLOW_BUDGET, "Ours: --flow-control-budget in bytes."),
-    http2: (
-        HTTP2_WINDOWS,
-        "Ours: sum of the current HTTP/2 receive windows of the connections to servers (each grows with its link, see --http2-max-window).",
-    ),
-};
+pub const TLS: daemon::tls::reload::MetricNames =
+    daemon::tls_metric_names!("konnectivity_network_proxy_agent");
+// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
+// of the server streams (docs/konnectivity.md, "Windows that follow the link").
+const FLOW: FlowGaugeNames = link::flow_gauge_names!(
+    prefix: "konnectivity_network_proxy_agent",
+    peers: "servers",
+    on_to: "destinations",
+    http2_flag: "--http2-max-window",
+);
 
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -82,7 +59,7 @@ pub struct Metrics {
     pub known_server_count: Gauge,
     pub open_endpoint_connections: Gauge,
     /// Segment × packet type: the data path counts every packet.
-    packets: CounterGrid,
+    stream: StreamStats,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -142,14 +119,6 @@ impl Metrics {
             DIALS_DENIED,
             "Dials refused because the destination is outside --allowed-destinations",
         );
-        r.describe_counter(
-            STREAM_PACKETS,
-            "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
-        );
-        r.describe_counter(
-            STREAM_ERRORS,
-            "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
-        );
         Metrics {
             flow: FlowGauges::new(&r, &FLOW),
             dial_duration: r.histogram(DIAL_DURATION, &[]),
@@ -166,11 +135,12 @@ impl Metrics {
             open_server_connections: r.gauge_always(OPEN_SERVER_CONNECTIONS, &[]),
             known_server_count: r.gauge_always(KNOWN_SERVER_COUNT, &[]),
             open_endpoint_connections: r.gauge(OPEN_ENDPOINT_CONNECTIONS, &[]),
-            packets: CounterGrid::new(
+            stream: StreamStats::new(
                 &r,
-                STREAM_PACKETS,
-                ("segment", &["from_agent", "to_agent"]),
-                ("packet_type", &konnectivity_proto::PACKET_TYPE_LABELS),
+                link::stream_metric_names!("konnectivity_network_proxy_agent"),
+                &["from_agent", "to_agent"],
+                &konnectivity_proto::PACKET_TYPE_LABELS,
+                konnectivity_proto::counted_packet_type,
             ),
             registry: r,
         }
@@ -219,13 +189,7 @@ impl Metrics {
     /// Counts one packet; WINDOW_UPDATE (ours only, see the server's) is
     /// left out so the family's series stay upstream's.
     pub fn packet(&self, segment: Segment, packet_type: i32) {
-        if packet_type == konnectivity_proto::PacketType::WindowUpdate as i32 {
-            return;
-        }
-        let t = konnectivity_proto::packet_type_index(packet_type);
-        if let Some(c) = self.packets.get(segment as usize, t) {
-            c.increment(1);
-        }
+        self.stream.packet(segment as usize, packet_type);
     }
 
     pub fn stream_error(&self, segment: Segment, code: &'static str, packet_type: &'static str) {
@@ -233,16 +197,7 @@ impl Metrics {
             Segment::FromAgent => "from_agent",
             Segment::ToAgent => "to_agent",
         };
-        self.registry
-            .counter(
-                STREAM_ERRORS,
-                &[
-                    ("segment", seg),
-                    ("code", code),
-                    ("packet_type", packet_type),
-                ],
-            )
-            .increment(1);
+        self.stream.error(seg, code, packet_type);
     }
 
     /// Shows `pool`'s windows and budget from now on.

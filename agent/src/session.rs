@@ -8,15 +8,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use daemon::debug_connections::{Connections, Tracked};
 use daemon::drain::Drain;
 use konnectivity_proto::control::{ControlError, ControlTx};
-use konnectivity_proto::flow::{
-    FlowPool, GateError, LegacyLink, LinkFlow, RecvGate, SWEEP_INTERVAL, Sweep,
-};
 use konnectivity_proto::ids::{ConnectId, DialId, ServerId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
+use link::debug_connections::{Connections, Tracked};
+use link::flow::{FlowPool, GateError, LegacyLink, LinkFlow, RecvGate, sweep_windows};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -24,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tracing::Instrument;
 
-use crate::destination::Dialer;
-use crate::endpoint::{self, CloseSignal, ConnHandle, Link};
+use crate::dial::destination::Dialer;
+use crate::dial::endpoint::{self, CloseSignal, ConnHandle, Link};
 use crate::metrics::{Metrics, Segment};
 
 /// Settings every session shares.
@@ -38,7 +36,7 @@ pub struct SessionConfig {
     /// connection is closed (the stream reader waits that long at most).
     pub stall_timeout: Duration,
     /// What may be dialed (`--allowed-destinations`).
-    pub policy: Arc<crate::policy::DestinationPolicy>,
+    pub policy: Arc<crate::dial::policy::DestinationPolicy>,
     /// Flow-control settings, the process budget and the window totals.
     pub flow: Arc<FlowPool>,
     /// TCP, or in-memory pipes in the fuzz target.
@@ -318,25 +316,15 @@ impl Session {
         if self.flow.is_none() {
             return std::future::pending().await;
         }
-        let mut tick = tokio::time::interval(SWEEP_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut out = Vec::new();
-        loop {
-            tick.tick().await;
-            let now = Instant::now();
+        let collect = |now, out: &mut Vec<_>| {
             for (id, h) in self.conns.lock().iter() {
                 if let Some(sweep) = h.gate.sweep(now) {
                     out.push((*id, sweep));
                 }
             }
-            for (id, sweep) in out.drain(..) {
-                let bytes = match sweep {
-                    Sweep::Grant(n) => n,
-                    Sweep::Revoke(n) => n.saturating_neg(),
-                };
-                self.control(Packet::window_update(id.0, bytes));
-            }
-        }
+        };
+        let send = |id: ConnectId, bytes| self.control(Packet::window_update(id.0, bytes));
+        sweep_windows(collect, send).await
     }
 
     fn start_dial(self: &Arc<Self>, req: konnectivity_proto::DialRequest) {

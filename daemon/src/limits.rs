@@ -1,5 +1,6 @@
 //! Bounds on what a peer can make the shared runtime pieces hold: the
-//! health, readiness and metrics endpoints every binary serves.
+//! health, readiness and metrics endpoints every binary serves, the PEM files
+//! it loads and the egress HTTP proxy's answers.
 
 use std::time::Duration;
 
@@ -16,20 +17,6 @@ pub const ENDPOINT_HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read buffer, and so the largest request head, on an endpoint connection
 /// (hyper's minimum).
 pub const ENDPOINT_MAX_BUF: usize = 8 << 10;
-
-/// HTTP/2 control frames (SETTINGS, PING, WINDOW_UPDATE, PRIORITY,
-/// RST_STREAM, GOAWAY, empty DATA, unknown types) a client may send on one
-/// server connection at once, before [`H2_CONTROL_RATE`] and
-/// [`H2_CONTROL_CREDIT`] refill it; past it the connection ends with GOAWAY
-/// ENHANCE_YOUR_CALM (`crate::h2flood`).
-pub const H2_CONTROL_BURST: f64 = 1000.0;
-
-/// Control frames per second a client may send on top of the burst.
-pub const H2_CONTROL_RATE: f64 = 100.0;
-
-/// Control frames a client earns per DATA frame with data or HEADERS frame
-/// either way (WINDOW_UPDATEs and BDP PINGs follow the data).
-pub const H2_CONTROL_CREDIT: f64 = 4.0;
 
 /// Largest certificate, key or CA bundle file read (a bundle of a few
 /// hundred CAs fits; a wrong path naming a huge file does not fill memory).

@@ -27,7 +27,7 @@ use crate::drain::Drain;
 /// A listener that could not be bound: one sentence naming the address, the
 /// flags that chose it and the cause.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr} (set by {flags}): {}", crate::errors::io_reason(.source))]
+#[error("cannot listen on {addr} (set by {flags}): {}", go_compat::errors::io_reason(.source))]
 pub struct BindError {
     pub addr: String,
     pub flags: String,

@@ -11,27 +11,41 @@
 //! (re-allocating it would rotate cloud LB targets, KKP #4210); new ones are
 //! named `<ns>-<svc>-<N>` with node port 0 for Kubernetes to allocate.
 
-use daemon::flags::FlagSet;
+use go_compat::flags::{FlagSet, Given, KkpLogging};
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 pub const HEALTHZ_PORT: i32 = 8002;
 
-/// KKP's lb-updater flags (single dash works), plus `-kubeconfig`.
-pub fn flags() -> FlagSet {
-    FlagSet::new(
+go_compat::typed_flags! {
+    /// KKP's lb-updater flags (single dash works), plus `-kubeconfig`.
+    pub struct Flags = (FlagSet::new(
         "lb-updater",
         "Keeps the ports of a LoadBalancer Service in step with the NodePort Services exposed by nodeport-proxy.",
     )
-    .compatible_with("KKP nodeport-proxy lb-updater")
-    .string("lb-name", "nodeport-lb", "name of the LoadBalancer Service to manage")
-    .string("lb-namespace", "nodeport-proxy", "namespace of the LoadBalancer Service")
-    .bool("namespaced", false, "only watch Services in -lb-namespace")
-    .string("expose-annotation-key", "nodeport-proxy.k8s.io/expose", "annotation that marks exposed Services (value true or NodePort)")
-    .int("envoy-sni-port", 0, "adds the LB port sni-listener (0: none)")
-    .int("envoy-tunneling-port", 0, "adds the LB port tunneling-listener (0: none)")
-    .string("kubeconfig", "", "kubeconfig (empty: in-cluster configuration)")
-    .with_kkp_logging()
+    .compatible_with("KKP nodeport-proxy lb-updater")) {
+        #[flag("lb-name", "nodeport-lb", "name of the LoadBalancer Service to manage")]
+        lb_name: String,
+        #[flag("lb-namespace", "nodeport-proxy", "namespace of the LoadBalancer Service")]
+        lb_namespace: String,
+        #[flag("namespaced", false, "only watch Services in -lb-namespace")]
+        namespaced: bool,
+        #[flag("expose-annotation-key", "nodeport-proxy.k8s.io/expose", "annotation that marks exposed Services (value true or NodePort)")]
+        expose_annotation_key: String,
+        #[flag("envoy-sni-port", 0, "adds the LB port sni-listener (0: none)")]
+        envoy_sni_port: Given<i64>,
+        #[flag("envoy-tunneling-port", 0, "adds the LB port tunneling-listener (0: none)")]
+        envoy_tunneling_port: Given<i64>,
+        #[flag("kubeconfig", "", "kubeconfig (empty: in-cluster configuration)")]
+        kubeconfig: Given<String>,
+        #[embed(with_kkp_logging())]
+        log: KkpLogging,
+    }
+}
+
+/// The flags as `--help` lists them.
+pub fn flags() -> FlagSet {
+    Flags::flag_set()
 }
 
 #[derive(Debug, Clone)]

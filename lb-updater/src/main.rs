@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use daemon::flags::usage_error;
 use futures::StreamExt;
+use go_compat::flags::{Given, usage_error};
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::PostParams;
@@ -17,24 +17,24 @@ use tokio::sync::Notify;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let v = lb_updater::flags().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&v) {
+    let flags = lb_updater::Flags::parse_env_or_exit();
+    if let Err(e) = go_compat::logging::init(&flags.log) {
         usage_error(&e);
     }
     daemon::process::init();
-    let port = |name: &str| -> i32 {
-        match v.int(name) {
+    let port = |flag: &Given<i64>| -> i32 {
+        match flag.value {
             p @ 0..=65535 => p as i32,
-            p => usage_error(&format!("-{name}: {p} is not a port")),
+            p => usage_error(&format!("-{}: {p} is not a port", flag.name())),
         }
     };
     let opts = Options {
-        lb_name: v.string("lb-name"),
-        lb_namespace: v.string("lb-namespace"),
-        namespaced: v.bool("namespaced"),
-        expose_annotation_key: v.string("expose-annotation-key"),
-        sni_port: port("envoy-sni-port"),
-        tunneling_port: port("envoy-tunneling-port"),
+        sni_port: port(&flags.envoy_sni_port),
+        tunneling_port: port(&flags.envoy_tunneling_port),
+        lb_name: flags.lb_name,
+        lb_namespace: flags.lb_namespace,
+        namespaced: flags.namespaced,
+        expose_annotation_key: flags.expose_annotation_key,
     };
     if opts.lb_name.is_empty()
         || opts.lb_namespace.is_empty()
@@ -42,10 +42,11 @@ async fn main() -> anyhow::Result<()> {
     {
         usage_error("-lb-name, -lb-namespace and -expose-annotation-key must not be empty");
     }
-    let kubeconfig = v
-        .existing_file("kubeconfig")
+    let kubeconfig = flags
+        .kubeconfig
+        .existing_file()
         .unwrap_or_else(|e| usage_error(&e));
-    let client = nodeport_proxy::kube::client(kubeconfig.as_deref())
+    let client = nodeport_proxy::sources::kube::client(kubeconfig.as_deref())
         .await
         .context("kubernetes client")?;
     let services: Api<Service> = if opts.namespaced {

@@ -170,7 +170,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 10,
             agent_queue: 64,
-            flow: konnectivity_proto::flow::FlowSettings::default(),
+            flow: link::flow::FlowSettings::default(),
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
@@ -196,8 +196,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         &[b"h2".to_vec()],
     )?;
     let agent_health = bind(0, "the agent health port").await?;
-    let flow =
-        konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings::default());
+    let flow = link::flow::FlowPool::new(link::flow::FlowSettings::default());
     let agent = proxy_agent::Agent::new(proxy_agent::Config {
         connector: proxy_agent::Connector {
             host: "127.0.0.1".into(),
@@ -246,7 +245,9 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
     // nodeport-proxy with its embedded table, and tunnel-agent in front of it.
     let nodeport = nodeport_proxy::NodePortProxy::start(
         nodeport_proxy::ProxyConfig {
-            source: nodeport_proxy::TableSource::Inline(nodeport_proxy::source::embedded_default()),
+            source: nodeport_proxy::TableSource::Inline(
+                nodeport_proxy::sources::source::embedded_default(),
+            ),
             node_port_bind_address: std::net::IpAddr::from([127, 0, 0, 1]),
             shutdown_delay: Duration::ZERO,
             drain_timeout: Duration::from_secs(1),

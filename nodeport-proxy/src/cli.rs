@@ -5,11 +5,11 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use daemon::flags::{FlagSet, Values};
 use daemon::keepalive::TcpKeepalive;
+use go_compat::flags::{FlagSet, Given, KkpLogging, Values};
 
 use crate::config::{ConnectionSettings, ProxyConfig, TableSource};
-use crate::source;
+use crate::sources::source;
 
 /// The command line, parsed and validated.
 #[derive(Debug, Clone)]
@@ -29,73 +29,127 @@ pub struct Cli {
     pub worker_threads: usize,
     /// Services and EndpointSlices come from the apiserver (`None`: from
     /// the table file or the embedded demo).
-    pub kubernetes: Option<crate::kube::KubeSource>,
+    pub kubernetes: Option<crate::sources::kube::KubeSource>,
 }
 
-pub fn flag_set() -> FlagSet {
-    let p = ProxyConfig::default();
-    FlagSet::new(
+go_compat::typed_flags! {
+    /// nodeport-proxy's flags (envoy-manager's and ours), in `--help` order.
+    pub struct Flags = (FlagSet::new(
         "nodeport-proxy",
         "Exposes Services annotated nodeport-proxy.k8s.io/expose on NodePort, SNI and HTTP CONNECT listeners.",
-    )
-    .compatible_with("KKP nodeport-proxy (envoy-manager and Envoy)")
-    .string("listen-address", ":8001", "accepted for envoy-manager compatibility; no xDS is served")
-    .string("envoy-node-name", "kube", "accepted for envoy-manager compatibility")
-    .int("envoy-admin-port", 9001, "port of the admin listener serving /debug/connections, on -admin-address (Envoy's admin port in KKP; 0: off)")
-    .string("admin-address", "127.0.0.1", "address of the admin listener (loopback: only processes on the node, or kubectl port-forward, reach it)")
-    .int("envoy-stats-port", 8002, "port of /healthz and /stats/prometheus")
-    .int("envoy-sni-port", 0, "SNI passthrough listener port (KKP seed: 6443); 0 disables SNI")
-    .int("envoy-tunneling-port", 0, "HTTP CONNECT tunneling listener port (KKP seed: 8088); 0 disables tunneling")
-    .duration("sni-listener-idle-timeout", Duration::ZERO, "close SNI connections idle this long (0: Envoy's default, 1h)")
-    .duration("tunneling-connection-idle-timeout", Duration::ZERO, "close tunneling connections without open tunnels this long (0: Envoy's default, 1h)")
-    .duration("tunneling-stream-idle-timeout", Duration::ZERO, "close CONNECT tunnels idle this long (0: Envoy's default, 5m)")
-    .duration("downstream-tcp-keepalive-time", Duration::ZERO, "client socket keepalive idle time (0: unset; keepalive is on only when one of the three is set)")
-    .duration("downstream-tcp-keepalive-interval", Duration::ZERO, "client socket keepalive probe interval (0: unset)")
-    .int("downstream-tcp-keepalive-probes", 0, "client socket keepalive probes (0: unset)")
-    .duration("upstream-tcp-keepalive-time", Duration::ZERO, "upstream socket keepalive idle time (0: unset; keepalive is on only when one of the three is set)")
-    .duration("upstream-tcp-keepalive-interval", Duration::ZERO, "upstream socket keepalive probe interval (0: unset)")
-    .int("upstream-tcp-keepalive-probes", 0, "upstream socket keepalive probes (0: unset)")
-    .string("namespace", "", "only expose Services in this namespace (empty: all)")
-    .string("expose-annotation-key", crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")
-    .string("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (needed outside a cluster unless -kubeconfig or -source=demo is given)")
-    .string("source", "", "where Services and EndpointSlices come from: kubernetes (watch the apiserver), file (-config) or demo; empty: file with -config, else kubernetes with -kubeconfig or inside a cluster, else an error (demo is only ever chosen by name)")
-    .string("kubeconfig", "", "kubeconfig for the kubernetes source (empty: in-cluster configuration)")
-    .string("bind-address", "::", "address every listener binds (::, the default: every interface, IPv4 and IPv6)")
-    .duration("node-port-idle-timeout", p.node_port_idle_timeout, "close NodePort connections idle this long")
-    .duration("sni-client-hello-timeout", p.client_hello_timeout, "close SNI clients that have not sent a ClientHello within this")
-    .duration("tunneling-request-header-timeout", p.request_header_timeout, "close tunneling clients that have not sent a request head within this")
-    .duration("upstream-connect-timeout", p.upstream_connect_timeout, "per-endpoint upstream connect timeout")
-    .int("upstream-connect-attempts", p.upstream_connect_attempts as i64, "endpoints tried in round-robin order before a connection is refused (Envoy's tcp_proxy: 1)")
-    .duration("route-drain-timeout", p.route_drain_timeout, "how long connections on a removed route (Service gone or without a ready endpoint) may continue; Envoy's --drain-time-s")
-    .duration("drain-timeout", p.drain_timeout, "after SIGTERM, how long connections may continue")
-    .duration("shutdown-delay", p.shutdown_delay, "after SIGTERM, how long /healthz fails while traffic is still served")
-    .duration("ready-out-of-sync-limit", p.ready_out_of_sync_limit, "/ready fails once the routing source (Kubernetes watch or table file) has been out of sync this long; before its first table it fails anyway (0: only that)")
-    .int("max-connections-per-listener", p.max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener; when full, the oldest connection without a ClientHello or request head yet is closed for a newcomer")
-    .int("max-pending-connections-per-ip", p.max_pending_connections_per_ip as i64, "connections one client IP may hold on the SNI and tunneling listeners before sending a ClientHello or request head; past it, its oldest is closed (0: no limit). Behind -accept-proxy-protocol, the client IP the PROXY header names")
-    .int("buffer-size", p.buffer_size as i64, "bytes per direction buffered for each proxied connection")
-    .int("tunneling-max-concurrent-streams", i64::from(p.max_streams_per_connection), "CONNECT streams per HTTP/2 connection")
-    .string("access-log", "", "write one access-log line per connection (per CONNECT stream) to this file; /dev/stdout or - for standard output; empty: off")
-    .string("access-log-format", "json", "access-log lines as json (fields named after Envoy's command operators) or envoy (Envoy's default text format, plus listener, SNI host and close reason)")
-    .string("accept-proxy-protocol", "", "listeners whose clients must start with a PROXY protocol v1 or v2 header, a comma list of sni, tunneling, nodeport (a load balancer sending one is in front; source allow-lists then see the real client); empty: none")
-    .duration("proxy-protocol-timeout", p.proxy_protocol_timeout, "close clients of such a listener that have not sent a complete PROXY header within this")
-    .int("tunneling-max-stream-window", i64::from(p.tunnel_windows.max), "largest HTTP/2 stream window (bytes) of a tunneling connection; windows start at 256 KiB and grow as the link needs (Envoy: fixed 256 MiB)")
-    .int("tunneling-connection-budget", p.tunnel_windows.connection_budget, "bytes one HTTP/2 tunneling connection may have in flight to this proxy, its stalled streams included")
-    .int("tunneling-memory-budget", p.tunnel_memory_budget, "bytes all HTTP/2 tunneling connections together may have in flight to this proxy")
-    .int("worker-threads", 0, "runtime worker threads (0: one per core)")
-    .with_kkp_logging()
+        )
+        .compatible_with("KKP nodeport-proxy (envoy-manager and Envoy)")) {
+        #[flag("listen-address", ":8001", "accepted for envoy-manager compatibility; no xDS is served")]
+        listen_address: String,
+        #[flag("envoy-node-name", "kube", "accepted for envoy-manager compatibility")]
+        envoy_node_name: String,
+        #[flag("envoy-admin-port", 9001, "port of the admin listener serving /debug/connections, on -admin-address (Envoy's admin port in KKP; 0: off)")]
+        envoy_admin_port: Given<i64>,
+        #[flag("admin-address", "127.0.0.1", "address of the admin listener (loopback: only processes on the node, or kubectl port-forward, reach it)")]
+        admin_address: String,
+        #[flag("envoy-stats-port", 8002, "port of /healthz and /stats/prometheus")]
+        envoy_stats_port: Given<i64>,
+        #[flag("envoy-sni-port", 0, "SNI passthrough listener port (KKP seed: 6443); 0 disables SNI")]
+        envoy_sni_port: Given<i64>,
+        #[flag("envoy-tunneling-port", 0, "HTTP CONNECT tunneling listener port (KKP seed: 8088); 0 disables tunneling")]
+        envoy_tunneling_port: Given<i64>,
+        #[flag("sni-listener-idle-timeout", Duration::ZERO, "close SNI connections idle this long (0: Envoy's default, 1h)")]
+        sni_listener_idle_timeout: Given<Duration>,
+        #[flag("tunneling-connection-idle-timeout", Duration::ZERO, "close tunneling connections without open tunnels this long (0: Envoy's default, 1h)")]
+        tunneling_connection_idle_timeout: Given<Duration>,
+        #[flag("tunneling-stream-idle-timeout", Duration::ZERO, "close CONNECT tunnels idle this long (0: Envoy's default, 5m)")]
+        tunneling_stream_idle_timeout: Given<Duration>,
+        #[flag("downstream-tcp-keepalive-time", Duration::ZERO, "client socket keepalive idle time (0: unset; keepalive is on only when one of the three is set)")]
+        downstream_tcp_keepalive_time: Given<Duration>,
+        #[flag("downstream-tcp-keepalive-interval", Duration::ZERO, "client socket keepalive probe interval (0: unset)")]
+        downstream_tcp_keepalive_interval: Given<Duration>,
+        #[flag("downstream-tcp-keepalive-probes", 0, "client socket keepalive probes (0: unset)")]
+        downstream_tcp_keepalive_probes: Given<i64>,
+        #[flag("upstream-tcp-keepalive-time", Duration::ZERO, "upstream socket keepalive idle time (0: unset; keepalive is on only when one of the three is set)")]
+        upstream_tcp_keepalive_time: Given<Duration>,
+        #[flag("upstream-tcp-keepalive-interval", Duration::ZERO, "upstream socket keepalive probe interval (0: unset)")]
+        upstream_tcp_keepalive_interval: Given<Duration>,
+        #[flag("upstream-tcp-keepalive-probes", 0, "upstream socket keepalive probes (0: unset)")]
+        upstream_tcp_keepalive_probes: Given<i64>,
+        #[flag("namespace", "", "only expose Services in this namespace (empty: all)")]
+        namespace: String,
+        #[flag("expose-annotation-key", crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY, "annotation that marks exposed Services")]
+        expose_annotation_key: String,
+        #[flag("config", "", "YAML/JSON file of Services and EndpointSlices, watched and re-read on SIGHUP (needed outside a cluster unless -kubeconfig or -source=demo is given)")]
+        config: String,
+        #[flag("source", "", "where Services and EndpointSlices come from: kubernetes (watch the apiserver), file (-config) or demo; empty: file with -config, else kubernetes with -kubeconfig or inside a cluster, else an error (demo is only ever chosen by name)")]
+        source: String,
+        #[flag("kubeconfig", "", "kubeconfig for the kubernetes source (empty: in-cluster configuration)")]
+        kubeconfig: Given<String>,
+        #[flag("bind-address", "::", "address every listener binds (::, the default: every interface, IPv4 and IPv6)")]
+        bind_address: String,
+        #[flag("node-port-idle-timeout", defaults().node_port_idle_timeout, "close NodePort connections idle this long")]
+        node_port_idle_timeout: Duration,
+        #[flag("sni-client-hello-timeout", defaults().client_hello_timeout, "close SNI clients that have not sent a ClientHello within this")]
+        sni_client_hello_timeout: Duration,
+        #[flag("tunneling-request-header-timeout", defaults().request_header_timeout, "close tunneling clients that have not sent a request head within this")]
+        tunneling_request_header_timeout: Duration,
+        #[flag("upstream-connect-timeout", defaults().upstream_connect_timeout, "per-endpoint upstream connect timeout")]
+        upstream_connect_timeout: Duration,
+        #[flag("upstream-connect-attempts", defaults().upstream_connect_attempts as i64, "endpoints tried in round-robin order before a connection is refused (Envoy's tcp_proxy: 1)")]
+        upstream_connect_attempts: Given<i64>,
+        #[flag("route-drain-timeout", defaults().route_drain_timeout, "how long connections on a removed route (Service gone or without a ready endpoint) may continue; Envoy's --drain-time-s")]
+        route_drain_timeout: Duration,
+        #[flag("drain-timeout", defaults().drain_timeout, "after SIGTERM, how long connections may continue")]
+        drain_timeout: Duration,
+        #[flag("shutdown-delay", defaults().shutdown_delay, "after SIGTERM, how long /healthz fails while traffic is still served")]
+        shutdown_delay: Duration,
+        #[flag("ready-out-of-sync-limit", defaults().ready_out_of_sync_limit, "/ready fails once the routing source (Kubernetes watch or table file) has been out of sync this long; before its first table it fails anyway (0: only that)")]
+        ready_out_of_sync_limit: Duration,
+        #[flag("max-connections-per-listener", defaults().max_connections_per_listener as i64, "open connections (tunnels on the tunneling listener) per listener; when full, the oldest connection without a ClientHello or request head yet is closed for a newcomer")]
+        max_connections_per_listener: Given<i64>,
+        #[flag("max-pending-connections-per-ip", defaults().max_pending_connections_per_ip as i64, "connections one client IP may hold on the SNI and tunneling listeners before sending a ClientHello or request head; past it, its oldest is closed (0: no limit). Behind -accept-proxy-protocol, the client IP the PROXY header names")]
+        max_pending_connections_per_ip: i64,
+        #[flag("buffer-size", defaults().buffer_size as i64, "bytes per direction buffered for each proxied connection")]
+        buffer_size: Given<i64>,
+        #[flag("tunneling-max-concurrent-streams", i64::from(defaults().max_streams_per_connection), "CONNECT streams per HTTP/2 connection")]
+        tunneling_max_concurrent_streams: Given<i64>,
+        #[flag("access-log", "", "write one access-log line per connection (per CONNECT stream) to this file; /dev/stdout or - for standard output; empty: off")]
+        access_log: String,
+        #[flag("access-log-format", "json", "access-log lines as json (fields named after Envoy's command operators) or envoy (Envoy's default text format, plus listener, SNI host and close reason)")]
+        access_log_format: String,
+        #[flag("accept-proxy-protocol", "", "listeners whose clients must start with a PROXY protocol v1 or v2 header, a comma list of sni, tunneling, nodeport (a load balancer sending one is in front; source allow-lists then see the real client); empty: none")]
+        accept_proxy_protocol: String,
+        #[flag("proxy-protocol-timeout", defaults().proxy_protocol_timeout, "close clients of such a listener that have not sent a complete PROXY header within this")]
+        proxy_protocol_timeout: Duration,
+        #[flag("tunneling-max-stream-window", i64::from(defaults().tunnel_windows.max), "largest HTTP/2 stream window (bytes) of a tunneling connection; windows start at 256 KiB and grow as the link needs (Envoy: fixed 256 MiB)")]
+        tunneling_max_stream_window: Given<i64>,
+        #[flag("tunneling-connection-budget", defaults().tunnel_windows.connection_budget, "bytes one HTTP/2 tunneling connection may have in flight to this proxy, its stalled streams included")]
+        tunneling_connection_budget: Given<i64>,
+        #[flag("tunneling-memory-budget", defaults().tunnel_memory_budget, "bytes all HTTP/2 tunneling connections together may have in flight to this proxy")]
+        tunneling_memory_budget: Given<i64>,
+        #[flag("worker-threads", 0, "runtime worker threads (0: one per core)")]
+        worker_threads: i64,
+        #[embed(with_kkp_logging())]
+        log: KkpLogging,
+    }
+}
+
+/// The flags as `--help` lists them.
+pub fn flag_set() -> FlagSet {
+    Flags::flag_set()
+}
+
+/// The defaults the flags' defaults come from.
+fn defaults() -> ProxyConfig {
+    ProxyConfig::default()
 }
 
 /// The HTTP/2 window flags of the tunneling listener.
-fn tunnel_windows(v: &Values, p: &ProxyConfig) -> Result<daemon::h2window::WindowSettings, String> {
+fn tunnel_windows(f: &Flags, p: &ProxyConfig) -> Result<link::h2window::WindowSettings, String> {
     let initial = p.tunnel_windows.initial;
-    let max = at_least(v, "tunneling-max-stream-window", i64::from(initial))?;
+    let max = at_least(&f.tunneling_max_stream_window, i64::from(initial))?;
     let max = u32::try_from(max.min((1 << 31) - 1)).unwrap_or(u32::MAX);
     let budget = at_least(
-        v,
-        "tunneling-connection-budget",
+        &f.tunneling_connection_budget,
         i64::from(p.tunnel_windows.initial_connection()),
     )?;
-    Ok(daemon::h2window::WindowSettings {
+    Ok(link::h2window::WindowSettings {
         max,
         connection_budget: budget,
         ..p.tunnel_windows
@@ -103,74 +157,89 @@ fn tunnel_windows(v: &Values, p: &ProxyConfig) -> Result<daemon::h2window::Windo
 }
 
 /// A byte count flag that must be at least `min`.
-fn at_least(v: &Values, name: &str, min: i64) -> Result<i64, String> {
-    match v.int(name) {
+fn at_least(flag: &Given<i64>, min: i64) -> Result<i64, String> {
+    match flag.value {
         n if n >= min => Ok(n),
-        n => Err(format!("-{name} must be at least {min} bytes, got {n}")),
+        n => Err(format!(
+            "-{} must be at least {min} bytes, got {n}",
+            flag.name()
+        )),
     }
 }
 
 /// KKP accepts 0 (meaning "default") or at least one second for these.
-fn setting(v: &Values, name: &str, default: Duration) -> Result<Duration, String> {
-    match v.duration(name) {
+fn setting(flag: &Given<Duration>, default: Duration) -> Result<Duration, String> {
+    match flag.value {
         d if d.is_zero() => Ok(default),
-        d if d < Duration::from_secs(1) => Err(format!("-{name}: must be 0 or at least 1s")),
+        d if d < Duration::from_secs(1) => {
+            Err(format!("-{}: must be 0 or at least 1s", flag.name()))
+        }
         d => Ok(d),
     }
 }
 
-fn keepalive(v: &Values, side: &str) -> Result<TcpKeepalive, String> {
-    let name = |f: &str| format!("{side}-tcp-keepalive-{f}");
-    let dur = |f: &str| -> Result<Option<Duration>, String> {
-        let n = name(f);
-        match v.duration(&n) {
+fn keepalive(
+    time: &Given<Duration>,
+    interval: &Given<Duration>,
+    probes: &Given<i64>,
+) -> Result<TcpKeepalive, String> {
+    let dur = |flag: &Given<Duration>| -> Result<Option<Duration>, String> {
+        match flag.value {
             d if d.is_zero() => Ok(None),
-            d if d < Duration::from_secs(1) => Err(format!("-{n}: must be 0 or at least 1s")),
+            d if d < Duration::from_secs(1) => {
+                Err(format!("-{}: must be 0 or at least 1s", flag.name()))
+            }
             d => Ok(Some(d)),
         }
     };
-    let probes = v.int(&name("probes"));
-    let probes =
-        u32::try_from(probes).map_err(|_| format!("-{}: {probes} is not valid", name("probes")))?;
+    let n = probes.value;
+    let n = u32::try_from(n).map_err(|_| format!("-{}: {n} is not valid", probes.name()))?;
     // As KKP's envoy-manager: only the fields given are set (no backfill),
     // and with none given keepalive stays off.
     Ok(TcpKeepalive {
-        time: dur("time")?,
-        interval: dur("interval")?,
-        probes: Some(probes).filter(|p| *p > 0),
+        time: dur(time)?,
+        interval: dur(interval)?,
+        probes: Some(n).filter(|p| *p > 0),
     })
 }
 
-fn positive(v: &Values, name: &str) -> Result<usize, String> {
-    let n = v.int(name);
+fn positive(flag: &Given<i64>) -> Result<usize, String> {
+    let n = flag.value;
     usize::try_from(n)
         .ok()
         .filter(|n| *n > 0)
-        .ok_or_else(|| format!("-{name}: {n} must be positive"))
+        .ok_or_else(|| format!("-{}: {n} must be positive", flag.name()))
 }
 
 pub fn from_values(v: &Values) -> Result<Cli, String> {
+    let f = Flags::from_values(v);
     let d = ConnectionSettings::default();
     let p = ProxyConfig::default();
     let connection = ConnectionSettings {
-        sni_idle_timeout: setting(v, "sni-listener-idle-timeout", d.sni_idle_timeout)?,
+        sni_idle_timeout: setting(&f.sni_listener_idle_timeout, d.sni_idle_timeout)?,
         tunneling_connection_idle_timeout: setting(
-            v,
-            "tunneling-connection-idle-timeout",
+            &f.tunneling_connection_idle_timeout,
             d.tunneling_connection_idle_timeout,
         )?,
         tunneling_stream_idle_timeout: setting(
-            v,
-            "tunneling-stream-idle-timeout",
+            &f.tunneling_stream_idle_timeout,
             d.tunneling_stream_idle_timeout,
         )?,
-        downstream_keepalive: keepalive(v, "downstream")?,
-        upstream_keepalive: keepalive(v, "upstream")?,
+        downstream_keepalive: keepalive(
+            &f.downstream_tcp_keepalive_time,
+            &f.downstream_tcp_keepalive_interval,
+            &f.downstream_tcp_keepalive_probes,
+        )?,
+        upstream_keepalive: keepalive(
+            &f.upstream_tcp_keepalive_time,
+            &f.upstream_tcp_keepalive_interval,
+            &f.upstream_tcp_keepalive_probes,
+        )?,
     };
-    let config_path = v.string("config");
-    let kubeconfig = v.existing_file("kubeconfig")?;
+    let config_path = f.config.clone();
+    let kubeconfig = f.kubeconfig.existing_file()?;
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let source_flag = v.string("source");
+    let source_flag = f.source.clone();
     let kind = match source_flag.as_str() {
         "" if !config_path.is_empty() => "file",
         "" if kubeconfig.is_some() || in_cluster => "kubernetes",
@@ -196,60 +265,58 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         "kubernetes" => TableSource::Kubernetes,
         _ => TableSource::Inline(source::embedded_default()),
     };
-    let bind_address: IpAddr = v
-        .string("bind-address")
+    let bind_address: IpAddr = f
+        .bind_address
         .parse()
         .map_err(|e| format!("-bind-address: {e}"))?;
-    let namespace = Some(v.string("namespace")).filter(|n| !n.is_empty());
-    let nonzero = |name: &str, default: Duration| -> Duration {
-        Some(v.duration(name))
-            .filter(|d| !d.is_zero())
-            .unwrap_or(default)
+    let namespace = Some(f.namespace.clone()).filter(|n| !n.is_empty());
+    let nonzero = |d: Duration, default: Duration| -> Duration {
+        Some(d).filter(|d| !d.is_zero()).unwrap_or(default)
     };
-    let access_log_format: crate::access_log::Format = v
-        .string("access-log-format")
+    let access_log_format: crate::relay::access_log::Format = f
+        .access_log_format
         .parse()
         .map_err(|e| format!("-access-log-format: {e}"))?;
     let config = ProxyConfig {
         source,
-        expose_annotation_key: v.string("expose-annotation-key"),
+        expose_annotation_key: f.expose_annotation_key.clone(),
         namespace,
         node_port_bind_address: bind_address,
         connection,
-        node_port_idle_timeout: nonzero("node-port-idle-timeout", p.node_port_idle_timeout),
-        client_hello_timeout: nonzero("sni-client-hello-timeout", p.client_hello_timeout),
+        node_port_idle_timeout: nonzero(f.node_port_idle_timeout, p.node_port_idle_timeout),
+        client_hello_timeout: nonzero(f.sni_client_hello_timeout, p.client_hello_timeout),
         request_header_timeout: nonzero(
-            "tunneling-request-header-timeout",
+            f.tunneling_request_header_timeout,
             p.request_header_timeout,
         ),
-        upstream_connect_timeout: nonzero("upstream-connect-timeout", p.upstream_connect_timeout),
-        upstream_connect_attempts: positive(v, "upstream-connect-attempts")?,
-        route_drain_timeout: v.duration("route-drain-timeout"),
-        drain_timeout: v.duration("drain-timeout"),
-        shutdown_delay: v.duration("shutdown-delay"),
-        ready_out_of_sync_limit: v.duration("ready-out-of-sync-limit"),
-        max_connections_per_listener: positive(v, "max-connections-per-listener")?,
-        max_pending_connections_per_ip: usize::try_from(v.int("max-pending-connections-per-ip"))
+        upstream_connect_timeout: nonzero(f.upstream_connect_timeout, p.upstream_connect_timeout),
+        upstream_connect_attempts: positive(&f.upstream_connect_attempts)?,
+        route_drain_timeout: f.route_drain_timeout,
+        drain_timeout: f.drain_timeout,
+        shutdown_delay: f.shutdown_delay,
+        ready_out_of_sync_limit: f.ready_out_of_sync_limit,
+        max_connections_per_listener: positive(&f.max_connections_per_listener)?,
+        max_pending_connections_per_ip: usize::try_from(f.max_pending_connections_per_ip)
             .map_err(|_| "-max-pending-connections-per-ip must not be negative".to_string())?,
-        buffer_size: positive(v, "buffer-size")?.clamp(1024, 1 << 20),
-        max_streams_per_connection: u32::try_from(positive(v, "tunneling-max-concurrent-streams")?)
+        buffer_size: positive(&f.buffer_size)?.clamp(1024, 1 << 20),
+        max_streams_per_connection: u32::try_from(positive(&f.tunneling_max_concurrent_streams)?)
             .unwrap_or(u32::MAX),
-        accept_proxy_protocol: v
-            .string("accept-proxy-protocol")
+        accept_proxy_protocol: f
+            .accept_proxy_protocol
             .parse()
             .map_err(|e| format!("-accept-proxy-protocol: {e}"))?,
-        proxy_protocol_timeout: nonzero("proxy-protocol-timeout", p.proxy_protocol_timeout),
-        access_log: match (v.string("access-log"), access_log_format) {
+        proxy_protocol_timeout: nonzero(f.proxy_protocol_timeout, p.proxy_protocol_timeout),
+        access_log: match (f.access_log.clone(), access_log_format) {
             (p, _) if p.is_empty() => None,
-            (path, format) => Some(crate::access_log::AccessLogConfig { path, format }),
+            (path, format) => Some(crate::relay::access_log::AccessLogConfig { path, format }),
         },
-        tunnel_windows: tunnel_windows(v, &p)?,
-        tunnel_memory_budget: at_least(v, "tunneling-memory-budget", 1 << 20)?,
+        tunnel_windows: tunnel_windows(&f, &p)?,
+        tunnel_memory_budget: at_least(&f.tunneling_memory_budget, 1 << 20)?,
     };
     if config.expose_annotation_key.is_empty() {
         return Err("-expose-annotation-key must not be empty".into());
     }
-    let kubernetes = (kind == "kubernetes").then(|| crate::kube::KubeSource {
+    let kubernetes = (kind == "kubernetes").then(|| crate::sources::kube::KubeSource {
         kubeconfig,
         namespace: config.namespace.clone(),
         expose_annotation_key: config.expose_annotation_key.clone(),
@@ -258,15 +325,15 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         kubernetes,
         config,
         bind_address,
-        stats_port: v.port("envoy-stats-port")?,
-        admin_port: v.port("envoy-admin-port")?,
-        admin_address: v
-            .string("admin-address")
+        stats_port: f.envoy_stats_port.port()?,
+        admin_port: f.envoy_admin_port.port()?,
+        admin_address: f
+            .admin_address
             .parse()
             .map_err(|e| format!("-admin-address: {e}"))?,
-        sni_port: v.port("envoy-sni-port")?,
-        tunneling_port: v.port("envoy-tunneling-port")?,
-        worker_threads: usize::try_from(v.int("worker-threads"))
+        sni_port: f.envoy_sni_port.port()?,
+        tunneling_port: f.envoy_tunneling_port.port()?,
+        worker_threads: usize::try_from(f.worker_threads)
             .map_err(|_| "-worker-threads must not be negative".to_string())?,
     })
 }
@@ -402,7 +469,7 @@ mod tests {
         let demo = parse(&["-source=demo"]).unwrap_or_else(|e| panic!("{e}"));
         assert!(demo.kubernetes.is_none());
         assert!(
-            matches!(&demo.config.source, TableSource::Inline(inv) if *inv != crate::model::Inventory::default()),
+            matches!(&demo.config.source, TableSource::Inline(inv) if *inv != crate::routing::model::Inventory::default()),
             "-source=demo serves the embedded table"
         );
         if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use daemon::keepalive::TcpKeepalive;
 
-use crate::model::Inventory;
+use crate::routing::model::Inventory;
 
 /// Where the routing table comes from.
 #[derive(Debug, Clone)]
@@ -138,7 +138,7 @@ pub struct ProxyConfig {
     /// Each direction of each proxied connection has one buffer of this size.
     pub buffer_size: usize,
     /// `-access-log`: one line per connection or stream; `None`: off.
-    pub access_log: Option<crate::access_log::AccessLogConfig>,
+    pub access_log: Option<crate::relay::access_log::AccessLogConfig>,
     /// Concurrent CONNECT streams per HTTP/2 connection.
     pub max_streams_per_connection: u32,
     /// `-accept-proxy-protocol`.
@@ -147,7 +147,7 @@ pub struct ProxyConfig {
     /// (Envoy's listener-filter timeout, 15 s).
     pub proxy_protocol_timeout: Duration,
     /// How the windows of HTTP/2 tunneling connections grow and shrink.
-    pub tunnel_windows: daemon::h2window::WindowSettings,
+    pub tunnel_windows: link::h2window::WindowSettings,
     /// What all HTTP/2 tunneling connections together may have in flight
     /// to us (their connection windows).
     pub tunnel_memory_budget: i64,
@@ -157,7 +157,8 @@ impl Default for ProxyConfig {
     fn default() -> Self {
         ProxyConfig {
             source: TableSource::Inline(Inventory::default()),
-            expose_annotation_key: crate::expose::DEFAULT_EXPOSE_ANNOTATION_KEY.to_string(),
+            expose_annotation_key: crate::routing::expose::DEFAULT_EXPOSE_ANNOTATION_KEY
+                .to_string(),
             namespace: None,
             node_port_bind_address: IpAddr::from([0, 0, 0, 0]),
             connection: ConnectionSettings::default(),
@@ -169,7 +170,7 @@ impl Default for ProxyConfig {
             route_drain_timeout: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(30),
             shutdown_delay: Duration::from_secs(5),
-            ready_out_of_sync_limit: crate::readiness::DEFAULT_OUT_OF_SYNC_LIMIT,
+            ready_out_of_sync_limit: crate::health::readiness::DEFAULT_OUT_OF_SYNC_LIMIT,
             max_connections_per_listener: 10_000,
             max_pending_connections_per_ip: 0,
             buffer_size: 16 * 1024,
@@ -177,7 +178,7 @@ impl Default for ProxyConfig {
             max_streams_per_connection: 1024,
             accept_proxy_protocol: AcceptProxyProtocol::default(),
             proxy_protocol_timeout: Duration::from_secs(15),
-            tunnel_windows: daemon::h2window::WindowSettings {
+            tunnel_windows: link::h2window::WindowSettings {
                 initial: crate::limits::STREAM_WINDOW,
                 max: crate::limits::DEFAULT_MAX_STREAM_WINDOW,
                 connection_budget: crate::limits::DEFAULT_CONNECTION_BUDGET,

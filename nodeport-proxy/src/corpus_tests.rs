@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use crate::client_hello::{self, Hello};
-use crate::connect_request::{self, Parsed};
+use crate::relay::client_hello::{self, Hello};
+use crate::relay::connect_request::{self, Parsed};
 
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -82,7 +82,7 @@ fn table_file_corpus() {
     for (name, bytes) in corpus("table_file") {
         crate::fuzzing::table_file(&bytes);
         let (_, text) = bytes.split_first().unwrap_or((&0, &[]));
-        let parsed = crate::source::parse_file(std::path::Path::new(&name), text);
+        let parsed = crate::sources::source::parse_file(std::path::Path::new(&name), text);
         if name.starts_with("ok-") {
             assert!(parsed.is_ok(), "{name}: {parsed:?}");
         }
@@ -104,7 +104,7 @@ fn annotations_corpus() {
 /// more; `bad-*` are refused, `truncated-*` wait for more.
 #[test]
 fn proxy_header_corpus() {
-    use crate::proxy_protocol::parse;
+    use crate::relay::proxy_protocol::parse;
     for (name, bytes) in corpus("proxy_header") {
         crate::fuzzing::proxy_header(&bytes);
         let result = parse(&bytes);

@@ -4,9 +4,10 @@
 //! arbitrary bytes, must never panic, and checks what its output promises.
 //! The committed corpora replay them in `cargo test` (corpus_tests.rs).
 
-use crate::expose::{ExposeTypes, parse_expose, port_mapping};
-use crate::model::{ObjectMeta, Protocol, Service, ServicePort, ServiceSpec};
-use crate::plan::{PlanOptions, build};
+use crate::routing::expose::{ExposeTypes, parse_expose, port_mapping};
+use crate::routing::index::build;
+use crate::routing::model::{ObjectMeta, Protocol, Service, ServicePort, ServiceSpec};
+use crate::routing::plan::PlanOptions;
 
 /// The table file: the first byte picks JSON (odd) or YAML (even), the rest
 /// is the file. Whatever parses must build a plan, the same plan twice, and
@@ -17,33 +18,35 @@ pub fn table_file(data: &[u8]) {
     };
     let json = kind % 2 == 1;
     let path = std::path::Path::new(if json { "table.json" } else { "table.yaml" });
-    let whole = crate::source::parse_file(path, text);
+    let whole = crate::sources::source::parse_file(path, text);
     // Loading by items (plain block YAML) must agree with loading whole. Any
     // other file `load_items` loads whole with `parse_file` itself: a second
     // parse of it would check nothing and halve the executions per second.
     let plain = !json
         && std::str::from_utf8(text)
             .ok()
-            .and_then(crate::yaml_items::split)
+            .and_then(crate::sources::yaml_items::split)
             .is_some();
     if plain {
-        let mut cache = crate::source::ItemCache::default();
-        let by_items = crate::source::load_items(path, text, &mut cache);
+        let mut cache = crate::sources::source::ItemCache::default();
+        let by_items = crate::sources::source::load_items(path, text, &mut cache);
         match (&by_items, &whole) {
-            (Ok(crate::source::Loaded::Changes(changes)), Ok(inv)) => {
+            (Ok(crate::sources::source::Loaded::Changes(changes)), Ok(inv)) => {
                 let mut services = Vec::new();
                 let mut slices = Vec::new();
                 for c in changes {
                     match c {
-                        crate::store::Change::Service(_, Some(s)) => services.push(s.clone()),
-                        crate::store::Change::Slice(_, Some(s)) => slices.push(s.clone()),
+                        crate::routing::store::Change::Service(_, Some(s)) => {
+                            services.push(s.clone())
+                        }
+                        crate::routing::store::Change::Slice(_, Some(s)) => slices.push(s.clone()),
                         other => panic!("a first load deletes nothing: {other:?}"),
                     }
                 }
                 assert_eq!(services, inv.services, "services by items differ");
                 assert_eq!(slices, inv.endpoint_slices, "slices by items differ");
             }
-            (Ok(crate::source::Loaded::Whole(a)), Ok(b)) => assert_eq!(a, b),
+            (Ok(crate::sources::source::Loaded::Whole(a)), Ok(b)) => assert_eq!(a, b),
             (Ok(_), Err(e)) => panic!("loaded by items but not whole: {e}"),
             (Err(_), Ok(_)) => panic!("loaded whole but not by items"),
             (Err(_), Err(_)) => {}
@@ -104,7 +107,7 @@ pub fn annotations(data: &[u8]) {
             namespace: "ns".into(),
             name: "svc".into(),
             annotations: [(
-                crate::expose::PORT_MAPPING_ANNOTATION_KEY.to_string(),
+                crate::routing::expose::PORT_MAPPING_ANNOTATION_KEY.to_string(),
                 mapping.to_string(),
             )]
             .into(),
@@ -143,14 +146,14 @@ pub fn annotations(data: &[u8]) {
 /// is refused); an unfinished one is shorter than the bound.
 pub fn proxy_header(data: &[u8]) {
     use crate::limits::MAX_PROXY_HEADER;
-    use crate::proxy_protocol::parse;
+    use crate::relay::proxy_protocol::parse;
     match parse(data) {
         Ok(Some(h)) => {
             assert!(h.len <= data.len() && h.len <= MAX_PROXY_HEADER, "{h:?}");
             assert_eq!(parse(&data[..h.len]), Ok(Some(h)));
             if let Some((src, dst)) = h.addresses {
                 // What we would send on names the same client.
-                let v2 = crate::proxy_protocol::v2_header(src, dst);
+                let v2 = crate::relay::proxy_protocol::v2_header(src, dst);
                 let back = parse(&v2).ok().flatten().and_then(|h| h.addresses);
                 assert_eq!(
                     back.map(|(s, _)| (s.ip().to_canonical(), s.port())),
@@ -163,10 +166,12 @@ pub fn proxy_header(data: &[u8]) {
     }
     // The allow-list annotation, from the same bytes.
     let text = String::from_utf8_lossy(data);
-    if let Ok(crate::policy::SourceRanges::Only(nets)) = crate::policy::parse_source_ranges(&text) {
+    if let Ok(crate::routing::policy::SourceRanges::Only(nets)) =
+        crate::routing::policy::parse_source_ranges(&text)
+    {
         assert!(!nets.is_empty() && nets.len() <= crate::limits::MAX_SOURCE_RANGES);
         for n in nets.iter() {
-            assert!(crate::policy::SourceRanges::Only(nets.clone()).allows(n.network()));
+            assert!(crate::routing::policy::SourceRanges::Only(nets.clone()).allows(n.network()));
         }
     }
 }

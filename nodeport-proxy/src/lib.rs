@@ -3,46 +3,40 @@
 //! from the API server later) become one routing table, swapped atomically;
 //! NodePort, SNI (6443) and CONNECT tunneling (8088) listeners route by it;
 //! Envoy-compatible stats and health are served on 8002.
+//!
+//! The stages, each a folder; a connection goes down them, the table
+//! comes from the top:
+//!
+//! ```text
+//! sources/    file, inline or API-server inventory (Services, EndpointSlices)
+//!    |
+//! routing/    inventory -> plan (index) -> routing table (table, store)
+//!    |
+//! listeners/  NodePort, SNI, CONNECT (HTTP/1.1, HTTP/2); the process (proxy)
+//!    |
+//! relay/      one Session per routed connection: admission, upstream
+//!             connect, relay, access-log record
+//! ```
+//!
+//! Beside them: health/ (/healthz, readiness), stats/ (the stats port, the
+//! Envoy-named metrics, per-cluster stats), flags (cli), config and limits.
 
-pub mod access_log;
 pub mod cli;
-pub mod client_hello;
-pub mod cluster_stats;
 pub mod config;
-pub mod connect_request;
-pub mod expose;
-mod first_bytes;
-mod forward;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-mod health;
-pub mod index;
-pub mod kube;
+pub mod health;
 pub mod limits;
-pub mod metrics;
-pub mod model;
-pub mod names;
-mod node_port;
-pub mod plan;
-pub mod policy;
-mod proxy;
-pub mod proxy_protocol;
-pub mod readiness;
-mod shards;
-mod sni;
-pub mod source;
-mod stats;
-pub mod store;
-pub mod table;
-mod tunnel;
-mod tunnel_h2;
-pub mod upstream;
-pub mod yaml_items;
+pub mod listeners;
+pub mod relay;
+pub mod routing;
+pub mod sources;
+pub mod stats;
 
 pub use config::{ConnectionSettings, ProxyConfig, TableSource};
-pub use model::Inventory;
-pub use proxy::{BoundAddrs, Listeners, NodePortProxy, ProxyError, run};
-pub use store::TableStatus;
+pub use listeners::proxy::{BoundAddrs, Listeners, NodePortProxy, ProxyError, run};
+pub use routing::model::Inventory;
+pub use routing::store::TableStatus;
 
 #[cfg(test)]
 mod corpus_tests;

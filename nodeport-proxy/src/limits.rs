@@ -43,11 +43,11 @@ pub const MAX_FRAME_SIZE: u32 = 16 << 10;
 /// until the windows grow with the link (up to
 /// `-tunneling-max-stream-window`, and only as far as
 /// `-tunneling-connection-budget` and `-tunneling-memory-budget` allow;
-/// `daemon::h2window`). Received DATA is released only as it is forwarded,
+/// `link::h2window`). Received DATA is released only as it is forwarded,
 /// so the windows are also what a stream or connection can make us buffer;
 /// hence these starting windows are reserved from the budgets too, and a
 /// connection that finds them spent starts at HTTP/2's own 65,535 bytes
-/// (`daemon::h2window::SPEC_WINDOW`, which a client may use before it hears
+/// (`link::h2window::SPEC_WINDOW`, which a client may use before it hears
 /// from us, so it is owed even past the budget).
 pub const STREAM_WINDOW: u32 = 256 << 10;
 pub const CONNECTION_WINDOW: u32 = 1 << 20;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use daemon::flags::usage_error;
+use go_compat::flags::usage_error;
 use nodeport_proxy::{Listeners, NodePortProxy, cli};
 use tokio::net::TcpListener;
 
@@ -17,7 +17,7 @@ fn main() {
         std::process::exit(copy_file(args.collect()));
     }
     let values = cli::flag_set().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&values) {
+    if let Err(e) = go_compat::logging::init(&cli::Flags::from_values(&values).log) {
         usage_error(&e);
     }
     daemon::process::init();
@@ -88,11 +88,14 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
     if let Some(source) = cli.kubernetes {
         let sync = proxy.source_sync();
         let client =
-            nodeport_proxy::kube::watch_client(source.kubeconfig.as_deref(), sync.clone()).await?;
+            nodeport_proxy::sources::kube::watch_client(source.kubeconfig.as_deref(), sync.clone())
+                .await?;
         let p = proxy.clone();
         tokio::spawn(async move {
-            nodeport_proxy::kube::follow(client, source, sync, |changes| p.apply_changes(changes))
-                .await;
+            nodeport_proxy::sources::kube::follow(client, source, sync, |changes| {
+                p.apply_changes(changes)
+            })
+            .await;
         });
     } else {
         tokio::spawn(async move {

@@ -14,10 +14,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use nodeport_proxy::metrics::Metrics;
-use nodeport_proxy::plan::PlanOptions;
-use nodeport_proxy::source::{ItemCache, load_items};
-use nodeport_proxy::store::{Change, TableStore};
+use nodeport_proxy::routing::plan::PlanOptions;
+use nodeport_proxy::routing::store::{Change, TableStore};
+use nodeport_proxy::sources::source::{ItemCache, load_items};
+use nodeport_proxy::stats::metrics::Metrics;
 
 /// Services per table: enough that fixed costs (256 empty shards per map,
 /// the metrics registry) weigh a few bytes per route.
@@ -60,7 +60,7 @@ fn table_yaml(n: usize) -> String {
 fn kube_changes(n: usize) -> Vec<Change> {
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
-    use nodeport_proxy::index::ObjKey;
+    use nodeport_proxy::routing::index::ObjKey;
     let ns = "seed-ns";
     let mut out = Vec::new();
     for i in 0..n {
@@ -86,11 +86,11 @@ fn kube_changes(n: usize) -> Vec<Change> {
         .unwrap();
         out.push(Change::Slice(
             ObjKey::new(ns, &format!("{name}-1")),
-            Some(nodeport_proxy::kube::endpoint_slice(&slice)),
+            Some(nodeport_proxy::sources::kube::endpoint_slice(&slice)),
         ));
         out.push(Change::Service(
             ObjKey::new(ns, &name),
-            Some(nodeport_proxy::kube::service(&svc)),
+            Some(nodeport_proxy::sources::kube::service(&svc)),
         ));
     }
     out

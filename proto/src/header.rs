@@ -13,7 +13,7 @@ pub const SERVER_ID: &str = "serverid";
 /// Server → agent response header: how many servers the agent should hold.
 pub const SERVER_COUNT: &str = "servercount";
 /// Not upstream: both directions announce per-connection flow control and the
-/// largest window (bytes) they grant one connection; see [`crate::flow`].
+/// largest window (bytes) they grant one connection; see `link::flow`.
 /// Upstream ignores it. (Builds before adaptive windows used
 /// `konnectivity-flow-window`; they and we see each other as upstream peers.)
 pub const FLOW_CONTROL: &str = "konnectivity-flow-control";

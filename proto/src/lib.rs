@@ -18,11 +18,8 @@ pub use generated::*;
 
 pub mod codec;
 pub mod control;
-pub mod flow;
-pub mod flow_metrics;
 pub mod header;
 pub mod ids;
-pub mod legacy;
 mod packets;
 
 pub use packets::PacketExt;
@@ -68,6 +65,14 @@ pub const PACKET_TYPE_LABELS: [&str; 9] = [
     "Unknown",
     "WINDOW_UPDATE",
 ];
+
+/// The [`PACKET_TYPE_LABELS`] index a packet is counted under in the
+/// `stream_packets_total` families; `None` for WINDOW_UPDATE, which upstream
+/// never sends (flow control between our server and agent), so the
+/// families' series stay upstream's.
+pub fn counted_packet_type(packet_type: i32) -> Option<usize> {
+    (packet_type != PacketType::WindowUpdate as i32).then(|| packet_type_index(packet_type))
+}
 
 /// Index into [`PACKET_TYPE_LABELS`] for a raw `type` value.
 pub fn packet_type_index(packet_type: i32) -> usize {

@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt};
 use konnectivity_proto::Packet;
 use konnectivity_proto::agent_service_server::AgentService;
 use konnectivity_proto::header::{self, AgentIdentifiers};
-use konnectivity_proto::ids::{AgentId, ServerId};
+use konnectivity_proto::ids::{AgentId, ConnectId, ServerId};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
@@ -18,6 +18,7 @@ use tracing::Instrument;
 use crate::backend::{AgentLinks, Backend};
 use crate::core::Core;
 use crate::metrics::{Segment, Service};
+use crate::tunnel::Tunnel;
 
 pub struct AgentSvc {
     pub core: Arc<Core>,
@@ -96,7 +97,7 @@ impl AgentService for AgentSvc {
         }
         // Flow control when the agent announces it and we have it on, with
         // the smaller of the two largest windows. Upstream agents never do.
-        let offered = konnectivity_proto::flow::parse_offer(
+        let offered = link::flow::parse_offer(
             request
                 .metadata()
                 .get(header::FLOW_CONTROL)
@@ -164,7 +165,7 @@ impl AgentService for AgentSvc {
         }
         md.insert(header::SERVER_COUNT, MetadataValue::from(self.server_count));
         if let Some(max) = flow_max
-            && let Ok(v) = MetadataValue::try_from(konnectivity_proto::flow::offer(max))
+            && let Ok(v) = MetadataValue::try_from(link::flow::offer(max))
         {
             md.insert(header::FLOW_CONTROL, v);
         }
@@ -174,34 +175,28 @@ impl AgentService for AgentSvc {
 
 /// Shrinks the windows of this agent's connections whose data stands still
 /// and asks for their unused credit back (flow control only; never ends).
-async fn sweep_windows(backend: &Backend) {
+async fn sweep_windows(backend: &Backend<Tunnel>) {
     use konnectivity_proto::PacketExt;
-    use konnectivity_proto::flow::{SWEEP_INTERVAL, Sweep};
     if backend.flow().is_none() {
         return std::future::pending().await;
     }
-    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut out = Vec::new();
-    loop {
-        tick.tick().await;
-        let now = tokio::time::Instant::now();
+    let collect = |now, out: &mut Vec<_>| {
         backend.for_each_conn(|id, t| {
             if let Some(sweep) = t.flow().and_then(|f| f.recv.sweep(now)) {
                 out.push((id, sweep));
             }
-        });
-        for (id, sweep) in out.drain(..) {
-            let bytes = match sweep {
-                Sweep::Grant(n) => n,
-                Sweep::Revoke(n) => n.saturating_neg(),
-            };
-            backend.control(Packet::window_update(id.0, bytes));
-        }
-    }
+        })
+    };
+    let send = |id: ConnectId, bytes| backend.control(Packet::window_update(id.0, bytes));
+    link::flow::sweep_windows(collect, send).await
 }
 
-async fn serve(core: &Core, backend: &Arc<Backend>, mut inbound: Streaming<Packet>, drain: &Drain) {
+async fn serve(
+    core: &Core,
+    backend: &Arc<Backend<Tunnel>>,
+    mut inbound: Streaming<Packet>,
+    drain: &Drain,
+) {
     loop {
         let msg = tokio::select! {
             m = inbound.message() => m,

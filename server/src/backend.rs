@@ -3,17 +3,22 @@
 //! Established connections are keyed by (agent stream, connectID): each
 //! [`Backend`] owns its own table, so two streams of one agent id can never
 //! collide on a connectID (upstream keys by agent id and can, #462).
+//!
+//! The table holds its connections weakly: a connection (a
+//! [`crate::tunnel::Tunnel`], the `C` here) belongs to its frontend and
+//! points at its agent stream, so a close path that forgets an entry leaves
+//! a dead id behind, never a reference cycle.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use konnectivity_proto::Packet;
 use konnectivity_proto::control::{ControlError, ControlTx};
-use konnectivity_proto::flow::{LegacyLink, LinkFlow};
 use konnectivity_proto::header::AgentIdentifiers;
 use konnectivity_proto::ids::{AgentId, ConnectId};
+use link::flow::{LegacyLink, LinkFlow};
 use parking_lot::{Mutex, RwLock};
 use rand::seq::IndexedRandom;
 use tokio::sync::{mpsc, watch};
@@ -22,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::limits::MAX_AGENT_QUEUE_BYTES;
 use crate::metrics::{Metrics, Segment};
-use crate::tunnel::Tunnel;
 
 /// The channels to one agent stream, and whether it does flow control.
 pub struct AgentLinks {
@@ -38,7 +42,7 @@ impl AgentLinks {
     /// Links whose receiving ends are dropped (unit tests).
     #[cfg(test)]
     pub fn detached() -> Self {
-        let pool = konnectivity_proto::flow::FlowPool::new(Default::default());
+        let pool = link::flow::FlowPool::new(Default::default());
         AgentLinks {
             data: mpsc::channel(1).0,
             control: konnectivity_proto::control::channel().0,
@@ -55,7 +59,7 @@ fn queue_cost(pkt: &Packet) -> u32 {
         Some(konnectivity_proto::packet::Payload::Data(d)) => d.data.len(),
         _ => 0,
     };
-    let c = konnectivity_proto::flow::cost(len);
+    let c = link::flow::cost(len);
     u32::try_from(c)
         .unwrap_or(u32::MAX)
         .min(MAX_AGENT_QUEUE_BYTES)
@@ -66,8 +70,9 @@ fn queue_cost(pkt: &Packet) -> u32 {
 #[error("agent stream closed")]
 pub struct BackendGone;
 
-/// One `/AgentService/Connect` stream.
-pub struct Backend {
+/// One `/AgentService/Connect` stream, whose established connections are
+/// `C`s.
+pub struct Backend<C> {
     /// Process-unique stream id.
     pub id: u64,
     pub agent_id: AgentId,
@@ -85,14 +90,15 @@ pub struct Backend {
     legacy: LegacyLink,
     draining: AtomicBool,
     retired: CancellationToken,
-    /// Established connections, with when each was established.
-    conns: Mutex<HashMap<ConnectId, (Arc<Tunnel>, Instant)>>,
+    /// Established connections, with when each was established. Weak: the
+    /// connection's frontend owns it.
+    conns: Mutex<HashMap<ConnectId, (Weak<C>, Instant)>>,
     metrics: Arc<Metrics>,
     /// The registry's change counter, bumped when connections come and go.
     changes: watch::Sender<u64>,
 }
 
-impl std::fmt::Debug for Backend {
+impl<C> std::fmt::Debug for Backend<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Backend")
             .field("id", &self.id)
@@ -101,14 +107,14 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-impl Backend {
+impl<C> Backend<C> {
     pub fn new(
         agent_id: AgentId,
         identifiers: AgentIdentifiers,
         links: AgentLinks,
         metrics: Arc<Metrics>,
         changes: watch::Sender<u64>,
-    ) -> Arc<Backend> {
+    ) -> Arc<Backend<C>> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Arc::new(Backend {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
@@ -212,11 +218,11 @@ impl Backend {
     }
 
     /// Adds a connection; false (and nothing changes) if the id is taken.
-    pub fn add_conn(&self, id: ConnectId, t: Arc<Tunnel>) -> bool {
+    pub fn add_conn(&self, id: ConnectId, t: &Arc<C>) -> bool {
         match self.conns.lock().entry(id) {
             std::collections::hash_map::Entry::Occupied(_) => return false,
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert((t, Instant::now()));
+                v.insert((Arc::downgrade(t), Instant::now()));
             }
         }
         self.metrics.established.increment(1.0);
@@ -224,8 +230,8 @@ impl Backend {
         true
     }
 
-    pub fn conn(&self, id: ConnectId) -> Option<Arc<Tunnel>> {
-        self.conns.lock().get(&id).map(|(t, _)| t.clone())
+    pub fn conn(&self, id: ConnectId) -> Option<Arc<C>> {
+        self.conns.lock().get(&id).and_then(|(t, _)| t.upgrade())
     }
 
     /// An established connection ended (whichever way): the gauge, and
@@ -241,10 +247,13 @@ impl Backend {
         self.changed();
     }
 
-    /// Removes the connection only if it still belongs to `tunnel`.
-    pub fn remove_conn_of(&self, id: ConnectId, tunnel: &Tunnel) -> bool {
+    /// Removes the connection only if it still belongs to `conn`.
+    pub fn remove_conn_of(&self, id: ConnectId, conn: &C) -> bool {
         let mut conns = self.conns.lock();
-        if conns.get(&id).is_some_and(|(t, _)| t.id == tunnel.id) {
+        if conns
+            .get(&id)
+            .is_some_and(|(t, _)| std::ptr::eq(t.as_ptr(), conn))
+        {
             let removed = conns.remove(&id);
             drop(conns);
             if let Some((_, at)) = removed {
@@ -255,19 +264,22 @@ impl Backend {
         false
     }
 
-    pub fn remove_conn(&self, id: ConnectId) -> Option<Arc<Tunnel>> {
+    pub fn remove_conn(&self, id: ConnectId) -> Option<Arc<C>> {
         let removed = self.conns.lock().remove(&id);
-        removed.map(|(t, at)| {
+        removed.and_then(|(t, at)| {
             self.ended(&[at]);
-            t
+            t.upgrade()
         })
     }
 
-    pub fn take_conns(&self) -> Vec<(ConnectId, Arc<Tunnel>)> {
+    pub fn take_conns(&self) -> Vec<(ConnectId, Arc<C>)> {
         let taken: Vec<_> = self.conns.lock().drain().collect();
         let since: Vec<Instant> = taken.iter().map(|(_, (_, at))| *at).collect();
         self.ended(&since);
-        taken.into_iter().map(|(id, (t, _))| (id, t)).collect()
+        taken
+            .into_iter()
+            .filter_map(|(id, (t, _))| Some((id, t.upgrade()?)))
+            .collect()
     }
 
     pub fn conn_count(&self) -> usize {
@@ -275,9 +287,11 @@ impl Backend {
     }
 
     /// Runs `f` on every connection, under the table's lock (keep it short).
-    pub fn for_each_conn(&self, mut f: impl FnMut(ConnectId, &Tunnel)) {
+    pub fn for_each_conn(&self, mut f: impl FnMut(ConnectId, &C)) {
         for (id, (t, _)) in self.conns.lock().iter() {
-            f(*id, t);
+            if let Some(t) = t.upgrade() {
+                f(*id, &t);
+            }
         }
     }
 }
@@ -324,7 +338,7 @@ impl Strategy {
         }
     }
 
-    fn serves(self, b: &Backend, host: &str) -> bool {
+    fn serves<C>(self, b: &Backend<C>, host: &str) -> bool {
         match self {
             Strategy::Default => true,
             Strategy::DestHost => b.identifiers.dest_hosts().any(|h| h == host),
@@ -334,7 +348,7 @@ impl Strategy {
 
     /// How many routing keys this strategy has for the given backends (the
     /// `ready_backends` gauge and readiness).
-    fn keys(self, backends: &[Arc<Backend>]) -> usize {
+    fn keys<C>(self, backends: &[Arc<Backend<C>>]) -> usize {
         let mut keys: Vec<&str> = match self {
             Strategy::Default => backends.iter().map(|b| b.agent_id.0.as_str()).collect(),
             Strategy::DestHost => backends
@@ -367,9 +381,9 @@ pub fn host_of(address: &str) -> &str {
 }
 
 /// Every live agent stream, and dial routing over them.
-pub struct Backends {
+pub struct Backends<C> {
     strategies: Vec<Strategy>,
-    all: RwLock<Vec<Arc<Backend>>>,
+    all: RwLock<Vec<Arc<Backend<C>>>>,
     metrics: Arc<Metrics>,
     /// Number of routing keys of the first strategy; readiness follows it.
     ready_tx: watch::Sender<usize>,
@@ -378,7 +392,7 @@ pub struct Backends {
     changes: watch::Sender<u64>,
 }
 
-impl Backends {
+impl<C> Backends<C> {
     pub fn new(strategies: Vec<Strategy>, metrics: Arc<Metrics>) -> Self {
         let (ready_tx, _) = watch::channel(0);
         let (changes, _) = watch::channel(0);
@@ -393,7 +407,7 @@ impl Backends {
         b
     }
 
-    fn publish(&self, all: &[Arc<Backend>]) {
+    fn publish(&self, all: &[Arc<Backend<C>>]) {
         for s in &self.strategies {
             self.metrics.ready_backends(s.name(), s.keys(all));
         }
@@ -418,13 +432,13 @@ impl Backends {
         self.changes.clone()
     }
 
-    pub fn add(&self, b: Arc<Backend>) {
+    pub fn add(&self, b: Arc<Backend<C>>) {
         let mut all = self.all.write();
         all.push(b);
         self.publish(&all);
     }
 
-    pub fn remove(&self, b: &Backend) {
+    pub fn remove(&self, b: &Backend<C>) {
         let mut all = self.all.write();
         all.retain(|x| x.id != b.id);
         self.publish(&all);
@@ -434,7 +448,7 @@ impl Backends {
     /// random among agents that are not draining, a draining one only if no
     /// other agent qualifies. Of several streams of one agent, the newest wins
     /// (an older one may be a dead connection not yet noticed).
-    pub fn pick(&self, address: &str) -> Option<Arc<Backend>> {
+    pub fn pick(&self, address: &str) -> Option<Arc<Backend<C>>> {
         self.pick_where(address, |_| true, true)
     }
 
@@ -444,23 +458,23 @@ impl Backends {
     pub fn pick_instead_of(
         &self,
         address: &str,
-        instead_of: &Backend,
+        instead_of: &Backend<C>,
         draining_ok: bool,
-    ) -> Option<Arc<Backend>> {
+    ) -> Option<Arc<Backend<C>>> {
         self.pick_where(address, |b| b.id != instead_of.id, draining_ok)
     }
 
     fn pick_where(
         &self,
         address: &str,
-        eligible: impl Fn(&Backend) -> bool,
+        eligible: impl Fn(&Backend<C>) -> bool,
         draining_ok: bool,
-    ) -> Option<Arc<Backend>> {
+    ) -> Option<Arc<Backend<C>>> {
         let host = host_of(address);
         let all = self.all.read();
         let mut rng = rand::rng();
         for s in &self.strategies {
-            let mut newest: HashMap<&AgentId, &Arc<Backend>> = HashMap::new();
+            let mut newest: HashMap<&AgentId, &Arc<Backend<C>>> = HashMap::new();
             for b in all
                 .iter()
                 .filter(|b| !b.is_retired() && eligible(b) && s.serves(b, host))
@@ -481,7 +495,7 @@ impl Backends {
         self.all.read().len()
     }
 
-    pub fn snapshot(&self) -> Vec<Arc<Backend>> {
+    pub fn snapshot(&self) -> Vec<Arc<Backend<C>>> {
         self.all.read().clone()
     }
 
@@ -499,6 +513,10 @@ impl Backends {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Routing does not look at connections: none here.
+    type Backend = super::Backend<()>;
+    type Backends = super::Backends<()>;
 
     fn backend(agent: &str, ids: &str) -> Arc<Backend> {
         Backend::new(

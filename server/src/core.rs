@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use konnectivity_proto::flow::{FlowPool, FlowSettings, RecvGate};
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
+use link::flow::{FlowPool, FlowSettings, RecvGate};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -34,7 +34,7 @@ pub struct CoreConfig {
 
 struct Pending {
     tunnel: Arc<Tunnel>,
-    backend: Arc<Backend>,
+    backend: Arc<Backend<Tunnel>>,
     started: Instant,
     deadline: Instant,
     /// Admission of the agent's DATA, set up with the dial (its initial
@@ -63,9 +63,9 @@ enum Redial {
 }
 
 pub struct Core {
-    pub backends: Backends,
+    pub backends: Backends<Tunnel>,
     /// Live and recently closed tunnels, for `/debug/connections`.
-    pub debug: daemon::debug_connections::Connections,
+    pub debug: link::debug_connections::Connections,
     pending: Mutex<HashMap<DialId, Pending>>,
     pub metrics: Arc<Metrics>,
     /// The process budget and totals of every agent stream's windows.
@@ -105,7 +105,7 @@ fn close_rsp(connect: i64, error: &str) -> Packet {
 pub const AGENT_LOST: &str = "connection to the proxy agent was lost";
 
 impl Core {
-    pub fn new(backends: Backends, metrics: Arc<Metrics>, cfg: CoreConfig) -> Self {
+    pub fn new(backends: Backends<Tunnel>, metrics: Arc<Metrics>, cfg: CoreConfig) -> Self {
         let flow = FlowPool::new(cfg.flow);
         metrics.watch_flow(flow.clone());
         Core {
@@ -302,7 +302,7 @@ impl Core {
     }
 
     /// Admission of the agent's DATA for a dial to `backend`.
-    fn recv_gate(&self, backend: &Backend, tunnel: &Arc<Tunnel>) -> RecvGate {
+    fn recv_gate(&self, backend: &Backend<Tunnel>, tunnel: &Arc<Tunnel>) -> RecvGate {
         match backend.flow() {
             Some(link) => link.open_recv(),
             None => {
@@ -328,7 +328,7 @@ impl Core {
     /// by the same strategies: once per dial, within its deadline. Nothing
     /// has reached the destination before a DIAL_RSP, so the frontend sees
     /// one dial. Upstream fails such dials (#566, #126).
-    async fn redial(&self, dial: DialId, from: &Arc<Backend>, draining_ok: bool) -> Redial {
+    async fn redial(&self, dial: DialId, from: &Arc<Backend<Tunnel>>, draining_ok: bool) -> Redial {
         let (tunnel, address, deadline) = {
             let pending = self.pending.lock();
             match pending.get(&dial) {
@@ -407,7 +407,7 @@ impl Core {
     }
 
     /// The dials pending on `backend`.
-    fn pending_on(&self, backend: &Backend) -> Vec<DialId> {
+    fn pending_on(&self, backend: &Backend<Tunnel>) -> Vec<DialId> {
         self.pending
             .lock()
             .iter()
@@ -469,7 +469,7 @@ impl Core {
                     return Flow::Continue;
                 }
                 if let Some(d) = tunnel.debug() {
-                    daemon::relay::Tally::client_bytes(d, len as u64);
+                    link::relay::Tally::client_bytes(d, len as u64);
                 }
                 if backend.send(pkt).await.is_err() {
                     tracing::debug!(connection_id = id, "DATA to agent failed: stream closed");
@@ -552,7 +552,7 @@ impl Core {
     pub async fn frontend_bytes(
         &self,
         tunnel: &Tunnel,
-        backend: &Backend,
+        backend: &Backend<Tunnel>,
         connect: ConnectId,
         data: bytes::Bytes,
     ) -> bool {
@@ -560,7 +560,7 @@ impl Core {
             return false;
         }
         if let Some(d) = tunnel.debug() {
-            daemon::relay::Tally::client_bytes(d, data.len() as u64);
+            link::relay::Tally::client_bytes(d, data.len() as u64);
         }
         backend.send(Packet::data(connect.0, data)).await.is_ok()
     }
@@ -600,7 +600,7 @@ impl Core {
     // === Agent → frontend ===
 
     /// Routes one packet that arrived on an agent stream.
-    pub async fn agent_packet(&self, backend: &Arc<Backend>, pkt: Packet) {
+    pub async fn agent_packet(&self, backend: &Arc<Backend<Tunnel>>, pkt: Packet) {
         self.metrics.packet(Segment::FromAgent, pkt.r#type);
         match (PacketType::try_from(pkt.r#type), &pkt.payload) {
             (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
@@ -701,7 +701,7 @@ impl Core {
 
     async fn agent_dial_response(
         &self,
-        backend: &Arc<Backend>,
+        backend: &Arc<Backend<Tunnel>>,
         random: i64,
         connect: i64,
         failed: bool,
@@ -748,7 +748,7 @@ impl Core {
         let connect_id = ConnectId(connect);
         // An agent that answers with a connection ID it already uses would
         // take over that tunnel's data; this dial fails instead.
-        if !backend.add_conn(connect_id, p.tunnel.clone()) {
+        if !backend.add_conn(connect_id, &p.tunnel) {
             self.metrics.dial_failure(DialFailure::ErrorResponse);
             tracing::warn!(agent_id = %backend.agent_id, connection_id = connect, "agent answered a dial with a connection ID already in use");
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
@@ -802,7 +802,7 @@ impl Core {
 
     /// An agent stream ended: its frontends are closed and its pending dials
     /// fail now instead of hanging until their deadline.
-    pub async fn agent_gone(&self, backend: &Arc<Backend>) {
+    pub async fn agent_gone(&self, backend: &Arc<Backend<Tunnel>>) {
         backend.retire();
         self.backends.remove(backend);
         let conns = backend.take_conns();

@@ -82,7 +82,7 @@ const FRONTENDS: usize = 4;
 const AGENTS: usize = 2;
 
 struct Agent {
-    backend: Arc<Backend>,
+    backend: Arc<Backend<Tunnel>>,
     data: mpsc::Receiver<Packet>,
     control: konnectivity_proto::control::ControlRx,
     /// Dial ids the agent has been asked for, to answer some of them.
@@ -93,9 +93,7 @@ fn agent(core: &Core, i: usize) -> Agent {
     let (tx, data) = mpsc::channel(core.cfg.agent_queue);
     let (ctl, control) = konnectivity_proto::control::channel();
     // Agent 0 speaks our flow-control extension, agent 1 is upstream's.
-    let flow = core
-        .flow
-        .link((i == 0).then_some(konnectivity_proto::flow::MIN_WINDOW));
+    let flow = core.flow.link((i == 0).then_some(link::flow::MIN_WINDOW));
     // Each agent serves one destination host, so dials pick deterministically.
     let backend = Backend::new(
         AgentId(format!("agent-{i}")),
@@ -112,12 +110,31 @@ fn agent(core: &Core, i: usize) -> Agent {
         core.backends.changes(),
     );
     core.backends.add(backend.clone());
+    LIVE.with(|l| l.borrow_mut().backends.push(Arc::downgrade(&backend)));
     Agent {
         backend,
         data,
         control,
         dials: Vec::new(),
     }
+}
+
+/// Every agent stream and tunnel an input made, to check that each is
+/// freed once its agent and frontend are gone (whichever way they went).
+#[derive(Default)]
+struct Live {
+    backends: Vec<std::sync::Weak<Backend<Tunnel>>>,
+    tunnels: Vec<std::sync::Weak<Tunnel>>,
+}
+
+thread_local! {
+    static LIVE: std::cell::RefCell<Live> = std::cell::RefCell::default();
+}
+
+fn frontend() -> (Arc<Tunnel>, FrontendQueue) {
+    let (t, q) = Tunnel::tracked(None);
+    LIVE.with(|l| l.borrow_mut().tunnels.push(Arc::downgrade(&t)));
+    (t, q)
 }
 
 fn drain_agent(a: &mut Agent) {
@@ -160,6 +177,7 @@ pub fn packets(data: &[u8]) {
 }
 
 async fn run(data: &[u8], metrics: Arc<Metrics>) {
+    LIVE.take();
     let core = Arc::new(Core::new(
         Backends::new(vec![Strategy::DestHost], metrics.clone()),
         metrics,
@@ -168,12 +186,12 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             stall_timeout: Duration::from_secs(10),
             frontend_queue: 2,
             agent_queue: 2,
-            flow: konnectivity_proto::flow::FlowSettings::default(),
+            flow: link::flow::FlowSettings::default(),
         },
     ));
     let mut agents: Vec<Agent> = (0..AGENTS).map(|i| agent(&core, i)).collect();
     let mut fronts: Vec<(Arc<Tunnel>, FrontendQueue)> =
-        (0..FRONTENDS).map(|_| Tunnel::tracked(None)).collect();
+        (0..FRONTENDS).map(|_| frontend()).collect();
     let mut tasks = tokio::task::JoinSet::new();
     let mut s = Script { data };
     while let Some(op) = s.byte() {
@@ -213,7 +231,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             }
             4 => {
                 tasks.spawn(async move { core2.frontend_gone(&t2).await });
-                fronts[f] = Tunnel::tracked(None);
+                fronts[f] = frontend();
             }
             5 => {
                 drain_agent(&mut agents[a]);
@@ -327,4 +345,22 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
     }
     assert_eq!(core.pending_count(), 0, "pending dials left behind");
     assert_eq!(core.established_count(), 0, "connections left behind");
+    // The agents go too; then nothing may keep an agent stream or a tunnel
+    // alive (a reference cycle between them would).
+    for a in &agents {
+        core.agent_gone(&a.backend).await;
+    }
+    drop((agents, fronts));
+    let live = LIVE.take();
+    let backends = live
+        .backends
+        .iter()
+        .filter(|b| b.strong_count() > 0)
+        .count();
+    let tunnels = live.tunnels.iter().filter(|t| t.strong_count() > 0).count();
+    assert_eq!(
+        (backends, tunnels),
+        (0, 0),
+        "agent streams and tunnels still alive after their agents and frontends left"
+    );
 }

@@ -23,7 +23,7 @@ pub mod options;
 mod transport;
 mod tunnel;
 
-use daemon::h2flood::FloodGuard;
+use link::h2flood::FloodGuard;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use daemon::drain::Drain;
 use daemon::listen::{AcceptOptions, Listener, accept_loop};
-use daemon::tls_reload::Reloading;
+use daemon::tls::reload::Reloading;
 use konnectivity_proto::agent_service_server::AgentServiceServer;
 use konnectivity_proto::ids::ServerId;
 use konnectivity_proto::proxy_service_server::ProxyServiceServer;
@@ -361,7 +361,7 @@ fn log_bound<L: Listener>(name: &str, l: &L) {
 }
 
 async fn finish(drain: &Drain, grace: Duration) {
-    tracing::info!(grace = %daemon::duration::format(grace), "shutting down");
+    tracing::info!(grace = %go_compat::duration::format(grace), "shutting down");
     if !drain.shutdown(grace).await && !grace.is_zero() {
         tracing::info!("grace period over; remaining tunnels were closed");
     }
@@ -400,7 +400,7 @@ fn serve_agents(
             );
             async move {
                 if let Some(io) = tls_handshake(&tls, daemon::tls::read_buffered(io)).await {
-                    daemon::h2grpc::serve(io, svc, &settings, &d).await;
+                    link::h2grpc::serve(io, svc, &settings, &d).await;
                 }
             }
         },

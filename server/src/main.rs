@@ -1,12 +1,12 @@
 //! `proxy-server`: parse flags, bind, serve; first SIGTERM drains, second exits.
 
 use anyhow::Context;
-use daemon::flags::{fatal, usage_error};
+use go_compat::flags::{fatal, usage_error};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let values = proxy_server::options::flags().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&values) {
+    let (values, flags) = proxy_server::options::parse_env_or_exit();
+    if let Err(e) = go_compat::logging::init(&flags.log) {
         usage_error(&e);
     }
     daemon::process::init();
@@ -19,7 +19,7 @@ async fn main() -> anyhow::Result<()> {
         daemon::signals::Terminations::install().context("installing signal handlers")?;
     let server = proxy_server::Server::new(config)
         .with_kubernetes(kubernetes)
-        .with_profiling(values.bool("enable-profiling"));
+        .with_profiling(flags.enable_profiling);
     let shutdown = async move {
         signals.next().await;
         tracing::info!("received termination signal; draining (send it again to exit at once)");

@@ -1,13 +1,14 @@
 //! The server's metrics: upstream's names, labels, buckets and HELP text
 //! (`konnectivity_network_proxy_server_*`), registered once per server
 //! instance, each series appearing when upstream's would (see
-//! [`daemon::gometrics`]); with `process_*` and promhttp's families.
+//! [`go_compat::gometrics`]); with `process_*` and promhttp's families.
 
 use std::sync::Arc;
 
-use daemon::gometrics::{CounterGrid, Registry};
-use konnectivity_proto::flow::FlowPool;
-use konnectivity_proto::flow_metrics::{FlowGaugeNames, FlowGauges};
+use go_compat::gometrics::Registry;
+use link::flow::FlowPool;
+use link::flow::metrics::{FlowGaugeNames, FlowGauges};
+use link::stream_metrics::StreamStats;
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
@@ -29,16 +30,12 @@ const PENDING_DIALS: &str = "konnectivity_network_proxy_server_pending_backend_d
 const ESTABLISHED: &str = "konnectivity_network_proxy_server_established_connections";
 const FULL_RECV_CHANNELS: &str = "konnectivity_network_proxy_server_full_receive_channels";
 const DIAL_FAILURES: &str = "konnectivity_network_proxy_server_dial_failure_count";
-const STREAM_PACKETS: &str = "konnectivity_network_proxy_server_stream_packets_total";
-const STREAM_ERRORS: &str = "konnectivity_network_proxy_server_stream_errors_total";
 const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_count";
 /// Ours (issue 38.1): dials moved to another agent.
 const DIALS_RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
-pub const TLS: daemon::tls_reload::MetricNames = daemon::tls_reload::MetricNames {
-    expiry: "konnectivity_network_proxy_server_certificate_expiration_timestamp_seconds",
-    reloads: "konnectivity_network_proxy_server_tls_reloads_total",
-};
+pub const TLS: daemon::tls::reload::MetricNames =
+    daemon::tls_metric_names!("konnectivity_network_proxy_server");
 const LEASE_DELETE_LATENCY: &str = "konnectivity_network_proxy_server_lease_delete_latency_seconds";
 const LEASE_DELETES: &str = "konnectivity_network_proxy_server_lease_delete_total";
 const LEASE_LIST_LATENCY: &str = "konnectivity_network_proxy_server_lease_list_latency_seconds";
@@ -107,14 +104,6 @@ impl Segment {
     }
 }
 
-// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
-// of the agent streams (docs/konnectivity.md, "Windows that follow the link").
-const FLOW_WINDOWS: &str = "konnectivity_network_proxy_server_flow_control_window_bytes";
-const FLOW_PARKED: &str = "konnectivity_network_proxy_server_flow_control_parked_bytes";
-const FLOW_RESERVED: &str = "konnectivity_network_proxy_server_flow_control_reserved_bytes";
-const FLOW_BUDGET: &str = "konnectivity_network_proxy_server_flow_control_budget_bytes";
-const HTTP2_WINDOWS: &str = "konnectivity_network_proxy_server_http2_window_bytes";
-
 /// Which gRPC service a connection gauge counts.
 #[derive(Debug, Clone, Copy)]
 pub enum Service {
@@ -122,26 +111,14 @@ pub enum Service {
     Connect,
 }
 
-/// Ours: the flow-control and HTTP/2 window gauges.
-const FLOW: FlowGaugeNames = FlowGaugeNames {
-    windows: (
-        FLOW_WINDOWS,
-        "Ours: sum of the current flow-control windows of connections through agents of this project, bytes the agents may send before hearing from us (each grows with its link, see --flow-control-max-window).",
-    ),
-    parked: (
-        FLOW_PARKED,
-        "Ours: bytes received from agents and not yet passed on to frontends, every connection.",
-    ),
-    reserved: (
-        FLOW_RESERVED,
-        "Ours: bytes reserved against --flow-control-budget by flow-control and HTTP/2 windows.",
-    ),
-    budget: (FLOW_BUDGET, "Ours: --flow-control-budget in bytes."),
-    http2: (
-        HTTP2_WINDOWS,
-        "Ours: sum of the current HTTP/2 receive windows of the connections to agents (each grows with its link, see --agent-http2-max-window).",
-    ),
-};
+// Ours, not upstream's: per-connection flow control and the HTTP/2 windows
+// of the agent streams (docs/konnectivity.md, "Windows that follow the link").
+const FLOW: FlowGaugeNames = link::flow_gauge_names!(
+    prefix: "konnectivity_network_proxy_server",
+    peers: "agents",
+    on_to: "frontends",
+    http2_flag: "--agent-http2-max-window",
+);
 
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -163,7 +140,7 @@ pub struct Metrics {
     dial_failures: Vec<Counter>,
     dials_resent: Counter,
     /// Segment × packet type: the data path counts every packet.
-    packets: CounterGrid,
+    stream: StreamStats,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -250,14 +227,6 @@ impl Metrics {
             LEASE_LISTS,
             "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.",
         );
-        r.describe_counter(
-            STREAM_PACKETS,
-            "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
-        );
-        r.describe_counter(
-            STREAM_ERRORS,
-            "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
-        );
         Metrics {
             flow: FlowGauges::new(&r, &FLOW),
             dial_duration: r.histogram(DIAL_DURATION, &[]),
@@ -277,11 +246,12 @@ impl Metrics {
                 .map(|f| r.counter(DIAL_FAILURES, &[("reason", f.label())]))
                 .collect(),
             dials_resent: r.counter(DIALS_RESENT, &[]),
-            packets: CounterGrid::new(
+            stream: StreamStats::new(
                 &r,
-                STREAM_PACKETS,
-                ("segment", &Segment::ALL.map(Segment::label)),
-                ("packet_type", &konnectivity_proto::PACKET_TYPE_LABELS),
+                link::stream_metric_names!("konnectivity_network_proxy_server"),
+                &Segment::ALL.map(Segment::label),
+                &konnectivity_proto::PACKET_TYPE_LABELS,
+                konnectivity_proto::counted_packet_type,
             ),
             registry: r,
         }
@@ -360,26 +330,15 @@ impl Metrics {
     /// never sends WINDOW_UPDATE (our flow control between our server and
     /// agent); it is left out so the family's series stay upstream's.
     pub fn packet(&self, segment: Segment, packet_type: i32) {
-        if packet_type == konnectivity_proto::PacketType::WindowUpdate as i32 {
-            return;
-        }
-        let t = konnectivity_proto::packet_type_index(packet_type);
-        if let Some(c) = self.packets.get(segment as usize, t) {
-            c.increment(1);
-        }
+        self.stream.packet(segment as usize, packet_type);
     }
 
     pub fn stream_error(&self, segment: Segment, code: tonic::Code, packet_type: &'static str) {
-        self.registry
-            .counter(
-                STREAM_ERRORS,
-                &[
-                    ("segment", segment.label()),
-                    ("code", konnectivity_proto::code_name(code)),
-                    ("packet_type", packet_type),
-                ],
-            )
-            .increment(1);
+        self.stream.error(
+            segment.label(),
+            konnectivity_proto::code_name(code),
+            packet_type,
+        );
     }
 
     /// Shows `pool`'s windows and budget from now on.

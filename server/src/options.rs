@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use daemon::flags::{FlagSet, Values};
+use daemon::tls::reload::{AtStart, Files, Reloading};
 use daemon::tls::{self, FileFlags, TlsPolicy};
-use daemon::tls_reload::{AtStart, Files, Reloading};
+use go_compat::flags::{FlagSet, Given, Klog, Values};
 use konnectivity_proto::ids::ServerId;
 
 use crate::backend::Strategy;
@@ -26,61 +26,125 @@ pub const MAX_BACKEND_DIAL_TIMEOUT: Duration = Duration::from_secs(60);
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(15);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 
-pub fn flags() -> FlagSet {
-    FlagSet::new("proxy-server", "Konnectivity proxy server: kube-apiserver dials through it to agents in the cluster.")
+go_compat::typed_flags! {
+    /// proxy-server's flags, in `--help` order.
+    pub struct Flags = (FlagSet::new("proxy-server", "Konnectivity proxy server: kube-apiserver dials through it to agents in the cluster.")
         .compatible_with(konnectivity_proto::UPSTREAM)
-        .usage_exit(1)
-        .string("server-cert", "", "If non-empty secure communication with this cert.")
-        .string("server-key", "", "If non-empty secure communication with this key.")
-        .string("server-ca-cert", "", "If non-empty the CA we use to validate KAS clients.")
-        .string("cluster-cert", "", "If non-empty secure communication with this cert.")
-        .string("cluster-key", "", "If non-empty secure communication with this key.")
-        .string("cluster-ca-cert", "", "If non-empty the CA we use to validate Agent clients.")
-        .string("mode", "grpc", "mode can be either 'grpc' or 'http-connect'.")
-        .string("uds-name", "", "uds-name should be empty for TCP traffic. For UDS set to its name.")
-        .bool("delete-existing-uds-file", true, "If true and if file UdsName already exists, delete the file before listen on that UDS file.")
-        .int("server-port", 8090, "Port we listen for server connections on. Set to 0 for UDS.")
-        .string("server-bind-address", "", "Bind address for server connections. If empty, we will bind to all interfaces.")
-        .int("agent-port", 8091, "Port we listen for agent connections on.")
-        .string("agent-bind-address", "", "Bind address for agent connections. If empty, we will bind to all interfaces.")
-        .int("admin-port", 8095, "Port we listen for admin connections on.")
-        .string("admin-bind-address", "127.0.0.1", "Bind address for admin connections. If empty, we will bind to localhost.")
-        .int("health-port", 8092, "Port we listen for health connections on.")
-        .string("health-bind-address", "", "Bind address for health connections. If empty, we will bind to all interfaces.")
-        .duration("keepalive-time", KEEPALIVE_TIME, "Time for gRPC agent server keepalive.")
-        .duration("keepalive-timeout", KEEPALIVE_TIMEOUT, "How long a keepalive PING to an agent may stay unanswered before its connection is closed and its tunnels fail (ours).")
-        .duration("frontend-keepalive-time", Duration::from_secs(3600), "Time for gRPC frontend server keepalive.")
-        .bool("enable-profiling", false, "enable pprof at host:admin-port/debug/pprof (CPU profiles; see docs/konnectivity.md)")
-        .bool("enable-contention-profiling", false, "Accepted for compatibility: Go's block profile has no counterpart here.")
-        .string("server-id", "", "The unique ID of this server. Can also be set by the 'PROXY_SERVER_ID' environment variable.")
-        .int("server-count", 1, "The number of proxy server instances, should be 1 unless it is an HA server.")
-        .string("agent-namespace", "", "Expected agent's namespace during agent authentication (used with agent-service-account, authentication-audience, kubeconfig).")
-        .string("agent-service-account", "", "Expected agent's service account during agent authentication (used with agent-namespace, authentication-audience, kubeconfig).")
-        .string("kubeconfig", "", "absolute path to the kubeconfig file (used with agent-namespace, agent-service-account, authentication-audience).")
-        .float("kubeconfig-qps", 0.0, "Maximum client QPS (proxy server uses this client to authenticate agent tokens).")
-        .int("kubeconfig-burst", 0, "Maximum client burst (proxy server uses this client to authenticate agent tokens).")
-        .string("kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to apiserver.")
-        .string("authentication-audience", "", "Expected agent's token authentication audience (used with agent-namespace, agent-service-account, kubeconfig).")
-        .string("proxy-strategies", "default", "The list of proxy strategies used by the server to pick an agent/tunnel, available strategies are: default, destHost, defaultRoute.")
-        .strings("cipher-suites", &[], "The comma separated list of allowed cipher suites. Has no effect on TLS1.3. Empty means allow default list.")
-        .string("tls-min-version", "", "Minimum TLS version for server connections. Accepted values: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13. Empty defaults to VersionTLS12.")
-        .bool("allow-expired-certificates", false, "Ours: start even if a certificate file holds a certificate that is expired or not yet valid (or a CA file none that is valid now), with a warning; without it that is a start-up error. Hot reloads refuse such files either way.")
-        .int("xfr-channel-size", 10, "Packets queued per frontend connection towards kube-apiserver (gRPC mode; and, at least 16, per agent stream).")
-        .int("frontend-write-channel-size", 10, "Packets queued per HTTP-CONNECT frontend connection towards kube-apiserver (upstream after v0.36.0); one blocked frontend never stalls the others. Upstream's 0 (synchronous writes, which let one blocked frontend stall its agent stream) is taken as 1.")
-        .bool("enable-lease-controller", false, "Enable lease controller to publish and garbage collect proxy server leases.")
-        .string("lease-namespace", "kube-system", "The namespace where lease objects are managed by the controller.")
-        .string("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")
-        .duration("graceful-shutdown-timeout", Duration::ZERO, "How long live tunnels may continue after SIGTERM before they are cut. 0 stops at once.")
-        .duration("backend-dial-timeout", DEFAULT_BACKEND_DIAL_TIMEOUT, "Deadline for sending DIAL_REQ to an agent and receiving its DIAL_RSP. 0 means the 60s maximum.")
-        .duration("frontend-stall-timeout", Duration::from_secs(10), "How long a frontend may leave its queue full before only its connection is closed (protects the shared agent stream).")
-        .int("flow-control-window", konnectivity_proto::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with agents of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream agents never ask for it.")
-        .int("flow-control-max-window", konnectivity_proto::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")
-        .int("flow-control-agent-budget", konnectivity_proto::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one agent stream may have in flight towards this server together; windows stop growing when it is used.")
-        .int("flow-control-budget", konnectivity_proto::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all agent streams may have in flight towards this server together, HTTP/2 windows of the agent streams included.")
-        .int("agent-http2-max-window", i64::from(konnectivity_proto::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one agent connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")
-        .bool("warn-on-channel-limit", true, "Deprecated no-op.")
-        .deprecated("This behavior is now thread safe and always on. This flag will be removed in a future release.")
-        .with_klog(4)
+        .usage_exit(1)) {
+        #[flag("server-cert", "", "If non-empty secure communication with this cert.")]
+        server_cert: Given<String>,
+        #[flag("server-key", "", "If non-empty secure communication with this key.")]
+        server_key: Given<String>,
+        #[flag("server-ca-cert", "", "If non-empty the CA we use to validate KAS clients.")]
+        server_ca_cert: Given<String>,
+        #[flag("cluster-cert", "", "If non-empty secure communication with this cert.")]
+        cluster_cert: Given<String>,
+        #[flag("cluster-key", "", "If non-empty secure communication with this key.")]
+        cluster_key: Given<String>,
+        #[flag("cluster-ca-cert", "", "If non-empty the CA we use to validate Agent clients.")]
+        cluster_ca_cert: Given<String>,
+        #[flag("mode", "grpc", "mode can be either 'grpc' or 'http-connect'.")]
+        mode: String,
+        #[flag("uds-name", "", "uds-name should be empty for TCP traffic. For UDS set to its name.")]
+        uds_name: String,
+        #[flag("delete-existing-uds-file", true, "If true and if file UdsName already exists, delete the file before listen on that UDS file.")]
+        delete_existing_uds_file: bool,
+        #[flag("server-port", 8090, "Port we listen for server connections on. Set to 0 for UDS.")]
+        server_port: Given<i64>,
+        #[flag("server-bind-address", "", "Bind address for server connections. If empty, we will bind to all interfaces.")]
+        server_bind_address: String,
+        #[flag("agent-port", 8091, "Port we listen for agent connections on.")]
+        agent_port: Given<i64>,
+        #[flag("agent-bind-address", "", "Bind address for agent connections. If empty, we will bind to all interfaces.")]
+        agent_bind_address: String,
+        #[flag("admin-port", 8095, "Port we listen for admin connections on.")]
+        admin_port: Given<i64>,
+        #[flag("admin-bind-address", "127.0.0.1", "Bind address for admin connections. If empty, we will bind to localhost.")]
+        admin_bind_address: String,
+        #[flag("health-port", 8092, "Port we listen for health connections on.")]
+        health_port: Given<i64>,
+        #[flag("health-bind-address", "", "Bind address for health connections. If empty, we will bind to all interfaces.")]
+        health_bind_address: String,
+        #[flag("keepalive-time", KEEPALIVE_TIME, "Time for gRPC agent server keepalive.")]
+        keepalive_time: Duration,
+        #[flag("keepalive-timeout", KEEPALIVE_TIMEOUT, "How long a keepalive PING to an agent may stay unanswered before its connection is closed and its tunnels fail (ours).")]
+        keepalive_timeout: Duration,
+        #[flag("frontend-keepalive-time", Duration::from_secs(3600), "Time for gRPC frontend server keepalive.")]
+        frontend_keepalive_time: Duration,
+        #[flag("enable-profiling", false, "enable pprof at host:admin-port/debug/pprof (CPU profiles; see docs/konnectivity.md)")]
+        enable_profiling: bool,
+        #[flag("enable-contention-profiling", false, "Accepted for compatibility: Go's block profile has no counterpart here.")]
+        enable_contention_profiling: bool,
+        #[flag("server-id", "", "The unique ID of this server. Can also be set by the 'PROXY_SERVER_ID' environment variable.")]
+        server_id: String,
+        #[flag("server-count", 1, "The number of proxy server instances, should be 1 unless it is an HA server.")]
+        server_count: i64,
+        #[flag("agent-namespace", "", "Expected agent's namespace during agent authentication (used with agent-service-account, authentication-audience, kubeconfig).")]
+        agent_namespace: String,
+        #[flag("agent-service-account", "", "Expected agent's service account during agent authentication (used with agent-namespace, authentication-audience, kubeconfig).")]
+        agent_service_account: String,
+        #[flag("kubeconfig", "", "absolute path to the kubeconfig file (used with agent-namespace, agent-service-account, authentication-audience).")]
+        kubeconfig: Given<String>,
+        #[flag("kubeconfig-qps", 0.0, "Maximum client QPS (proxy server uses this client to authenticate agent tokens).")]
+        kubeconfig_qps: f64,
+        #[flag("kubeconfig-burst", 0, "Maximum client burst (proxy server uses this client to authenticate agent tokens).")]
+        kubeconfig_burst: i64,
+        #[flag("kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to apiserver.")]
+        kube_api_content_type: String,
+        #[flag("authentication-audience", "", "Expected agent's token authentication audience (used with agent-namespace, agent-service-account, kubeconfig).")]
+        authentication_audience: String,
+        #[flag("proxy-strategies", "default", "The list of proxy strategies used by the server to pick an agent/tunnel, available strategies are: default, destHost, defaultRoute.")]
+        proxy_strategies: String,
+        #[flag("cipher-suites", Vec::new(), "The comma separated list of allowed cipher suites. Has no effect on TLS1.3. Empty means allow default list.")]
+        cipher_suites: Vec<String>,
+        #[flag("tls-min-version", "", "Minimum TLS version for server connections. Accepted values: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13. Empty defaults to VersionTLS12.")]
+        tls_min_version: String,
+        #[flag("allow-expired-certificates", false, "Ours: start even if a certificate file holds a certificate that is expired or not yet valid (or a CA file none that is valid now), with a warning; without it that is a start-up error. Hot reloads refuse such files either way.")]
+        allow_expired_certificates: bool,
+        #[flag("xfr-channel-size", 10, "Packets queued per frontend connection towards kube-apiserver (gRPC mode; and, at least 16, per agent stream).")]
+        xfr_channel_size: i64,
+        #[flag("frontend-write-channel-size", 10, "Packets queued per HTTP-CONNECT frontend connection towards kube-apiserver (upstream after v0.36.0); one blocked frontend never stalls the others. Upstream's 0 (synchronous writes, which let one blocked frontend stall its agent stream) is taken as 1.")]
+        frontend_write_channel_size: i64,
+        #[flag("enable-lease-controller", false, "Enable lease controller to publish and garbage collect proxy server leases.")]
+        enable_lease_controller: bool,
+        #[flag("lease-namespace", "kube-system", "The namespace where lease objects are managed by the controller.")]
+        lease_namespace: String,
+        #[flag("lease-label", "k8s-app=konnectivity-server", "The labels on which the lease objects are managed.")]
+        lease_label: String,
+        #[flag("graceful-shutdown-timeout", Duration::ZERO, "How long live tunnels may continue after SIGTERM before they are cut. 0 stops at once.")]
+        graceful_shutdown_timeout: Duration,
+        #[flag("backend-dial-timeout", DEFAULT_BACKEND_DIAL_TIMEOUT, "Deadline for sending DIAL_REQ to an agent and receiving its DIAL_RSP. 0 means the 60s maximum.")]
+        backend_dial_timeout: Duration,
+        #[flag("frontend-stall-timeout", Duration::from_secs(10), "How long a frontend may leave its queue full before only its connection is closed (protects the shared agent stream).")]
+        frontend_stall_timeout: Duration,
+        #[flag("flow-control-window", link::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with agents of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream agents never ask for it.")]
+        flow_control_window: Given<i64>,
+        #[flag("flow-control-max-window", link::flow::DEFAULT_MAX_WINDOW, "Ours: largest per-connection flow-control window (bytes), per direction.")]
+        flow_control_max_window: Given<i64>,
+        #[flag("flow-control-agent-budget", link::flow::DEFAULT_LINK_BUDGET, "Ours: bytes the connections of one agent stream may have in flight towards this server together; windows stop growing when it is used.")]
+        flow_control_agent_budget: Given<i64>,
+        #[flag("flow-control-budget", link::flow::DEFAULT_PROCESS_BUDGET, "Ours: bytes the connections of all agent streams may have in flight towards this server together, HTTP/2 windows of the agent streams included.")]
+        flow_control_budget: Given<i64>,
+        #[flag("agent-http2-max-window", i64::from(link::flow::DEFAULT_HTTP2_MAX_WINDOW), "Ours: largest HTTP/2 receive window (bytes) of one agent connection; it grows from 1 MiB as the link needs (as grpc-go's BDP estimator does, up to 16 MiB there).")]
+        agent_http2_max_window: Given<i64>,
+        #[flag("warn-on-channel-limit", true, "Deprecated no-op.", deprecated("This behavior is now thread safe and always on. This flag will be removed in a future release."))]
+        warn_on_channel_limit: bool,
+        #[embed(with_klog(4))]
+        log: Klog,
+    }
+}
+
+/// The flags as `--help` lists them.
+pub fn flags() -> FlagSet {
+    Flags::flag_set()
+}
+
+/// The process arguments parsed (for [`parse`] and its companions) and as
+/// the typed flags; see [`FlagSet::parse_env_or_exit`].
+pub fn parse_env_or_exit() -> (Values, Flags) {
+    let values = flags().parse_env_or_exit();
+    let typed = Flags::from_values(&values);
+    (values, typed)
 }
 
 /// The Kubernetes-facing features the flags turn on (token authentication,
@@ -99,30 +163,31 @@ impl Kubernetes {
 
 /// Reads the token-authentication and lease flags (validated by [`parse`]).
 pub fn kubernetes(v: &Values) -> Result<Kubernetes, String> {
-    let kubeconfig = v.existing_file("kubeconfig")?;
-    let content_type = v.string("kube-api-content-type");
-    let token_auth = if v.string("agent-namespace").is_empty() {
+    let f = Flags::from_values(v);
+    let kubeconfig = f.kubeconfig.existing_file()?;
+    let content_type = f.kube_api_content_type;
+    let token_auth = if f.agent_namespace.is_empty() {
         None
     } else {
-        let qps = v.float("kubeconfig-qps");
+        let qps = f.kubeconfig_qps;
         if qps < 0.0 {
             return Err(format!("--kubeconfig-qps must not be negative, got {qps}"));
         }
-        let burst = u32::try_from(v.int("kubeconfig-burst"))
+        let burst = u32::try_from(f.kubeconfig_burst)
             .map_err(|_| "--kubeconfig-burst must not be negative".to_string())?;
         Some(crate::auth::TokenAuthConfig {
-            namespace: v.string("agent-namespace"),
-            service_account: v.string("agent-service-account"),
-            audience: v.string("authentication-audience"),
+            namespace: f.agent_namespace,
+            service_account: f.agent_service_account,
+            audience: f.authentication_audience,
             kubeconfig: kubeconfig.clone(),
             qps,
             burst,
         })
     };
-    let leases = if v.bool("enable-lease-controller") {
+    let leases = if f.enable_lease_controller {
         Some(crate::leases::LeaseConfig {
-            namespace: v.string("lease-namespace"),
-            labels: crate::leases::parse_labels(&v.string("lease-label"))?,
+            namespace: f.lease_namespace,
+            labels: crate::leases::parse_labels(&f.lease_label)?,
             kubeconfig: kubeconfig.clone(),
             duration: crate::leases::LEASE_DURATION,
             renew_interval: crate::leases::RENEW_INTERVAL,
@@ -195,38 +260,47 @@ fn reloading_server_config(
     })
 }
 
-fn port(v: &Values, name: &str) -> Result<u16, String> {
-    let p = v.int(name);
+fn port(flag: &Given<i64>) -> Result<u16, String> {
+    let p = flag.value;
     // 0 picks a free port (tests, local runs); otherwise upstream's range.
     if p == 0 || (1024..=49151).contains(&p) {
         Ok(p as u16)
     } else {
         Err(format!(
-            "please do not try to use reserved port {p} for --{name}; use 1024-49151, or 0 for any free port"
+            "please do not try to use reserved port {p} for --{}; use 1024-49151, or 0 for any free port",
+            flag.name()
         ))
     }
 }
 
-fn pair(v: &Values, cert: &str, key: &str) -> Result<Option<(PathBuf, PathBuf)>, String> {
-    match (v.existing_file(cert)?, v.existing_file(key)?) {
+fn pair(cert: &Given<String>, key: &Given<String>) -> Result<Option<(PathBuf, PathBuf)>, String> {
+    match (cert.existing_file()?, key.existing_file()?) {
         (Some(c), Some(k)) => Ok(Some((c, k))),
         (None, None) => Ok(None),
-        _ => Err(format!("--{cert} and --{key} must be set together")),
+        _ => Err(format!(
+            "--{} and --{} must be set together",
+            cert.name(),
+            key.name()
+        )),
     }
 }
 
 /// The flow-control flags (`--flow-control-window=0` turns it off).
-pub fn flow(v: &Values) -> Result<konnectivity_proto::flow::FlowSettings, String> {
-    let names = [
-        "flow-control-window",
-        "flow-control-max-window",
-        "flow-control-agent-budget",
-        "flow-control-budget",
+pub fn flow(v: &Values) -> Result<link::flow::FlowSettings, String> {
+    flow_settings(&Flags::from_values(v))
+}
+
+fn flow_settings(f: &Flags) -> Result<link::flow::FlowSettings, String> {
+    let flags = [
+        &f.flow_control_window,
+        &f.flow_control_max_window,
+        &f.flow_control_agent_budget,
+        &f.flow_control_budget,
     ];
-    let mut s = konnectivity_proto::flow::settings_from_flags(names.map(|n| v.int(n)), names)?;
-    s.http2_max_window = konnectivity_proto::flow::http2_window_from_flag(
-        v.int("agent-http2-max-window"),
-        "agent-http2-max-window",
+    let mut s = link::flow::settings_from_flags(flags.map(|f| f.value), flags.map(|f| f.name()))?;
+    s.http2_max_window = link::flow::http2_window_from_flag(
+        f.agent_http2_max_window.value,
+        f.agent_http2_max_window.name(),
     )?;
     Ok(s)
 }
@@ -243,7 +317,8 @@ pub fn grpc_server_keepalive(d: Duration) -> Duration {
 
 /// Validates the flags into the server configuration and its addresses.
 pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
-    let mode = match v.string("mode").as_str() {
+    let f = Flags::from_values(v);
+    let mode = match f.mode.as_str() {
         "grpc" => Mode::Grpc,
         "http-connect" => Mode::HttpConnect,
         other => {
@@ -253,18 +328,18 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         }
     };
     // Plain value checks first, so their errors are not hidden behind file ones.
-    let strategies = Strategy::parse_list(&v.string("proxy-strategies"))?;
-    let at_start = if v.bool("allow-expired-certificates") {
+    let strategies = Strategy::parse_list(&f.proxy_strategies)?;
+    let at_start = if f.allow_expired_certificates {
         AtStart::Warn
     } else {
         AtStart::Refuse
     };
-    let policy = TlsPolicy::from_flags(&v.string("tls-min-version"), &v.strings("cipher-suites"))
-        .map_err(|e| e.to_string())?;
+    let policy =
+        TlsPolicy::from_flags(&f.tls_min_version, &f.cipher_suites).map_err(|e| e.to_string())?;
 
-    let uds = v.string("uds-name");
-    let server_pair = pair(v, "server-cert", "server-key")?;
-    let server_ca = v.existing_file("server-ca-cert")?;
+    let uds = f.uds_name.clone();
+    let server_pair = pair(&f.server_cert, &f.server_key)?;
+    let server_ca = f.server_ca_cert.existing_file()?;
     let alpn: &[&[u8]] = match mode {
         Mode::Grpc => &[b"h2"],
         Mode::HttpConnect => &[b"http/1.1"],
@@ -285,16 +360,16 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         };
         let tls =
             reloading_server_config("frontend", FRONTEND_FILES, files, &policy, alpn, at_start)?;
-        let host = v.string("server-bind-address");
+        let host = f.server_bind_address.clone();
         (
             FrontendAddr::Tcp {
                 host,
-                port: port(v, "server-port")?,
+                port: port(&f.server_port)?,
             },
             Some(tls),
         )
     } else {
-        if v.int("server-port") != 0 {
+        if f.server_port.value != 0 {
             return Err("--server-port must be 0 when --uds-name is set".into());
         }
         if server_pair.is_some() || server_ca.is_some() {
@@ -306,36 +381,36 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         (
             FrontendAddr::Unix {
                 path: PathBuf::from(uds),
-                delete_existing: v.bool("delete-existing-uds-file"),
+                delete_existing: f.delete_existing_uds_file,
             },
             None,
         )
     };
 
-    let Some((cluster_cert, cluster_key)) = pair(v, "cluster-cert", "cluster-key")? else {
+    let Some((cluster_cert, cluster_key)) = pair(&f.cluster_cert, &f.cluster_key)? else {
         return Err(
             "--cluster-cert and --cluster-key are required: the agent listener always uses TLS"
                 .into(),
         );
     };
-    let cluster_ca = v.existing_file("cluster-ca-cert")?;
+    let cluster_ca = f.cluster_ca_cert.existing_file()?;
 
     let token_flags = [
-        v.string("agent-namespace"),
-        v.string("agent-service-account"),
-        v.string("authentication-audience"),
+        &f.agent_namespace,
+        &f.agent_service_account,
+        &f.authentication_audience,
     ];
     if token_flags.iter().any(|f| !f.is_empty()) {
-        if token_flags.iter().any(String::is_empty) {
+        if token_flags.iter().any(|f| f.is_empty()) {
             return Err("token authentication needs all of --agent-namespace, --agent-service-account and --authentication-audience".into());
         }
         if cluster_ca.is_some() {
             return Err("--cluster-ca-cert cannot be used with agent token authentication".into());
         }
     }
-    v.existing_file("kubeconfig")?;
-    if v.bool("enable-lease-controller") {
-        crate::leases::parse_labels(&v.string("lease-label"))?;
+    f.kubeconfig.existing_file()?;
+    if f.enable_lease_controller {
+        crate::leases::parse_labels(&f.lease_label)?;
     }
 
     let files = Files {
@@ -345,14 +420,14 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     };
     let agent_tls =
         reloading_server_config("agent", AGENT_FILES, files, &policy, &[b"h2"], at_start)?;
-    let xfr = v.int("xfr-channel-size");
+    let xfr = f.xfr_channel_size;
     if xfr <= 0 {
         return Err(format!(
             "--xfr-channel-size must be greater than 0, got {xfr}"
         ));
     }
     let xfr = usize::try_from(xfr).map_err(|_| "--xfr-channel-size is too large".to_string())?;
-    let write_queue = v.int("frontend-write-channel-size");
+    let write_queue = f.frontend_write_channel_size;
     if write_queue < 0 {
         return Err(format!(
             "--frontend-write-channel-size must not be negative, got {write_queue}"
@@ -362,33 +437,33 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
     // never does, so 0 is a queue of one packet.
     let write_queue = usize::try_from(write_queue.max(1))
         .map_err(|_| "--frontend-write-channel-size is too large".to_string())?;
-    let server_count = u32::try_from(v.int("server-count"))
+    let server_count = u32::try_from(f.server_count)
         .map_err(|_| "--server-count must be a non-negative count".to_string())?;
-    let mut dial_timeout = v.duration("backend-dial-timeout");
+    let mut dial_timeout = f.backend_dial_timeout;
     if dial_timeout.is_zero() || dial_timeout > MAX_BACKEND_DIAL_TIMEOUT {
         tracing::warn!(
-            requested = %daemon::duration::format(dial_timeout),
-            applied = %daemon::duration::format(MAX_BACKEND_DIAL_TIMEOUT),
+            requested = %go_compat::duration::format(dial_timeout),
+            applied = %go_compat::duration::format(MAX_BACKEND_DIAL_TIMEOUT),
             "--backend-dial-timeout capped: pending dials always get a deadline"
         );
         dial_timeout = MAX_BACKEND_DIAL_TIMEOUT;
     }
-    let server_id = match v.string("server-id") {
+    let server_id = match f.server_id.clone() {
         s if !s.is_empty() => s,
         _ => std::env::var("PROXY_SERVER_ID")
             .ok()
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
     };
-    if v.bool("enable-contention-profiling") && !v.bool("enable-profiling") {
+    if f.enable_contention_profiling && !f.enable_profiling {
         return Err(
             "if --enable-contention-profiling is set, --enable-profiling must also be set".into(),
         );
     }
-    if v.bool("enable-profiling") && !daemon::endpoints::PROFILER_BUILT_IN {
+    if f.enable_profiling && !daemon::endpoints::PROFILER_BUILT_IN {
         tracing::warn!("{}", daemon::endpoints::NO_PROFILER);
     }
-    if v.bool("enable-contention-profiling") {
+    if f.enable_contention_profiling {
         tracing::warn!(
             "--enable-contention-profiling has no effect: Go's block profile has no counterpart here"
         );
@@ -403,9 +478,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         strategies,
         core: CoreConfig {
             dial_timeout,
-            stall_timeout: v
-                .duration("frontend-stall-timeout")
-                .max(Duration::from_millis(100)),
+            stall_timeout: f.frontend_stall_timeout.max(Duration::from_millis(100)),
             // Per frontend connection: upstream sizes gRPC frontends' queues
             // with --xfr-channel-size and HTTP-CONNECT ones' with
             // --frontend-write-channel-size.
@@ -414,22 +487,22 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
                 Mode::HttpConnect => write_queue,
             },
             agent_queue: xfr.max(16),
-            flow: flow(v)?,
+            flow: flow_settings(&f)?,
         },
-        keepalive_time: grpc_server_keepalive(v.duration("keepalive-time")),
-        keepalive_timeout: v.duration("keepalive-timeout"),
-        frontend_keepalive_time: grpc_server_keepalive(v.duration("frontend-keepalive-time")),
-        graceful_shutdown_timeout: v.duration("graceful-shutdown-timeout"),
+        keepalive_time: grpc_server_keepalive(f.keepalive_time),
+        keepalive_timeout: f.keepalive_timeout,
+        frontend_keepalive_time: grpc_server_keepalive(f.frontend_keepalive_time),
+        graceful_shutdown_timeout: f.graceful_shutdown_timeout,
     };
     let addrs = Addresses {
         frontend,
-        agent: (v.string("agent-bind-address"), port(v, "agent-port")?),
-        health: (v.string("health-bind-address"), port(v, "health-port")?),
+        agent: (f.agent_bind_address.clone(), port(&f.agent_port)?),
+        health: (f.health_bind_address.clone(), port(&f.health_port)?),
         admin: (
-            Some(v.string("admin-bind-address"))
+            Some(f.admin_bind_address.clone())
                 .filter(|a| !a.is_empty())
                 .unwrap_or_else(|| "127.0.0.1".into()),
-            port(v, "admin-port")?,
+            port(&f.admin_port)?,
         ),
     };
     Ok((config, addrs))

@@ -51,7 +51,7 @@ impl H2Settings {
     }
 }
 
-/// The agent listener's HTTP/2 (served with `daemon::h2grpc`): one stream
+/// The agent listener's HTTP/2 (served with `link::h2grpc`): one stream
 /// carries all of an agent's connections, so the connection window is the
 /// stream window; it grows from 1 MiB with the link up to
 /// `--agent-http2-max-window`, reserved from the process budget. With our
@@ -61,18 +61,18 @@ pub fn agent_h2(
     keepalive: Duration,
     keepalive_timeout: Duration,
     core: &crate::core::Core,
-) -> daemon::h2grpc::H2Config {
+) -> link::h2grpc::H2Config {
     let max = core.flow.settings.http2_max_window;
-    let initial = konnectivity_proto::flow::HTTP2_INITIAL_WINDOW.min(max);
-    daemon::h2grpc::H2Config {
-        window: daemon::h2window::WindowSettings {
+    let initial = link::flow::HTTP2_INITIAL_WINDOW.min(max);
+    link::h2grpc::H2Config {
+        window: link::h2window::WindowSettings {
             initial,
             max,
             connection_budget: i64::from(max),
             idle: AGENT_WINDOW_IDLE,
             single_stream: true,
         },
-        keepalive: Some(daemon::h2window::Keepalive {
+        keepalive: Some(link::h2window::Keepalive {
             interval: keepalive,
             timeout: keepalive_timeout,
             // grpc-go's client (upstream's agent) enforces no ping policy.

@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use daemon::debug_connections::Tracked;
 use konnectivity_proto::Packet;
 use konnectivity_proto::PacketExt;
-use konnectivity_proto::flow::{GateError, RecvGate, SendGate};
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
+use link::debug_connections::Tracked;
+use link::flow::{GateError, RecvGate, SendGate};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -34,17 +34,17 @@ pub enum TunnelState {
     /// DIAL_REQ sent to `backend`, waiting for DIAL_RSP.
     Dialing {
         dial: DialId,
-        backend: Arc<Backend>,
+        backend: Arc<Backend<Tunnel>>,
         deadline: Instant,
     },
     /// DIAL_RSP succeeded; packets flow.
     Established {
-        backend: Arc<Backend>,
+        backend: Arc<Backend<Tunnel>>,
         connect: ConnectId,
     },
     /// The frontend asked to close; waiting for the agent's CLOSE_RSP.
     Closing {
-        backend: Arc<Backend>,
+        backend: Arc<Backend<Tunnel>>,
         connect: ConnectId,
     },
     /// Nothing more will be sent either way.
@@ -87,7 +87,7 @@ pub struct Flow {
     pub recv: RecvGate,
     /// Credit for the frontend's DATA to the agent; `None` for upstream agents.
     pub send: Option<SendGate>,
-    backend: Arc<Backend>,
+    backend: Arc<Backend<Tunnel>>,
     connect: ConnectId,
 }
 
@@ -270,7 +270,7 @@ impl Tunnel {
     /// Sets up flow bookkeeping once the agent answered the dial.
     pub fn establish_flow(
         &self,
-        backend: Arc<Backend>,
+        backend: Arc<Backend<Tunnel>>,
         connect: ConnectId,
         recv: RecvGate,
         send: Option<SendGate>,
@@ -288,9 +288,9 @@ impl Tunnel {
     }
 
     /// How much the frontend should read next: it holds what it read while
-    /// it waits for credit ([`konnectivity_proto::flow::read_size`]).
+    /// it waits for credit ([`link::flow::read_size`]).
     pub fn next_read(&self) -> usize {
-        konnectivity_proto::flow::read_size(self.flow().and_then(|f| f.send.as_ref()))
+        link::flow::read_size(self.flow().and_then(|f| f.send.as_ref()))
     }
 
     /// Queues a control packet (DIAL_RSP, CLOSE_RSP, DIAL_CLS) for the frontend.
@@ -329,7 +329,7 @@ impl Tunnel {
             None => Delivery::Gone,
             Some(Ok(())) => {
                 if let Some(d) = &self.debug {
-                    daemon::relay::Tally::upstream_bytes(d, len as u64);
+                    link::relay::Tally::upstream_bytes(d, len as u64);
                 }
                 self.enqueue(pkt)
             }

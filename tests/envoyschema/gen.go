@@ -363,7 +363,7 @@ func Generate(version string) ([]byte, map[string]int, error) {
 	fmt.Fprintf(&b, "//! Envoy's v3 bootstrap schema as go-control-plane carries it: every message\n")
 	fmt.Fprintf(&b, "//! the bootstrap and the typed configs of KKP's envoy-agent template reach,\n")
 	fmt.Fprintf(&b, "//! with their fields, enums, oneofs, deprecation and PGV rules.\n\n")
-	fmt.Fprintf(&b, "use crate::schema::{Card, Enum, Field, Kind, Message, Rule};\n\n")
+	fmt.Fprintf(&b, "use crate::schema_types::{Card, Enum, Field, Kind, Message, Rule};\n\n")
 	fmt.Fprintf(&b, "/// The module and version the table was generated from.\n")
 	fmt.Fprintf(&b, "pub const SOURCE: &str = %s;\n\n", rustStr(Module+" "+version))
 	fmt.Fprintf(&b, "/// Indices into [`MESSAGES`] of the roots.\n")

@@ -198,7 +198,7 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
             stall_timeout: opts.stall_timeout,
             frontend_queue: opts.frontend_queue,
             agent_queue: 64,
-            flow: konnectivity_proto::flow::FlowSettings {
+            flow: link::flow::FlowSettings {
                 enabled: opts.flow_control,
                 ..Default::default()
             },
@@ -251,7 +251,7 @@ pub struct AgentOpts {
     /// Offer per-connection flow control to the server.
     pub flow_control: bool,
     /// `--allowed-destinations`.
-    pub policy: proxy_agent::policy::DestinationPolicy,
+    pub policy: proxy_agent::dial::policy::DestinationPolicy,
     /// Several servers (a list, or a name resolved to many addresses); the
     /// first host is the connector's. Empty: the `server` address only.
     pub servers: proxy_agent::servers::Servers,
@@ -361,7 +361,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
         .first()
         .cloned()
         .unwrap_or_else(|| (server.ip().to_string(), server.port()));
-    let flow = konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings {
+    let flow = link::flow::FlowPool::new(link::flow::FlowSettings {
         enabled: opts.flow_control,
         ..Default::default()
     });
@@ -479,7 +479,7 @@ pub async fn raw_agent(pki: &Pki, server: SocketAddr, id: &str, identifiers: &st
         keepalive: proxy_agent::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
         keepalive_min_interval: proxy_agent::connect::MIN_PING_GAP,
-        flow: konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings {
+        flow: link::flow::FlowPool::new(link::flow::FlowSettings {
             enabled: false,
             ..Default::default()
         }),

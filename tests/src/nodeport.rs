@@ -342,7 +342,7 @@ pub async fn h2_client(proxy: SocketAddr) -> h2::client::SendRequest<bytes::Byte
 pub async fn connect_h2(
     send: &h2::client::SendRequest<bytes::Bytes>,
     authority: &str,
-) -> (u16, Option<daemon::h2io::H2Io>) {
+) -> (u16, Option<link::h2io::H2Io>) {
     let mut send = send.clone().ready().await.unwrap();
     let req = http::Request::builder()
         .method(http::Method::CONNECT)
@@ -355,10 +355,7 @@ pub async fn connect_h2(
     if code != 200 {
         return (code, None);
     }
-    (
-        code,
-        Some(daemon::h2io::H2Io::new(stream, resp.into_body())),
-    )
+    (code, Some(link::h2io::H2Io::new(stream, resp.into_body())))
 }
 
 /// A loopback listener on a port below the kernel's ephemeral range, as a

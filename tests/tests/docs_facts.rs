@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use daemon::flags::{FlagError, FlagSet};
+use go_compat::flags::{FlagError, FlagSet};
 
 const BINARIES: [&str; 5] = [
     "proxy-server",
@@ -174,7 +174,7 @@ fn leading_duration(text: &str) -> Option<Duration> {
     let end = t
         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == 'µ'))
         .unwrap_or(t.len());
-    daemon::duration::parse(&t[..end]).ok()
+    go_compat::duration::parse(&t[..end]).ok()
 }
 
 /// Whether the documented default `text` of `flag` is the binary's. `None`:
@@ -185,7 +185,7 @@ fn same_default(ty: &str, default: &str, text: &str) -> Option<bool> {
     match ty {
         "duration" => {
             let doc = leading_duration(text)?;
-            Some(daemon::duration::parse(default).ok() == Some(doc))
+            Some(go_compat::duration::parse(default).ok() == Some(doc))
         }
         "int" | "float" => {
             let doc = leading_number(text)?;

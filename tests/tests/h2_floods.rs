@@ -2,7 +2,7 @@
 //! RST_STREAM on a reset stream, empty DATA) on every HTTP/2 listener:
 //! proxy-server's agent port (TLS) and gRPC frontend, nodeport-proxy's
 //! HTTP/2 CONNECT listener. Each flood ends in GOAWAY `ENHANCE_YOUR_CALM`
-//! (daemon::h2flood), and a tunnel opened before the floods, and one
+//! (link::h2flood), and a tunnel opened before the floods, and one
 //! opened after, keep working (issue 33.4). Latency under a flood is a soak
 //! figure (scripts/soak, section `floods`), not asserted here.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

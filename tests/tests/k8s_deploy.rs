@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use daemon::flags::FlagSet;
+use go_compat::flags::FlagSet;
 use integration_tests::k8s::{Cluster, ClusterOpts, bins};
 use integration_tests::watchdog;
 use serde_json::{Value, json};

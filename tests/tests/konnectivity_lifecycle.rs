@@ -124,7 +124,7 @@ async fn agent_without_client_certificate_is_rejected_under_mtls() {
         keepalive: proxy_agent::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_agent::options::KEEPALIVE_TIMEOUT,
         keepalive_min_interval: proxy_agent::connect::MIN_PING_GAP,
-        flow: konnectivity_proto::flow::FlowPool::new(konnectivity_proto::flow::FlowSettings {
+        flow: link::flow::FlowPool::new(link::flow::FlowSettings {
             enabled: false,
             ..Default::default()
         }),

@@ -183,8 +183,10 @@ async fn behind_a_proxy_protocol_balancer_the_per_ip_limit_counts_each_client() 
     let balancer = [127, 0, 0, 2];
     async fn via_balancer(from: [u8; 4], client: [u8; 4], p: &Proxy) -> TcpStream {
         let mut s = connect_from(from, p.sni).await;
-        let header =
-            nodeport_proxy::proxy_protocol::v2_header(SocketAddr::from((client, 40000)), p.sni);
+        let header = nodeport_proxy::relay::proxy_protocol::v2_header(
+            SocketAddr::from((client, 40000)),
+            p.sni,
+        );
         s.write_all(&header).await.unwrap();
         s
     }

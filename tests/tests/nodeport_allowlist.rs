@@ -297,7 +297,7 @@ async fn proxy_protocol_headers_name_the_client_the_list_checks() {
     echoes(&mut c, 4096).await;
     // A v2 header (IPv6 client inside 2001:db8::/32), then the ClientHello.
     let mut c = TcpStream::connect(s.p.sni).await.unwrap();
-    let mut hdr = nodeport_proxy::proxy_protocol::v2_header(
+    let mut hdr = nodeport_proxy::relay::proxy_protocol::v2_header(
         "[2001:db8::5]:40000".parse().unwrap(),
         "[2001:db8::1]:6443".parse().unwrap(),
     );

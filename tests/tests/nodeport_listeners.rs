@@ -209,9 +209,9 @@ async fn access_log_has_one_line_per_routed_connection_and_request() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
     let mut cfg = test_config();
-    cfg.access_log = Some(nodeport_proxy::access_log::AccessLogConfig {
+    cfg.access_log = Some(nodeport_proxy::relay::access_log::AccessLogConfig {
         path: log.display().to_string(),
-        format: nodeport_proxy::access_log::Format::Json,
+        format: nodeport_proxy::relay::access_log::Format::Json,
     });
     let p = start_proxy(&inv, vec![np], cfg).await;
     // Not routed: no line (Envoy logs only connections that reach a route).

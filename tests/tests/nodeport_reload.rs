@@ -66,7 +66,7 @@ fn table(node_port: u16, echoes: &[std::net::SocketAddr], extra: bool) -> Value 
 
 enum Conn {
     Tcp(TcpStream),
-    H2(daemon::h2io::H2Io),
+    H2(link::h2io::H2Io),
 }
 
 async fn echo_once<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, msg: &[u8]) -> bool {

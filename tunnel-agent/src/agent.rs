@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use daemon::authority::ConnectAuthority;
-use daemon::debug_connections::{Both, Connections, Tracked};
 use daemon::drain::Drain;
-use daemon::duplex::Plain;
 use daemon::endpoints::{Handler, Reply};
-use daemon::h2io::H2Io;
 use daemon::listen::{AcceptOptions, accept_loop};
-use daemon::relay::{RelayOptions, relay};
 use http::{Method, Request, StatusCode};
+use link::debug_connections::{Both, Connections, Tracked};
+use link::duplex::Plain;
+use link::h2io::H2Io;
+use link::relay::{RelayOptions, relay};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -147,7 +147,6 @@ impl TunnelAgent {
             metrics.clone(),
             drain.clone(),
         ));
-        tokio::spawn(metrics.registry().run_upkeep(stats_drain.clone()));
         let inner = Arc::new(Inner {
             config: config_tx,
             metrics: metrics.clone(),

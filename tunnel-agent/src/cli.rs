@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use daemon::flags::{FlagSet, Values};
+use go_compat::flags::{FlagSet, Given, KkpLogging, Values};
 
 use crate::bootstrap::Bootstrap;
 use crate::config::{AgentConfig, DEFAULT_AGENT_IP, ListenerSpec};
@@ -70,7 +70,7 @@ pub struct FlagSettings {
     /// `HTTPS_PROXY`/`https_proxy` and `NO_PROXY`/`no_proxy` as they were at
     /// start.
     proxy_env: Vec<(&'static str, String)>,
-    windows: daemon::h2window::WindowSettings,
+    windows: link::h2window::WindowSettings,
     /// Envoy's `--allow-unknown-static-fields`.
     allow_unknown_fields: bool,
 }
@@ -105,9 +105,9 @@ impl Default for FlagSettings {
 }
 
 /// `-max-stream-window` and `-connection-budget`.
-fn windows(v: &Values) -> Result<daemon::h2window::WindowSettings, String> {
+fn windows(f: &Flags) -> Result<link::h2window::WindowSettings, String> {
     let d = crate::config::DEFAULT_WINDOWS;
-    let max = v.int("max-stream-window");
+    let max = f.max_stream_window;
     if max < i64::from(d.initial) || max >= 1 << 31 {
         return Err(format!(
             "-max-stream-window must be between {} and {} bytes, got {max}",
@@ -115,128 +115,159 @@ fn windows(v: &Values) -> Result<daemon::h2window::WindowSettings, String> {
             (1u32 << 31) - 1
         ));
     }
-    let budget = v.int("connection-budget");
+    let budget = f.connection_budget;
     if budget < i64::from(d.initial_connection()) {
         return Err(format!(
             "-connection-budget must be at least {} bytes, got {budget}",
             d.initial_connection()
         ));
     }
-    Ok(daemon::h2window::WindowSettings {
+    Ok(link::h2window::WindowSettings {
         max: u32::try_from(max).unwrap_or(d.max),
         connection_budget: budget,
         ..d
     })
 }
 
-pub fn flag_set() -> FlagSet {
-    let d = AgentConfig::default();
-    FlagSet::new(
+go_compat::typed_flags! {
+    /// tunnel-agent's flags (Envoy's and ours), in `--help` order.
+    pub struct Flags = (FlagSet::new(
         "tunnel-agent",
         "Tunnels local TCP listeners to the seed nodeport-proxy as HTTP/2 CONNECT streams over one connection.",
-    )
-    .compatible_with("KKP envoy-agent (Envoy with the bootstrap KKP renders)")
-    .string("config-path", "", "Envoy v3 bootstrap YAML as KKP's envoy-agent ConfigMap holds it (/etc/envoy/envoy.yaml); followed for changes")
-    .short('c')
-    .string("config", "", "same as --config-path")
-    .deprecated("use --config-path")
-    .bool("use-dynamic-base-id", false, "accepted for Envoy compatibility; no shared memory is used")
-    .int("base-id", 0, "accepted for Envoy compatibility; no shared memory is used")
-    .string("mode", "serve", "Envoy's: serve, or validate (check the configuration, print whether it is OK, exit 0 or 1)")
-    .bool("allow-unknown-static-fields", false, "Envoy's: a bootstrap field Envoy's schema does not know is logged and counted (envoy_server_static_unknown_fields) instead of refusing the file")
-    .string("service-cluster", "", "accepted for Envoy compatibility (KKP's nodeport-proxy pod passes it); unused")
-    .string("service-node", "", "accepted for Envoy compatibility (KKP's nodeport-proxy pod passes it); unused")
-    .string("proxy-host", "", "seed proxy host (KKP: the cluster URL's host); overrides the bootstrap's cluster")
-    .int("proxy-port", i64::from(d.proxy_port), "seed proxy tunneling port; overrides the bootstrap's cluster")
-    .strings("listener", &[], "address:port=authority; repeatable; added to the bootstrap's listeners")
-    .string("cluster-id", "", "without listeners: tunnel <tunneling-agent-ip>:6443 to apiserver-external.cluster-<id>.svc.cluster.local:443")
-    .string("tunneling-agent-ip", &DEFAULT_AGENT_IP.to_string(), "bind address of the default listener")
-    .string("stats-address", "::", "address of the health and stats listener (::, the default: every interface, IPv4 and IPv6); overrides the bootstrap's")
-    .int("stats-port", i64::from(DEFAULT_STATS_PORT), "port of /healthz, /ready and /stats/prometheus (0: off); overrides the bootstrap's")
-    .duration("keepalive-interval", d.keepalive_interval, "HTTP/2 PING interval on the seed connection; overrides the bootstrap's connection_keepalive")
-    .duration("keepalive-timeout", d.keepalive_timeout, "an unanswered PING after this drops the seed connection")
-    .duration("connect-timeout", d.connect_timeout, "seed connect and CONNECT answer timeout; overrides the bootstrap's connect_timeout")
-    .duration("idle-timeout", d.idle_timeout, "close tunnels idle this long (0: never); overrides the bootstrap's tcp_proxy idle_timeout (Envoy's default: 1h)")
-    .duration("drain-timeout", d.drain_timeout, "how long tunnels may continue after SIGTERM")
-    .int("max-connections-per-listener", d.max_connections_per_listener as i64, "open connections per listener")
-    .int("max-seed-connections", d.max_seed_connections as i64, "ours: most HTTP/2 connections to the seed proxy that take new tunnels; another is opened only while every one is full of streams or refuses them (Envoy: circuit breaker max_connections, 1024)")
-    .string("admin-address", "", "address:port of the admin listener serving /debug/connections (empty: the bootstrap's admin address, else 127.0.0.1:9902; none: off)")
-    .string("http-proxy", "", "reach the seed through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the seed host or it is loopback (Go's rules)")
-    .string("http-proxy-ca", "", "CA bundle (PEM) a TLS (https://) proxy's certificate is checked against (empty: /etc/ssl/certs/ca-certificates.crt)")
-    .int("max-stream-window", i64::from(d.windows.max), "ours: largest HTTP/2 stream window (bytes) on the seed connection; windows start at 256 KiB and grow as the link needs (Envoy: fixed 256 MiB)")
-    .int("connection-budget", d.windows.connection_budget, "ours: bytes the seed may have in flight to this agent on one connection, stalled tunnels included")
-    .int("worker-threads", 1, "runtime worker threads; fixed so memory and threads do not grow with the core count")
-    .with_kkp_logging()
+        )
+        .compatible_with("KKP envoy-agent (Envoy with the bootstrap KKP renders)")) {
+        #[flag("config-path", "", "Envoy v3 bootstrap YAML as KKP's envoy-agent ConfigMap holds it (/etc/envoy/envoy.yaml); followed for changes", short('c'))]
+        config_path: String,
+        #[flag("config", "", "same as --config-path", deprecated("use --config-path"))]
+        config: String,
+        #[flag("use-dynamic-base-id", false, "accepted for Envoy compatibility; no shared memory is used")]
+        use_dynamic_base_id: bool,
+        #[flag("base-id", 0, "accepted for Envoy compatibility; no shared memory is used")]
+        base_id: i64,
+        #[flag("mode", "serve", "Envoy's: serve, or validate (check the configuration, print whether it is OK, exit 0 or 1)")]
+        mode: String,
+        #[flag("allow-unknown-static-fields", false, "Envoy's: a bootstrap field Envoy's schema does not know is logged and counted (envoy_server_static_unknown_fields) instead of refusing the file")]
+        allow_unknown_static_fields: bool,
+        #[flag("service-cluster", "", "accepted for Envoy compatibility (KKP's nodeport-proxy pod passes it); unused")]
+        service_cluster: String,
+        #[flag("service-node", "", "accepted for Envoy compatibility (KKP's nodeport-proxy pod passes it); unused")]
+        service_node: String,
+        #[flag("proxy-host", "", "seed proxy host (KKP: the cluster URL's host); overrides the bootstrap's cluster")]
+        proxy_host: String,
+        #[flag("proxy-port", i64::from(defaults().proxy_port), "seed proxy tunneling port; overrides the bootstrap's cluster")]
+        proxy_port: Given<i64>,
+        #[flag("listener", Vec::new(), "address:port=authority; repeatable; added to the bootstrap's listeners")]
+        listener: Vec<String>,
+        #[flag("cluster-id", "", "without listeners: tunnel <tunneling-agent-ip>:6443 to apiserver-external.cluster-<id>.svc.cluster.local:443")]
+        cluster_id: String,
+        #[flag("tunneling-agent-ip", &DEFAULT_AGENT_IP.to_string(), "bind address of the default listener")]
+        tunneling_agent_ip: String,
+        #[flag("stats-address", "::", "address of the health and stats listener (::, the default: every interface, IPv4 and IPv6); overrides the bootstrap's")]
+        stats_address: Given<String>,
+        #[flag("stats-port", i64::from(DEFAULT_STATS_PORT), "port of /healthz, /ready and /stats/prometheus (0: off); overrides the bootstrap's")]
+        stats_port: Given<i64>,
+        #[flag("keepalive-interval", defaults().keepalive_interval, "HTTP/2 PING interval on the seed connection; overrides the bootstrap's connection_keepalive")]
+        keepalive_interval: Given<Duration>,
+        #[flag("keepalive-timeout", defaults().keepalive_timeout, "an unanswered PING after this drops the seed connection")]
+        keepalive_timeout: Given<Duration>,
+        #[flag("connect-timeout", defaults().connect_timeout, "seed connect and CONNECT answer timeout; overrides the bootstrap's connect_timeout")]
+        connect_timeout: Given<Duration>,
+        #[flag("idle-timeout", defaults().idle_timeout, "close tunnels idle this long (0: never); overrides the bootstrap's tcp_proxy idle_timeout (Envoy's default: 1h)")]
+        idle_timeout: Given<Duration>,
+        #[flag("drain-timeout", defaults().drain_timeout, "how long tunnels may continue after SIGTERM")]
+        drain_timeout: Duration,
+        #[flag("max-connections-per-listener", defaults().max_connections_per_listener as i64, "open connections per listener")]
+        max_connections_per_listener: i64,
+        #[flag("max-seed-connections", defaults().max_seed_connections as i64, "ours: most HTTP/2 connections to the seed proxy that take new tunnels; another is opened only while every one is full of streams or refuses them (Envoy: circuit breaker max_connections, 1024)")]
+        max_seed_connections: i64,
+        #[flag("admin-address", "", "address:port of the admin listener serving /debug/connections (empty: the bootstrap's admin address, else 127.0.0.1:9902; none: off)")]
+        admin_address: String,
+        #[flag("http-proxy", "", "reach the seed through this HTTP CONNECT proxy: http://[user:password@]host:port, or https://… for a proxy spoken to over TLS; direct: never; empty: HTTPS_PROXY / https_proxy unless NO_PROXY / no_proxy names the seed host or it is loopback (Go's rules)")]
+        http_proxy: String,
+        #[flag("http-proxy-ca", "", "CA bundle (PEM) a TLS (https://) proxy's certificate is checked against (empty: /etc/ssl/certs/ca-certificates.crt)")]
+        http_proxy_ca: String,
+        #[flag("max-stream-window", i64::from(defaults().windows.max), "ours: largest HTTP/2 stream window (bytes) on the seed connection; windows start at 256 KiB and grow as the link needs (Envoy: fixed 256 MiB)")]
+        max_stream_window: i64,
+        #[flag("connection-budget", defaults().windows.connection_budget, "ours: bytes the seed may have in flight to this agent on one connection, stalled tunnels included")]
+        connection_budget: i64,
+        #[flag("worker-threads", 1, "runtime worker threads; fixed so memory and threads do not grow with the core count")]
+        worker_threads: i64,
+        #[embed(with_kkp_logging())]
+        log: KkpLogging,
+    }
 }
 
-fn set<T>(
-    v: &Values,
-    name: &str,
-    value: impl FnOnce() -> Result<T, String>,
-) -> Result<Option<T>, String> {
-    if v.is_set(name) {
-        value().map(Some)
-    } else {
-        Ok(None)
-    }
+/// The flags as `--help` lists them.
+pub fn flag_set() -> FlagSet {
+    Flags::flag_set()
+}
+
+/// The defaults the flags' defaults come from.
+fn defaults() -> AgentConfig {
+    AgentConfig::default()
 }
 
 pub fn from_values(v: &Values) -> Result<Cli, String> {
+    let f = Flags::from_values(v);
     let mut listeners = Vec::new();
-    for l in v.strings("listener") {
-        listeners.push(ListenerSpec::parse(&l).map_err(|e| format!("-listener: {e}"))?);
+    for l in &f.listener {
+        listeners.push(ListenerSpec::parse(l).map_err(|e| format!("-listener: {e}"))?);
     }
-    let cluster = v.string("cluster-id");
+    let cluster = &f.cluster_id;
     let default_listener = if cluster.is_empty() {
         None
     } else {
-        let mut l = ListenerSpec::kkp_default(&cluster).map_err(|e| format!("-cluster-id: {e}"))?;
-        l.bind_address = v
-            .string("tunneling-agent-ip")
+        let mut l = ListenerSpec::kkp_default(cluster).map_err(|e| format!("-cluster-id: {e}"))?;
+        l.bind_address = f
+            .tunneling_agent_ip
             .parse()
             .map_err(|e| format!("-tunneling-agent-ip: {e}"))?;
         Some(l)
     };
     let flags = FlagSettings {
-        proxy_host: Some(v.string("proxy-host")).filter(|h| !h.is_empty()),
-        proxy_port: set(v, "proxy-port", || v.port("proxy-port"))?,
+        proxy_host: Some(f.proxy_host.clone()).filter(|h| !h.is_empty()),
+        proxy_port: f
+            .proxy_port
+            .if_set()
+            .map(|_| f.proxy_port.port())
+            .transpose()?,
         listeners,
         default_listener,
-        stats_address: set(v, "stats-address", || {
-            v.string("stats-address")
-                .parse()
-                .map_err(|e| format!("-stats-address: {e}"))
-        })?,
-        stats_port: set(v, "stats-port", || v.port("stats-port"))?,
-        keepalive_interval: set(v, "keepalive-interval", || {
-            Ok(v.duration("keepalive-interval"))
-        })?,
-        keepalive_timeout: set(v, "keepalive-timeout", || {
-            Ok(v.duration("keepalive-timeout"))
-        })?,
-        connect_timeout: set(v, "connect-timeout", || Ok(v.duration("connect-timeout")))?,
-        idle_timeout: set(v, "idle-timeout", || Ok(v.duration("idle-timeout")))?,
-        drain_timeout: v.duration("drain-timeout"),
-        max_connections_per_listener: usize::try_from(v.int("max-connections-per-listener"))
+        stats_address: f
+            .stats_address
+            .if_set()
+            .map(|a| a.parse().map_err(|e| format!("-stats-address: {e}")))
+            .transpose()?,
+        stats_port: f
+            .stats_port
+            .if_set()
+            .map(|_| f.stats_port.port())
+            .transpose()?,
+        keepalive_interval: f.keepalive_interval.if_set().copied(),
+        keepalive_timeout: f.keepalive_timeout.if_set().copied(),
+        connect_timeout: f.connect_timeout.if_set().copied(),
+        idle_timeout: f.idle_timeout.if_set().copied(),
+        drain_timeout: f.drain_timeout,
+        max_connections_per_listener: usize::try_from(f.max_connections_per_listener)
             .ok()
             .filter(|n| *n > 0)
             .ok_or("-max-connections-per-listener must be positive")?,
-        max_seed_connections: usize::try_from(v.int("max-seed-connections"))
+        max_seed_connections: usize::try_from(f.max_seed_connections)
             .ok()
             .filter(|n| *n > 0)
             .ok_or("-max-seed-connections must be positive")?,
-        http_proxy: v.string("http-proxy"),
-        http_proxy_ca: Some(v.string("http-proxy-ca"))
+        http_proxy: f.http_proxy.clone(),
+        http_proxy_ca: Some(f.http_proxy_ca.clone())
             .filter(|p| !p.is_empty())
             .map(PathBuf::from),
         proxy_env: PROXY_ENV
             .iter()
             .filter_map(|n| std::env::var(n).ok().map(|v| (*n, v)))
             .collect(),
-        windows: windows(v)?,
-        allow_unknown_fields: v.bool("allow-unknown-static-fields"),
+        windows: windows(&f)?,
+        allow_unknown_fields: f.allow_unknown_static_fields,
     };
-    let validate_only = match v.string("mode").as_str() {
+    let validate_only = match f.mode.as_str() {
         "serve" => false,
         "validate" => true,
         other => {
@@ -245,7 +276,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
             ));
         }
     };
-    let path = [v.string("config-path"), v.string("config")]
+    let path = [f.config_path.clone(), f.config.clone()]
         .into_iter()
         .find(|p| !p.is_empty())
         .map(PathBuf::from);
@@ -258,7 +289,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         }
         None => None,
     };
-    let worker_threads = usize::try_from(v.int("worker-threads"))
+    let worker_threads = usize::try_from(f.worker_threads)
         .ok()
         .filter(|n| *n > 0)
         .ok_or("-worker-threads must be positive")?;
@@ -281,7 +312,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         });
     }
     let (config, stats) = flags.resolve(bootstrap.as_ref())?;
-    let admin = match v.string("admin-address").as_str() {
+    let admin = match f.admin_address.as_str() {
         "none" => None,
         "" => Some(
             bootstrap

@@ -79,8 +79,8 @@ pub struct AgentConfig {
     /// `HTTPS_PROXY`); `None`: direct.
     pub http_proxy: Option<daemon::egress_proxy::HttpProxy>,
     /// How the seed connection's HTTP/2 windows grow with the link
-    /// (`daemon::h2window`) and what they may hold.
-    pub windows: daemon::h2window::WindowSettings,
+    /// (`link::h2window`) and what they may hold.
+    pub windows: link::h2window::WindowSettings,
     /// Most connections to the seed that take new streams: another is
     /// dialled only while every one is full (Envoy's circuit breaker
     /// `max_connections`, 1,024 by default; ours is smaller, see
@@ -113,7 +113,7 @@ pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: usize = (1 << 31) - 1;
 /// 100 ms round trip. What the seed may send us ahead of our readers is
 /// 64 MiB per connection (a replaced connection finishing its tunnels may
 /// hold as much again).
-pub const DEFAULT_WINDOWS: daemon::h2window::WindowSettings = daemon::h2window::WindowSettings {
+pub const DEFAULT_WINDOWS: link::h2window::WindowSettings = link::h2window::WindowSettings {
     initial: 256 << 10,
     max: 16 << 20,
     connection_budget: 64 << 20,

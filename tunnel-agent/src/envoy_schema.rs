@@ -6,7 +6,7 @@
 //! the bootstrap and the typed configs of KKP's envoy-agent template reach,
 //! with their fields, enums, oneofs, deprecation and PGV rules.
 
-use crate::schema::{Card, Enum, Field, Kind, Message, Rule};
+use crate::schema_types::{Card, Enum, Field, Kind, Message, Rule};
 
 /// The module and version the table was generated from.
 pub const SOURCE: &str = "github.com/envoyproxy/go-control-plane/envoy v1.40.0";

@@ -15,6 +15,7 @@ pub mod limits;
 pub mod metrics;
 pub mod reload;
 pub mod schema;
+pub mod schema_types;
 pub mod seed;
 pub mod tree;
 

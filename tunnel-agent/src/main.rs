@@ -5,17 +5,17 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use daemon::flags::usage_error;
+use go_compat::flags::usage_error;
 use tokio_util::sync::CancellationToken;
 use tunnel_agent::{AgentListeners, TunnelAgent, cli};
 
 fn main() {
     let values = cli::flag_set().parse_env_or_exit();
-    if let Err(e) = daemon::logging::init(&values) {
+    if let Err(e) = go_compat::logging::init(&cli::Flags::from_values(&values).log) {
         usage_error(&e);
     }
     daemon::process::init();
-    if values.string("mode") == "validate" {
+    if cli::Flags::from_values(&values).mode == "validate" {
         // Envoy's --mode validate: the verdict, exit 0 or 1; nothing bound.
         match cli::from_values(&values) {
             Ok(cli) => {

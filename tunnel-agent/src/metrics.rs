@@ -1,11 +1,15 @@
 //! The agent's metrics, described once; Envoy names as envoy-agent exported
 //! them (`proxy_cluster` for the seed connection, `tcp_stats` for listeners).
+//! The `envoy_*` series nodeport-proxy exports too are declared in
+//! [`daemon::envoy_stats`].
 
 use std::sync::Arc;
-use std::time::Instant;
 
+use daemon::envoy_stats::{self as envoy, ServerStats, TcpHelp};
 use daemon::metrics::Registry;
 use metrics::{Counter, Gauge};
+
+pub use daemon::envoy_stats::ListenerStats;
 
 pub const CLUSTER: &str = "proxy_cluster";
 pub const TCP_PREFIX: &str = "tcp_stats";
@@ -13,9 +17,8 @@ pub const TCP_PREFIX: &str = "tcp_stats";
 pub struct AgentMetrics {
     registry: Arc<Registry>,
     /// Ours: the seed connection's HTTP/2 windows and their budget.
-    windows: daemon::h2window::PoolGauges,
-    started: Instant,
-    uptime: Gauge,
+    windows: link::h2window::PoolGauges,
+    server: ServerStats,
     pub live: Gauge,
     pub cx_total: Counter,
     pub cx_active: Gauge,
@@ -49,23 +52,26 @@ pub enum ReloadResult {
     Failed,
 }
 
-#[derive(Clone)]
-pub struct ListenerStats {
-    pub downstream_cx_total: Counter,
-    pub downstream_cx_active: Gauge,
-}
-
 impl AgentMetrics {
     pub fn new() -> Arc<AgentMetrics> {
-        let r = Registry::new(&[]);
-        r.describe_gauge("envoy_server_live", "1 while the agent is serving.");
-        r.describe_gauge("envoy_server_uptime", "Seconds since the agent started.");
+        let r = Registry::new();
+        let server = ServerStats::new(&r, "agent");
+        let tcp = envoy::TcpStats::new(
+            &r,
+            TCP_PREFIX,
+            TcpHelp {
+                downstream_cx_total: "Local connections accepted.",
+                downstream_cx_rx_bytes_total: "Bytes received from local clients.",
+                downstream_cx_tx_bytes_total: "Bytes sent to local clients.",
+            },
+        );
+        envoy::ListenerStats::describe(&r);
         r.describe_counter(
-            "envoy_cluster_upstream_cx_total",
+            envoy::CLUSTER_UPSTREAM_CX_TOTAL,
             "HTTP/2 connections opened to the seed proxy.",
         );
         r.describe_gauge(
-            "envoy_cluster_upstream_cx_active",
+            envoy::CLUSTER_UPSTREAM_CX_ACTIVE,
             "Open HTTP/2 connections to the seed proxy: 1, more while each is full of streams (up to -max-seed-connections) or while replaced ones finish their tunnels.",
         );
         r.describe_counter(
@@ -73,50 +79,30 @@ impl AgentMetrics {
             "Times tunnels waited with every seed connection full and the pool at -max-seed-connections.",
         );
         r.describe_counter(
-            "envoy_cluster_upstream_cx_connect_fail",
+            envoy::CLUSTER_UPSTREAM_CX_CONNECT_FAIL,
             "Failed attempts to connect to the seed proxy.",
         );
         r.describe_counter(
             "envoy_cluster_upstream_cx_destroy_with_active_rq",
             "Seed connections dropped by the PING keepalive.",
         );
-        r.describe_counter("envoy_cluster_upstream_rq_total", "CONNECT streams opened.");
+        r.describe_counter(envoy::CLUSTER_UPSTREAM_RQ_TOTAL, "CONNECT streams opened.");
         r.describe_counter(
             "envoy_cluster_upstream_rq_retry",
             "CONNECT streams opened again because the seed refused or did not process them (GOAWAY, REFUSED_STREAM).",
         );
-        r.describe_gauge("envoy_cluster_upstream_rq_active", "Open CONNECT streams.");
+        r.describe_gauge(envoy::CLUSTER_UPSTREAM_RQ_ACTIVE, "Open CONNECT streams.");
         r.describe_counter(
             "envoy_cluster_upstream_rq_pending_failure_eject",
             "Connections closed because no tunnel could be opened.",
         );
         r.describe_counter(
-            "envoy_cluster_upstream_cx_rx_bytes_total",
+            envoy::CLUSTER_UPSTREAM_CX_RX_BYTES,
             "Bytes received through tunnels.",
         );
         r.describe_counter(
-            "envoy_cluster_upstream_cx_tx_bytes_total",
+            envoy::CLUSTER_UPSTREAM_CX_TX_BYTES,
             "Bytes sent through tunnels.",
-        );
-        r.describe_counter(
-            "envoy_tcp_downstream_cx_total",
-            "Local connections accepted.",
-        );
-        r.describe_counter(
-            "envoy_tcp_downstream_cx_rx_bytes_total",
-            "Bytes received from local clients.",
-        );
-        r.describe_counter(
-            "envoy_tcp_downstream_cx_tx_bytes_total",
-            "Bytes sent to local clients.",
-        );
-        r.describe_counter(
-            "envoy_listener_downstream_cx_total",
-            "Connections accepted, per listener.",
-        );
-        r.describe_gauge(
-            "envoy_listener_downstream_cx_active",
-            "Open connections, per listener.",
         );
         r.describe_counter(
             "envoy_server_static_unknown_fields",
@@ -134,12 +120,11 @@ impl AgentMetrics {
             "tunnel_agent_config_last_reload_success_timestamp_seconds",
             "When the configuration in use was loaded (Unix time).",
         );
-        let c = [("envoy_cluster_name", CLUSTER)];
-        let t = [("envoy_tcp_prefix", TCP_PREFIX)];
+        let c = [(envoy::CLUSTER_NAME_LABEL, CLUSTER)];
         let m = AgentMetrics {
-            windows: daemon::h2window::PoolGauges::new(
+            windows: link::h2window::PoolGauges::new(
                 &r,
-                daemon::h2window::PoolGaugeNames {
+                link::h2window::PoolGaugeNames {
                     stream_windows: "tunnel_agent_http2_stream_window_bytes",
                     connection_windows: "tunnel_agent_http2_connection_window_bytes",
                     held: "tunnel_agent_http2_held_bytes",
@@ -148,23 +133,22 @@ impl AgentMetrics {
                 },
                 "Twice -connection-budget, shared by every seed connection, in bytes.",
             ),
-            started: Instant::now(),
-            uptime: r.gauge("envoy_server_uptime", &[]),
-            live: r.gauge("envoy_server_live", &[]),
-            cx_total: r.counter("envoy_cluster_upstream_cx_total", &c),
-            cx_active: r.gauge("envoy_cluster_upstream_cx_active", &c),
-            cx_connect_fail: r.counter("envoy_cluster_upstream_cx_connect_fail", &c),
+            live: server.live(),
+            server,
+            cx_total: r.counter(envoy::CLUSTER_UPSTREAM_CX_TOTAL, &c),
+            cx_active: r.gauge(envoy::CLUSTER_UPSTREAM_CX_ACTIVE, &c),
+            cx_connect_fail: r.counter(envoy::CLUSTER_UPSTREAM_CX_CONNECT_FAIL, &c),
             cx_overflow: r.counter("envoy_cluster_upstream_cx_overflow", &c),
             cx_destroy_keepalive: r.counter("envoy_cluster_upstream_cx_destroy_with_active_rq", &c),
-            rq_total: r.counter("envoy_cluster_upstream_rq_total", &c),
+            rq_total: r.counter(envoy::CLUSTER_UPSTREAM_RQ_TOTAL, &c),
             rq_retry: r.counter("envoy_cluster_upstream_rq_retry", &c),
-            rq_active: r.gauge("envoy_cluster_upstream_rq_active", &c),
+            rq_active: r.gauge(envoy::CLUSTER_UPSTREAM_RQ_ACTIVE, &c),
             rq_failed: r.counter("envoy_cluster_upstream_rq_pending_failure_eject", &c),
-            upstream_rx_bytes: r.counter("envoy_cluster_upstream_cx_rx_bytes_total", &c),
-            upstream_tx_bytes: r.counter("envoy_cluster_upstream_cx_tx_bytes_total", &c),
-            downstream_cx_total: r.counter("envoy_tcp_downstream_cx_total", &t),
-            downstream_rx_bytes: r.counter("envoy_tcp_downstream_cx_rx_bytes_total", &t),
-            downstream_tx_bytes: r.counter("envoy_tcp_downstream_cx_tx_bytes_total", &t),
+            upstream_rx_bytes: r.counter(envoy::CLUSTER_UPSTREAM_CX_RX_BYTES, &c),
+            upstream_tx_bytes: r.counter(envoy::CLUSTER_UPSTREAM_CX_TX_BYTES, &c),
+            downstream_cx_total: tcp.downstream_cx_total,
+            downstream_rx_bytes: tcp.downstream_cx_rx_bytes_total,
+            downstream_tx_bytes: tcp.downstream_cx_tx_bytes_total,
             static_unknown_fields: r.counter("envoy_server_static_unknown_fields", &[]),
             static_ignored_fields: r.counter("tunnel_agent_static_ignored_fields_total", &[]),
             reloads_applied: r.counter(
@@ -183,20 +167,11 @@ impl AgentMetrics {
             registry: Arc::new(r),
         };
         m.loaded_now();
-        m.live.set(1.0);
         Arc::new(m)
     }
 
     pub fn listener(&self, address: &str) -> ListenerStats {
-        let l = [("envoy_listener_address", address)];
-        ListenerStats {
-            downstream_cx_total: self
-                .registry
-                .counter("envoy_listener_downstream_cx_total", &l),
-            downstream_cx_active: self
-                .registry
-                .gauge("envoy_listener_downstream_cx_active", &l),
-        }
+        ListenerStats::new(&self.registry, address)
     }
 
     pub fn reload(&self, result: ReloadResult) {
@@ -219,22 +194,18 @@ impl AgentMetrics {
     }
 
     /// Shows the seed connections' windows from now on.
-    pub fn watch_windows(&self, pool: Arc<daemon::h2window::Pool>) {
+    pub fn watch_windows(&self, pool: Arc<link::h2window::Pool>) {
         self.windows.watch(pool);
     }
 
     pub fn render(&self) -> String {
         self.windows.update();
-        self.uptime.set(self.started.elapsed().as_secs() as f64);
+        self.server.update();
         self.registry.render()
-    }
-
-    pub fn registry(&self) -> Arc<Registry> {
-        self.registry.clone()
     }
 }
 
-impl daemon::relay::Tally for AgentMetrics {
+impl link::relay::Tally for AgentMetrics {
     fn client_bytes(&self, n: u64) {
         self.downstream_rx_bytes.increment(n);
         self.upstream_tx_bytes.increment(n);
@@ -243,5 +214,37 @@ impl daemon::relay::Tally for AgentMetrics {
     fn upstream_bytes(&self, n: u64) {
         self.upstream_rx_bytes.increment(n);
         self.downstream_tx_bytes.increment(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family once with HELP and TYPE, the series shared with
+    /// nodeport-proxy in the agent's wording.
+    #[test]
+    fn each_family_is_declared_once_with_the_agents_help() {
+        let m = AgentMetrics::new();
+        m.listener("127.0.0.1_6443")
+            .downstream_cx_total
+            .increment(1);
+        link::relay::Tally::client_bytes(&*m, 5);
+        let text = m.render();
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let unique: std::collections::HashSet<&&str> = types.iter().collect();
+        assert_eq!(types.len(), unique.len(), "{text}");
+        assert_eq!(text.matches("# HELP ").count(), types.len(), "{text}");
+        for line in [
+            "# HELP envoy_server_live 1 while the agent is serving.\n",
+            "# HELP envoy_server_uptime Seconds since the agent started.\n",
+            "# HELP envoy_tcp_downstream_cx_total Local connections accepted.\n",
+            "envoy_tcp_downstream_cx_rx_bytes_total{envoy_tcp_prefix=\"tcp_stats\"} 5\n",
+            "envoy_cluster_upstream_cx_tx_bytes_total{envoy_cluster_name=\"proxy_cluster\"} 5\n",
+            "envoy_listener_downstream_cx_total{envoy_listener_address=\"127.0.0.1_6443\"} 1\n",
+            "envoy_server_live 1\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
     }
 }

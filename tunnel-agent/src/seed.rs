@@ -21,7 +21,7 @@
 //! h2's client shows it only as an error when the next stream is opened, and
 //! the connection stays open while its streams run, so the first tunnel to
 //! meet the error retires it (Envoy's connection pool does the same on
-//! GOAWAY). Receive windows follow the link (`daemon::h2window`), reserved
+//! GOAWAY). Receive windows follow the link (`link::h2window`), reserved
 //! from one budget all connections share.
 
 use std::future::Future;
@@ -32,9 +32,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use daemon::drain::Drain;
 use daemon::egress_proxy::{HttpProxy, ProxiedIo, ProxyError};
-use daemon::h2window::{Action, Controller, Keepalive, Meter, Start};
 use h2::client::SendRequest;
 use h2::{Ping, PingPong};
+use link::h2window::{Action, Controller, Keepalive, Meter, Start};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
@@ -353,7 +353,7 @@ fn target(
     Duration,
     Duration,
     Option<&HttpProxy>,
-    daemon::h2window::WindowSettings,
+    link::h2window::WindowSettings,
 ) {
     (
         c.proxy_host.as_str(),
@@ -402,7 +402,7 @@ pub async fn maintain(
     let mut not_before = Instant::now();
     // Every connection's windows are reserved from one budget: twice one
     // connection's, so a connection and one being replaced both fit.
-    let windows = daemon::h2window::Pool::new(cfg.windows.connection_budget.saturating_mul(2));
+    let windows = link::h2window::Pool::new(cfg.windows.connection_budget.saturating_mul(2));
     metrics.watch_windows(windows.clone());
     let (ended_tx, mut ended) = mpsc::unbounded_channel::<Ended>();
     let mut capped = false;

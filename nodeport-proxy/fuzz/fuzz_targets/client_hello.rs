@@ -2,7 +2,7 @@
 //! a complete answer must not change when more bytes follow.
 #![no_main]
 
-use nodeport_proxy::client_hello::{Hello, parse};
+use nodeport_proxy::relay::client_hello::{Hello, parse};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let first = parse(data);

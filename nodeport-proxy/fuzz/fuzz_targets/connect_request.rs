@@ -3,7 +3,7 @@
 //! maps to a 4xx/5xx status.
 #![no_main]
 
-use nodeport_proxy::connect_request::{Parsed, parse};
+use nodeport_proxy::relay::connect_request::{Parsed, parse};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     match parse(data) {

@@ -12,13 +12,13 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use daemon::chunks::ChunkReader;
 use daemon::drain::Drain;
 use daemon::hangup::{Hangup, SplitConn, hung_up};
 use daemon::listen::Reset;
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
+use link::chunks::ChunkReader;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -269,7 +269,7 @@ async fn write_loop<W>(
     tunnel: &Arc<Tunnel>,
     queue: FrontendQueue,
     mut wr: W,
-    est_tx: watch::Sender<Option<(Arc<Backend>, ConnectId)>>,
+    est_tx: watch::Sender<Option<(Arc<Backend<Tunnel>>, ConnectId)>>,
 ) -> Ending
 where
     W: AsyncWrite + Unpin,
@@ -359,7 +359,7 @@ async fn read_loop<R>(
     tunnel: &Tunnel,
     mut rd: R,
     early: BytesMut,
-    mut est_rx: watch::Receiver<Option<(Arc<Backend>, ConnectId)>>,
+    mut est_rx: watch::Receiver<Option<(Arc<Backend<Tunnel>>, ConnectId)>>,
 ) where
     R: AsyncRead + Hangup + Unpin,
 {
@@ -435,7 +435,7 @@ async fn hung_up_or_never(watch: Option<std::os::fd::OwnedFd>) {
 async fn send(
     core: &Core,
     tunnel: &Tunnel,
-    backend: &Backend,
+    backend: &Backend<Tunnel>,
     connect: ConnectId,
     data: Bytes,
 ) -> bool {

@@ -1,0 +1,241 @@
+//! NodePort listeners: one per exposed node port, opened and closed as the
+//! routing table changes. Closing a listener leaves its connections to the
+//! route's drain.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use daemon::listen::{AcceptOptions, accept_loop};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::relay::access_log::Access;
+use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
+use crate::stats::metrics::ListenerStats;
+
+/// First wait before binding a node port again, doubled per failure up to
+/// [`BIND_RETRY_MAX`].
+const BIND_RETRY_FIRST: Duration = Duration::from_secs(1);
+const BIND_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// A node port in the table that could not be bound.
+struct Unbound {
+    failures: u32,
+    retry_at: Instant,
+    error: String,
+}
+
+/// Runs until the drain starts, keeping one listener per node port in the
+/// table. A port that cannot be bound (taken by another process, say) is
+/// retried with back-off, listed in `/healthz` and counted in metrics, and
+/// logged as an error once per distinct cause.
+pub async fn manage(shared: Arc<Shared>, prebound: Vec<TcpListener>) {
+    let mut prebound: HashMap<u16, TcpListener> = prebound
+        .into_iter()
+        .filter_map(|l| l.local_addr().ok().map(|a| (a.port(), l)))
+        .collect();
+    let mut running: BTreeMap<u16, CancellationToken> = BTreeMap::new();
+    let mut unbound: BTreeMap<u16, Unbound> = BTreeMap::new();
+    let mut status = shared.table.subscribe();
+    loop {
+        let table = shared.table.current();
+        running.retain(|port, stop| {
+            let keep = table.node_ports.contains_key(port);
+            if !keep {
+                tracing::info!(port, "closing NodePort listener");
+                stop.cancel();
+            }
+            keep
+        });
+        unbound.retain(|port, _| {
+            let keep = table.node_ports.contains_key(port);
+            if !keep {
+                shared.health.set_unbound(*port, None);
+            }
+            keep
+        });
+        let now = Instant::now();
+        for port in table.node_ports.keys() {
+            if running.contains_key(port) || unbound.get(port).is_some_and(|u| u.retry_at > now) {
+                continue;
+            }
+            let addr = SocketAddr::new(shared.config.node_port_bind_address, *port);
+            let bound = match prebound.remove(port) {
+                Some(l) => Ok(l),
+                None => daemon::listen::bind_tcp(&addr.ip().to_string(), *port).await,
+            };
+            match bound {
+                Ok(listener) => {
+                    if let Some(u) = unbound.remove(port) {
+                        tracing::info!(%addr, failures = u.failures, "NodePort listener bound after earlier failures");
+                        shared.health.set_unbound(*port, None);
+                    }
+                    let stop = CancellationToken::new();
+                    running.insert(*port, stop.clone());
+                    tokio::spawn(serve(listener, *port, shared.clone(), stop));
+                }
+                Err(e) => {
+                    shared.metrics.node_port_bind_failures.increment(1);
+                    let u = unbound.entry(*port).or_insert(Unbound {
+                        failures: 0,
+                        retry_at: now,
+                        error: String::new(),
+                    });
+                    u.failures += 1;
+                    let wait = BIND_RETRY_FIRST
+                        .saturating_mul(1 << (u.failures - 1).min(10))
+                        .min(BIND_RETRY_MAX);
+                    u.retry_at = now + wait;
+                    let error = e.to_string();
+                    if u.error != error {
+                        tracing::error!(%addr, %error, retry_in = ?wait, "cannot bind NodePort listener; retrying with back-off");
+                    } else {
+                        tracing::debug!(%addr, %error, retry_in = ?wait, failures = u.failures, "NodePort listener still not bound");
+                    }
+                    shared.health.set_unbound(
+                        *port,
+                        Some(format!(
+                            "binding {addr}: {error} ({} attempts so far; retrying)",
+                            u.failures
+                        )),
+                    );
+                    u.error = error;
+                }
+            }
+        }
+        shared.metrics.node_ports_unbound.set(unbound.len() as f64);
+        let retry = unbound.values().map(|u| u.retry_at).min();
+        drop(table);
+        tokio::select! {
+            r = status.changed() => if r.is_err() { break },
+            _ = shared.drain.draining() => break,
+            _ = sleep_until(retry), if retry.is_some() => {}
+        }
+    }
+    for stop in running.values() {
+        stop.cancel();
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+async fn serve(listener: TcpListener, port: u16, shared: Arc<Shared>, stop: CancellationToken) {
+    let addr = listener
+        .local_addr()
+        .map(|a| format!("{}_{}", a.ip(), a.port()))
+        .unwrap_or_else(|_| port.to_string());
+    tracing::info!(port, "serving NodePort listener");
+    let stats = shared.metrics.listener(&addr);
+    let options = AcceptOptions {
+        max_connections: Some(Arc::new(Semaphore::new(
+            shared.config.max_connections_per_listener,
+        ))),
+        ..AcceptOptions::default()
+    };
+    let drain = shared.drain.clone();
+    let handler = move |io: TcpStream, _peer, permit| {
+        let shared = shared.clone();
+        let stats = stats.clone();
+        async move {
+            let _permit = permit;
+            handle(io, port, shared, stats).await;
+        }
+    };
+    tokio::select! {
+        _ = accept_loop(listener, "nodeport", drain, options, handler) => {}
+        _ = stop.cancelled() => {}
+    }
+}
+
+async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: ListenerStats) {
+    listener.downstream_cx_total.increment(1);
+    let _active = Active::new(&listener.downstream_cx_active);
+    shared.metrics.tcp.downstream_cx_total.increment(1);
+    if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
+        tracing::debug!(error = %e, "client keepalive not set");
+    }
+    let expect = shared.config.accept_proxy_protocol.node_ports;
+    let conn = shared.connections.open("nodeport", client.peer_addr().ok());
+    conn.set_target(format_args!("node port {port}"));
+    let (downstream, early) = match Downstream::of(&client, expect, &shared).await {
+        Ok(d) => d,
+        Err(e) => {
+            conn.set_close_reason(e.reason());
+            listener.reject(e.reason());
+            tracing::debug!(port, error = %e, "NodePort connection closed");
+            return;
+        }
+    };
+    conn.set_source(downstream.source);
+    let mut access = Access::start(
+        shared.access_log.as_ref(),
+        Some(downstream.local),
+        Some(downstream.source),
+    );
+    let Some(route) = shared.table.current().node_ports.get(&port).cloned() else {
+        // The port left the table between accept and lookup.
+        access.answer(0, "NR", "no_route");
+        conn.set_close_reason("no_route");
+        listener.reject("no_route");
+        shared.metrics.tcp.downstream_cx_no_route.increment(1);
+        return;
+    };
+    let mut session = Session {
+        shared: &shared,
+        listener: Listener::NodePort,
+        downstream,
+        route,
+        conn: &conn,
+        access: &mut access,
+    };
+    if !session.admitted() {
+        session.access.cluster(session.route.cluster.name.as_str());
+        session.access.answer(0, "RBAC", "source_denied");
+        conn.set_close_reason("source_denied");
+        listener.reject("source_denied");
+        return;
+    }
+    let upstream = match session.connect().await {
+        Ok(u) => u,
+        Err(e) => {
+            conn.set_close_reason("upstream_unavailable");
+            listener.reject("upstream_unavailable");
+            tracing::warn!(port, error = %e, "NodePort connection closed");
+            return;
+        }
+    };
+    session
+        .relay(link::duplex::Plain(client), early.into(), upstream)
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a held NodePort connection costs in task state: tokio allocates
+    /// the whole future once per connection, for its life, relay included.
+    #[tokio::test]
+    async fn a_nodeport_connection_is_a_small_task() {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let shared = crate::relay::session::test_shared();
+        let stats = shared.metrics.listener("test");
+        let client = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let size = size_of_val(&handle(client, addr.port(), shared, stats));
+        eprintln!("NodePort connection future: {size} bytes");
+        assert!(size <= 3072, "NodePort connection future: {size} bytes");
+    }
+}

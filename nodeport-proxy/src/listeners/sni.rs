@@ -1,0 +1,167 @@
+//! The SNI listener (`-envoy-sni-port`, 6443): read the ClientHello without
+//! terminating TLS, pick the route by exact server name, and pass every byte
+//! through untouched. Anything that is not a routable ClientHello within the
+//! time and size limits is closed.
+
+use std::sync::Arc;
+
+use link::debug_connections::Tracked;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::limits::MAX_SNI_PREFIX;
+use crate::relay::access_log::Access;
+use crate::relay::client_hello::{self, Hello, HelloError};
+use crate::relay::first_bytes;
+use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
+use crate::routing::names::SniHost;
+use crate::stats::metrics::ListenerStats;
+
+/// Why an SNI connection was closed before reaching an upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum SniError {
+    #[error("client sent no complete ClientHello within the timeout")]
+    Timeout,
+    #[error("client closed before a complete ClientHello")]
+    ClientClosed,
+    #[error("client read failed: {0}")]
+    ClientIo(std::io::Error),
+    #[error("client: {0}")]
+    Hello(#[from] HelloError),
+    #[error("client sent no server name")]
+    NoServerName,
+    #[error("no route for server name {0}")]
+    NoRoute(String),
+    #[error(transparent)]
+    ProxyHeader(#[from] crate::relay::proxy_protocol::ProxyHeaderError),
+    #[error("client {0} is not in the allow-list of server name {1}")]
+    Denied(std::net::SocketAddr, String),
+    #[error(transparent)]
+    Upstream(#[from] crate::relay::upstream::UpstreamError),
+}
+
+impl SniError {
+    fn reason(&self) -> &'static str {
+        match self {
+            SniError::Timeout => "client_hello_timeout",
+            SniError::ClientClosed | SniError::ClientIo(_) => "client_closed",
+            SniError::Hello(HelloError::NotTls) => "not_tls",
+            SniError::Hello(HelloError::TooLarge(_)) => "client_hello_too_large",
+            SniError::Hello(_) => "client_hello_malformed",
+            SniError::NoServerName => "no_server_name",
+            SniError::NoRoute(_) => "no_route",
+            SniError::ProxyHeader(e) => e.reason(),
+            SniError::Denied(..) => "source_denied",
+            SniError::Upstream(_) => "upstream_unavailable",
+        }
+    }
+}
+
+/// A fatal TLS alert record, access_denied (49): what a refused client's TLS
+/// library reports ("tlsv1 alert access denied") instead of a bare reset. It
+/// is plaintext, as alerts before the ServerHello are.
+const ACCESS_DENIED_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49];
+
+pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerStats) {
+    listener.downstream_cx_total.increment(1);
+    let _active = Active::new(&listener.downstream_cx_active);
+    shared.metrics.tcp.downstream_cx_total.increment(1);
+    if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
+        tracing::debug!(error = %e, "client keepalive not set");
+    }
+    let conn = shared.connections.open("sni", client.peer_addr().ok());
+    conn.set_state("handshake");
+    if let Err(e) = serve(client, &shared, &conn).await {
+        conn.set_close_reason(e.reason());
+        listener.reject(e.reason());
+        if matches!(e, SniError::NoRoute(_) | SniError::NoServerName) {
+            shared.metrics.tcp.downstream_cx_no_route.increment(1);
+        }
+        match &e {
+            SniError::Upstream(_) => tracing::warn!(error = %e, "SNI connection closed"),
+            _ => tracing::debug!(error = %e, "SNI connection closed"),
+        }
+    }
+}
+
+async fn serve(client: TcpStream, shared: &Shared, conn: &Tracked) -> Result<(), SniError> {
+    let (downstream, mut buf) = Box::pin(Downstream::of(
+        &client,
+        shared.config.accept_proxy_protocol.sni,
+        shared,
+    ))
+    .await?;
+    conn.set_source(downstream.source);
+    // Nothing is buffered until the client sends, and its bytes are parsed
+    // only once enough have come for the ClientHello to be complete.
+    let mut parse_at = 1;
+    let host = tokio::time::timeout(shared.config.client_hello_timeout, async {
+        loop {
+            if buf.len() >= parse_at {
+                match client_hello::parse(&buf)? {
+                    Hello::Complete { sni: Some(host) } => return Ok(host),
+                    Hello::Complete { sni: None } => return Err(SniError::NoServerName),
+                    Hello::Incomplete => {}
+                }
+                parse_at = client_hello::min_complete_len(&buf).max(buf.len() + 1);
+            }
+            if buf.len() >= MAX_SNI_PREFIX {
+                return Err(SniError::Hello(HelloError::TooLarge(buf.len())));
+            }
+            match first_bytes::read_some(&client, &mut buf, MAX_SNI_PREFIX).await {
+                Ok(0) => return Err(SniError::ClientClosed),
+                Ok(_) => {}
+                Err(e) => return Err(SniError::ClientIo(e)),
+            }
+        }
+    })
+    .await
+    .map_err(|_| SniError::Timeout)??;
+    daemon::listen::settle();
+    conn.set_target(&host);
+    let table = shared.table.current();
+    let route = table
+        .sni
+        .get(&host)
+        .cloned()
+        .ok_or_else(|| SniError::NoRoute(host.to_string()))?;
+    drop(table);
+    // Envoy logs only connections that reached a filter chain (a route) and
+    // were admitted: a refused one has its line off until then.
+    let mut access = Access::start(None, None, None);
+    let session = Session {
+        shared,
+        listener: Listener::Sni,
+        downstream,
+        route,
+        conn,
+        access: &mut access,
+    };
+    // Allocated only for a routed connection, so a silent one stays small.
+    Box::pin(proxy(client, buf, host, session)).await
+}
+
+async fn proxy(
+    mut client: TcpStream,
+    hello: Vec<u8>,
+    host: SniHost,
+    mut session: Session<'_>,
+) -> Result<(), SniError> {
+    let downstream = session.downstream;
+    if !session.admitted() {
+        let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
+        return Err(SniError::Denied(downstream.source, host.to_string()));
+    }
+    *session.access = Access::start(
+        session.shared.access_log.as_ref(),
+        Some(downstream.local),
+        Some(downstream.source),
+    );
+    session.access.sni(host.as_str());
+    session.conn.set_state("connecting");
+    let upstream = session.connect().await?;
+    session
+        .relay(link::duplex::Plain(client), hello.into(), upstream)
+        .await;
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! Envoy's per-cluster stats (`envoy_cluster_*{envoy_cluster_name}`), kept
+//! outside the Prometheus registry because a seed has tens of thousands of
+//! clusters: each cluster's values are a few atomics (its histograms are
+//! allocated on first use), removed with the cluster, and rendered by hand.
+//! A scrape renders every series of clusters that carried traffic and only
+//! the membership gauges of the others, unless it asks for everything
+//! (`?usedonly=false`): Envoy's `usedonly`, the default here, so a scrape of
+//! 20,000 idle clusters is a few MB, not a hundred.
+//!
+//! The handles given to the data path are the `metrics` crate's, so code
+//! that counts does not know where its counts go; the text is written by
+//! daemon's Envoy exposition ([`daemon::metrics`]), as the registry's is.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use daemon::envoy_stats as envoy;
+use daemon::metrics::{Kind, MsHistogram, add_f64, header, sample};
+use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn};
+use parking_lot::Mutex;
+
+use crate::routing::names::ClusterName;
+
+/// Counters, in the order of [`COUNTERS`].
+const CX_TOTAL: usize = 0;
+const CX_CONNECT_FAIL: usize = 1;
+const CX_CONNECT_TIMEOUT: usize = 2;
+const CX_NONE_HEALTHY: usize = 3;
+const CX_RX_BYTES: usize = 4;
+const CX_TX_BYTES: usize = 5;
+const RQ_TOTAL: usize = 6;
+const COUNTERS: [(&str, &str); 7] = [
+    (
+        envoy::CLUSTER_UPSTREAM_CX_TOTAL,
+        "Upstream connections opened.",
+    ),
+    (
+        envoy::CLUSTER_UPSTREAM_CX_CONNECT_FAIL,
+        "Upstream connects refused or failed.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_connect_timeout",
+        "Upstream connects that timed out.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_none_healthy",
+        "Connections with no endpoint to try.",
+    ),
+    (
+        envoy::CLUSTER_UPSTREAM_CX_RX_BYTES,
+        "Bytes received from upstreams.",
+    ),
+    (
+        envoy::CLUSTER_UPSTREAM_CX_TX_BYTES,
+        "Bytes sent to upstreams.",
+    ),
+    (
+        envoy::CLUSTER_UPSTREAM_RQ_TOTAL,
+        "CONNECT tunnels routed to the cluster.",
+    ),
+];
+
+/// Gauges, in the order of [`GAUGES`]; the membership ones are rendered for
+/// every cluster.
+const CX_ACTIVE: usize = 0;
+const RQ_ACTIVE: usize = 1;
+const MEMBERSHIP_HEALTHY: usize = 2;
+const MEMBERSHIP_TOTAL: usize = 3;
+const GAUGES: [(&str, &str); 4] = [
+    (
+        envoy::CLUSTER_UPSTREAM_CX_ACTIVE,
+        "Open upstream connections.",
+    ),
+    (
+        envoy::CLUSTER_UPSTREAM_RQ_ACTIVE,
+        "Open CONNECT tunnels to the cluster.",
+    ),
+    (
+        "envoy_cluster_membership_healthy",
+        "Ready endpoints of the cluster.",
+    ),
+    (
+        "envoy_cluster_membership_total",
+        "Endpoints of the cluster.",
+    ),
+];
+
+const CONNECT_MS: usize = 0;
+const RQ_TIME: usize = 1;
+const HISTOGRAMS: [(&str, &str); 2] = [
+    (
+        "envoy_cluster_upstream_cx_connect_ms",
+        "Upstream connect time in milliseconds.",
+    ),
+    (
+        "envoy_cluster_upstream_rq_time",
+        "Time to the CONNECT response in milliseconds.",
+    ),
+];
+
+/// One cluster's values.
+#[derive(Default)]
+struct Cells {
+    counters: [AtomicU64; COUNTERS.len()],
+    /// f64 bits.
+    gauges: [AtomicU64; GAUGES.len()],
+    /// Both histograms, allocated together on first use: one cell for
+    /// both keeps a cluster's values in a 128-byte allocation (issue 21).
+    hists: OnceLock<Box<[MsHistogram; HISTOGRAMS.len()]>>,
+    /// Anything but membership was ever updated.
+    used: AtomicBool,
+}
+
+struct CounterCell(Arc<Cells>, usize);
+impl CounterFn for CounterCell {
+    fn increment(&self, value: u64) {
+        self.0.counters[self.1].fetch_add(value, Ordering::Relaxed);
+        self.0.used.store(true, Ordering::Relaxed);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.counters[self.1].fetch_max(value, Ordering::Relaxed);
+        self.0.used.store(true, Ordering::Relaxed);
+    }
+}
+
+struct GaugeCell(Arc<Cells>, usize);
+impl GaugeCell {
+    fn touch(&self) {
+        if self.1 != MEMBERSHIP_HEALTHY && self.1 != MEMBERSHIP_TOTAL {
+            self.0.used.store(true, Ordering::Relaxed);
+        }
+    }
+}
+impl GaugeFn for GaugeCell {
+    fn increment(&self, value: f64) {
+        add_f64(&self.0.gauges[self.1], value);
+        self.touch();
+    }
+    fn decrement(&self, value: f64) {
+        add_f64(&self.0.gauges[self.1], -value);
+        self.touch();
+    }
+    fn set(&self, value: f64) {
+        self.0.gauges[self.1].store(value.to_bits(), Ordering::Relaxed);
+        self.touch();
+    }
+}
+
+struct HistCell(Arc<Cells>, usize);
+impl HistogramFn for HistCell {
+    fn record(&self, value: f64) {
+        self.0.hists.get_or_init(Box::default)[self.1].record(value);
+        self.0.used.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Envoy `cluster.<name>.*` of one cluster. The data path asks for a
+/// handle when it counts (a small allocation per connection); holding
+/// thirteen handles per cluster would cost more than the cluster's routes.
+#[derive(Clone, Default)]
+pub struct ClusterStats(Arc<Cells>);
+
+impl ClusterStats {
+    fn counter(&self, i: usize) -> Counter {
+        Counter::from_arc(Arc::new(CounterCell(self.0.clone(), i)))
+    }
+
+    fn gauge(&self, i: usize) -> Gauge {
+        Gauge::from_arc(Arc::new(GaugeCell(self.0.clone(), i)))
+    }
+
+    fn histogram(&self, i: usize) -> Histogram {
+        Histogram::from_arc(Arc::new(HistCell(self.0.clone(), i)))
+    }
+
+    pub fn upstream_cx_total(&self) -> Counter {
+        self.counter(CX_TOTAL)
+    }
+    pub fn upstream_cx_active(&self) -> Gauge {
+        self.gauge(CX_ACTIVE)
+    }
+    pub fn upstream_cx_connect_fail(&self) -> Counter {
+        self.counter(CX_CONNECT_FAIL)
+    }
+    pub fn upstream_cx_connect_timeout(&self) -> Counter {
+        self.counter(CX_CONNECT_TIMEOUT)
+    }
+    pub fn upstream_cx_none_healthy(&self) -> Counter {
+        self.counter(CX_NONE_HEALTHY)
+    }
+    pub fn upstream_cx_rx_bytes_total(&self) -> Counter {
+        self.counter(CX_RX_BYTES)
+    }
+    pub fn upstream_cx_tx_bytes_total(&self) -> Counter {
+        self.counter(CX_TX_BYTES)
+    }
+    pub fn upstream_cx_connect_ms(&self) -> Histogram {
+        self.histogram(CONNECT_MS)
+    }
+    pub fn upstream_rq_total(&self) -> Counter {
+        self.counter(RQ_TOTAL)
+    }
+    pub fn upstream_rq_active(&self) -> Gauge {
+        self.gauge(RQ_ACTIVE)
+    }
+    pub fn upstream_rq_time(&self) -> Histogram {
+        self.histogram(RQ_TIME)
+    }
+    pub fn membership_healthy(&self) -> Gauge {
+        self.gauge(MEMBERSHIP_HEALTHY)
+    }
+    pub fn membership_total(&self) -> Gauge {
+        self.gauge(MEMBERSHIP_TOTAL)
+    }
+}
+
+/// Every live cluster's values, for rendering.
+#[derive(Default)]
+pub struct ClusterSet {
+    clusters: Mutex<BTreeMap<ClusterName, Arc<Cells>>>,
+}
+
+impl ClusterSet {
+    /// The stats of cluster `name`, starting at zero.
+    pub fn add(&self, name: &ClusterName) -> ClusterStats {
+        let stats = ClusterStats::default();
+        self.clusters.lock().insert(name.clone(), stats.0.clone());
+        stats
+    }
+
+    /// Drops cluster `name`'s series (the cluster left the table).
+    pub fn remove(&self, name: &ClusterName) {
+        self.clusters.lock().remove(name);
+    }
+
+    /// Writes the exposition text of every cluster's series (`used_only`:
+    /// of clusters never used, the membership gauges only) to `out`;
+    /// stops at the first write that fails.
+    pub fn render(&self, used_only: bool, out: &mut impl std::fmt::Write) -> std::fmt::Result {
+        let list: Vec<(ClusterName, Arc<Cells>)> = self
+            .clusters
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if list.is_empty() {
+            return Ok(());
+        }
+        let shown = |c: &Cells| !used_only || c.used.load(Ordering::Relaxed);
+        for (i, (name, help)) in COUNTERS.iter().enumerate() {
+            header(out, name, Some(help), Kind::Counter)?;
+            for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
+                let v = c.counters[i].load(Ordering::Relaxed);
+                sample(out, name, "", &label(cluster), None, v)?;
+            }
+        }
+        for (i, (name, help)) in GAUGES.iter().enumerate() {
+            header(out, name, Some(help), Kind::Gauge)?;
+            let always = i == MEMBERSHIP_HEALTHY || i == MEMBERSHIP_TOTAL;
+            for (cluster, c) in list.iter().filter(|(_, c)| always || shown(c)) {
+                let v = f64::from_bits(c.gauges[i].load(Ordering::Relaxed));
+                sample(out, name, "", &label(cluster), None, v)?;
+            }
+        }
+        for (i, (name, help)) in HISTOGRAMS.iter().enumerate() {
+            header(out, name, Some(help), Kind::Histogram)?;
+            for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
+                let h = c.hists.get().map(|h| &h[i]);
+                MsHistogram::write(h, out, name, &label(cluster))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A cluster's label pair.
+fn label(cluster: &ClusterName) -> [(&'static str, &str); 1] {
+    [(envoy::CLUSTER_NAME_LABEL, cluster.as_str())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_used_clusters_whole_and_idle_ones_by_membership() {
+        let set = ClusterSet::default();
+        let busy = set.add(&ClusterName::for_port("ns", "busy", "tcp"));
+        let idle = set.add(&ClusterName::for_port("ns", "idle", ""));
+        busy.membership_total().set(2.0);
+        idle.membership_total().set(1.0);
+        busy.upstream_cx_total().increment(3);
+        busy.upstream_cx_connect_ms().record(7.0);
+        busy.upstream_cx_active().increment(1.0);
+        let mut text = String::new();
+        let _ = set.render(true, &mut text);
+        for line in [
+            "envoy_cluster_upstream_cx_total{envoy_cluster_name=\"ns/busy-tcp\"} 3\n",
+            "envoy_cluster_upstream_cx_active{envoy_cluster_name=\"ns/busy-tcp\"} 1\n",
+            "envoy_cluster_membership_total{envoy_cluster_name=\"ns/busy-tcp\"} 2\n",
+            "envoy_cluster_membership_total{envoy_cluster_name=\"ns/idle\"} 1\n",
+            "envoy_cluster_upstream_cx_connect_ms_bucket{envoy_cluster_name=\"ns/busy-tcp\",le=\"5\"} 0\n",
+            "envoy_cluster_upstream_cx_connect_ms_bucket{envoy_cluster_name=\"ns/busy-tcp\",le=\"10\"} 1\n",
+            "envoy_cluster_upstream_cx_connect_ms_count{envoy_cluster_name=\"ns/busy-tcp\"} 1\n",
+            "# TYPE envoy_cluster_upstream_cx_connect_ms histogram\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(
+            !text.contains("upstream_cx_total{envoy_cluster_name=\"ns/idle\"}"),
+            "{text}"
+        );
+        let mut all = String::new();
+        let _ = set.render(false, &mut all);
+        assert!(
+            all.contains("envoy_cluster_upstream_cx_total{envoy_cluster_name=\"ns/idle\"} 0\n"),
+            "{all}"
+        );
+        assert!(
+            all.contains(
+                "envoy_cluster_upstream_rq_time_count{envoy_cluster_name=\"ns/idle\"} 0\n"
+            ),
+            "{all}"
+        );
+        set.remove(&ClusterName::for_port("ns", "idle", ""));
+        let mut after = String::new();
+        let _ = set.render(false, &mut after);
+        assert!(!after.contains("ns/idle"), "{after}");
+    }
+}
