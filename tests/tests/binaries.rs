@@ -401,6 +401,47 @@ fn names_flag(text: &str, name: &str) -> bool {
 
 /// Metric names a crate registers: string literals or `const` strings
 /// passed to `describe_*`, `.counter(`, `.gauge(` or `.histogram(`.
+/// The families the name macros (`daemon::tls_metric_names!`,
+/// `link::stream_metric_names!`, `link::flow_gauge_names!`) make from a
+/// binary's prefix.
+fn named_by_macros(source: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (call, suffixes) in [
+        (
+            "tls_metric_names!(\"",
+            &[
+                "_certificate_expiration_timestamp_seconds",
+                "_tls_reloads_total",
+            ][..],
+        ),
+        (
+            "stream_metric_names!(\"",
+            &["_stream_packets_total", "_stream_errors_total"][..],
+        ),
+        (
+            "prefix: \"",
+            &[
+                "_flow_control_window_bytes",
+                "_flow_control_parked_bytes",
+                "_flow_control_reserved_bytes",
+                "_flow_control_budget_bytes",
+                "_http2_window_bytes",
+            ][..],
+        ),
+    ] {
+        for (i, _) in source.match_indices(call) {
+            let prefix = source[i + call.len()..]
+                .split('"')
+                .next()
+                .unwrap_or_default();
+            for s in suffixes {
+                out.insert(format!("{prefix}{s}"));
+            }
+        }
+    }
+    out
+}
+
 fn registered_metrics(source: &str) -> BTreeSet<String> {
     let consts: std::collections::HashMap<&str, &str> = source
         .match_indices("const ")
@@ -464,18 +505,32 @@ fn every_flag_and_metric_is_documented() {
         }
     }
     let mut metrics = BTreeSet::new();
-    for dir in [
+    // The binaries' crates, folders included, and the shared `envoy_*`
+    // series (the runtime's other files hold only test registries).
+    let mut files = vec![root.join("daemon/src/envoy_stats.rs")];
+    let mut dirs: Vec<_> = [
         "server/src",
         "agent/src",
         "nodeport-proxy/src",
         "tunnel-agent/src",
-    ] {
-        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+    ]
+    .iter()
+    .map(|d| root.join(d))
+    .collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "rs") {
-                metrics.extend(registered_metrics(&std::fs::read_to_string(path).unwrap()));
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
             }
         }
+    }
+    for path in files {
+        let source = std::fs::read_to_string(path).unwrap();
+        metrics.extend(registered_metrics(&source));
+        metrics.extend(named_by_macros(&source));
     }
     assert!(metrics.len() > 40, "{metrics:?}");
     for m in metrics {
