@@ -133,9 +133,7 @@ pub fn flags() -> FlagSet {
 /// The process arguments parsed (for [`parse`] and its companions) and as
 /// the typed flags; see [`FlagSet::parse_env_or_exit`].
 pub fn parse_env_or_exit() -> (Values, Flags) {
-    let values = flags().parse_env_or_exit();
-    let typed = Flags::from_values(&values);
-    (values, typed)
+    Flags::parse_env_or_exit_with_values()
 }
 
 /// `--count-server-leases` and its companions (`None` when off).

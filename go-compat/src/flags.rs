@@ -675,6 +675,13 @@ macro_rules! typed_flags {
             $vis fn parse_env_or_exit() -> Self {
                 Self::from_values(&Self::flag_set().parse_env_or_exit())
             }
+            /// [`Self::parse_env_or_exit`], with the parse itself beside the
+            /// typed flags (for code that still takes the parse).
+            $vis fn parse_env_or_exit_with_values() -> ($crate::flags::Values, Self) {
+                let values = Self::flag_set().parse_env_or_exit();
+                let typed = Self::from_values(&values);
+                (values, typed)
+            }
         }
     };
     (

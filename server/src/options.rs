@@ -142,9 +142,7 @@ pub fn flags() -> FlagSet {
 /// The process arguments parsed (for [`parse`] and its companions) and as
 /// the typed flags; see [`FlagSet::parse_env_or_exit`].
 pub fn parse_env_or_exit() -> (Values, Flags) {
-    let values = flags().parse_env_or_exit();
-    let typed = Flags::from_values(&values);
-    (values, typed)
+    Flags::parse_env_or_exit_with_values()
 }
 
 /// The Kubernetes-facing features the flags turn on (token authentication,
