@@ -86,6 +86,9 @@ fn refused_response(why: &DialRefused) -> Vec<u8> {
     }
 }
 
+/// How long ending a connection cleanly may wait for the client.
+const SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How a client connection ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ending {
@@ -110,8 +113,10 @@ pub async fn serve_conn<IO>(
     let gauge = core.metrics.http_connections.clone();
     gauge.increment(1.0);
     match serve_inner(&core, &mut io, source, &drain).await {
+        // Bounded: a TLS close_notify waits for room in the send buffer,
+        // which a client that stopped reading never makes.
         Ending::Clean => {
-            let _ = io.shutdown().await;
+            let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, io.shutdown()).await;
         }
         // No TLS close_notify either: it would read as a clean end.
         Ending::Reset => io.reset_on_close(),
