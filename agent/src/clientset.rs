@@ -67,6 +67,9 @@ impl ClientSet {
     pub fn new(metrics: Arc<Metrics>, session_cfg: SessionConfig, drain: Drain) -> Arc<Self> {
         let (connected_tx, _) = watch::channel(0);
         metrics.known_server_count.set(1.0);
+        let debug = link::debug_connections::Connections::new();
+        let m = metrics.clone();
+        debug.on_close(move |_, reason, _| m.connection_closed(reason));
         Arc::new(ClientSet {
             sessions: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
@@ -78,7 +81,7 @@ impl ClientSet {
             session_cfg,
             drain,
             draining: CancellationToken::new(),
-            debug: Default::default(),
+            debug,
         })
     }
 

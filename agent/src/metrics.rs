@@ -6,12 +6,18 @@
 use std::sync::Arc;
 
 use go_compat::gometrics::Registry;
+use link::debug_connections::CloseReason;
 use link::flow::FlowPool;
 use link::flow::metrics::{FlowGaugeNames, FlowGauges};
 use link::stream_metrics::StreamStats;
 use metrics::{Counter, Gauge, Histogram};
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
+/// The server's `connection_duration_seconds` buckets (upstream's, after
+/// v0.36.0, #899): 1 s to 24 h.
+const CONNECTION_DURATION_BUCKETS: &[f64] = &[
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
+];
 
 const DIAL_DURATION: &str = "konnectivity_network_proxy_agent_dial_duration_seconds";
 const SERVER_CONNECTION_FAILURES: &str =
@@ -27,6 +33,11 @@ const LEASE_LIST_LATENCY: &str = "konnectivity_network_proxy_agent_lease_list_la
 /// Ours: dials refused by `--allowed-destinations` (not in upstream's
 /// `endpoint_dial_failure_total`, whose series stay as upstream's).
 const DIALS_DENIED: &str = "konnectivity_network_proxy_agent_dials_denied_total";
+/// Ours (issue 38.4): upstream has the server's only; the agent's has the
+/// server's buckets and meaning, seen from the destination's side.
+const CONNECTION_DURATION: &str = "konnectivity_network_proxy_agent_connection_duration_seconds";
+/// Ours (issue 38.4): destination connections closed, by [`CloseReason`].
+const CONNECTIONS_CLOSED: &str = "konnectivity_network_proxy_agent_connections_closed_total";
 
 /// Packets sent to the server (`from_agent`) or received from it (`to_agent`).
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +62,8 @@ pub struct Metrics {
     registry: Arc<Registry>,
     flow: FlowGauges,
     pub dial_duration: Histogram,
+    /// How long each established destination connection lived.
+    pub connection_duration: Histogram,
     dial_timeout: Counter,
     dial_unknown: Counter,
     pub server_failure_to: Counter,
@@ -74,6 +87,7 @@ impl Metrics {
             Registry::new(&[
                 (DIAL_DURATION, LATENCY_BUCKETS),
                 (LEASE_LIST_LATENCY, LATENCY_BUCKETS),
+                (CONNECTION_DURATION, CONNECTION_DURATION_BUCKETS),
             ])
             .with_go_defaults(),
         );
@@ -119,9 +133,18 @@ impl Metrics {
             DIALS_DENIED,
             "Dials refused because the destination is outside --allowed-destinations",
         );
+        r.describe_histogram(
+            CONNECTION_DURATION,
+            "Ours: duration in seconds a destination connection was established (post-dial) before being closed.",
+        );
+        r.describe_counter(
+            CONNECTIONS_CLOSED,
+            "Ours: destination connections (and dials) closed, by reason; the reasons /debug/connections gives as close_cause.",
+        );
         Metrics {
             flow: FlowGauges::new(&r, &FLOW),
             dial_duration: r.histogram(DIAL_DURATION, &[]),
+            connection_duration: r.histogram(CONNECTION_DURATION, &[]),
             dial_timeout: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "timeout")]),
             dial_unknown: r.counter(ENDPOINT_DIAL_FAILURES, &[("reason", "unknown")]),
             server_failure_to: r.counter(SERVER_CONNECTION_FAILURES, &[("direction", "to_server")]),
@@ -154,6 +177,14 @@ impl Metrics {
     /// first one.
     pub fn dial_denied(&self) {
         self.registry.counter(DIALS_DENIED, &[]).increment(1);
+    }
+
+    /// A connection or dial closed (told by `/debug/connections`' close
+    /// hook); a series appears with its first close.
+    pub fn connection_closed(&self, reason: CloseReason) {
+        self.registry
+            .counter(CONNECTIONS_CLOSED, &[("reason", reason.label())])
+            .increment(1);
     }
 
     pub fn dial_failure(&self, timeout: bool) {

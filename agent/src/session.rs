@@ -13,7 +13,7 @@ use konnectivity_proto::control::{ControlError, ControlTx};
 use konnectivity_proto::ids::{ConnectId, DialId, ServerId};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt, PacketType};
-use link::debug_connections::{Connections, Tracked};
+use link::debug_connections::{CloseReason, Connections, Tracked};
 use link::flow::{FlowPool, GateError, LegacyLink, LinkFlow, RecvGate, sweep_windows};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -303,8 +303,13 @@ impl Session {
             }
             Err(e) => {
                 tracing::warn!(connection_id = id.0, error = %e, "closing the connection to protect the stream");
-                close.close(Some(format!(
-                    "{e}; connection closed to protect the stream"
+                let cause = match e {
+                    GateError::Stalled(_) => CloseReason::Stalled,
+                    GateError::Exceeded(_) => CloseReason::ProtocolError,
+                };
+                close.close(Some((
+                    cause,
+                    format!("{e}; connection closed to protect the stream"),
                 )));
             }
         }
@@ -363,11 +368,18 @@ impl Session {
         self.dials.lock().remove(&dial_id);
         let stream = match dialed {
             None => {
-                debug.set_close_reason("dial cancelled by the server");
+                debug.set_close(CloseReason::ClientClosed, "dial cancelled by the server");
                 return;
             }
             Some(Err(e)) => {
-                debug.set_close_reason(format_args!("dial failed: {}", e.text));
+                let cause = if e.denied {
+                    CloseReason::DialRefused
+                } else if e.timeout {
+                    CloseReason::DialTimeout
+                } else {
+                    CloseReason::DialFailed
+                };
+                debug.set_close(cause, format_args!("dial failed: {}", e.text));
                 if e.denied {
                     self.metrics.dial_denied();
                     tracing::info!(address = %req.address, "dial refused by --allowed-destinations");
@@ -398,8 +410,9 @@ impl Session {
                 let (c, stalled) = (close.clone(), GateError::Stalled(self.cfg.stall_timeout));
                 RecvGate::Legacy(self.legacy.open(move || {
                     tracing::warn!(error = %stalled, "closing the connection to give its budget back");
-                    c.close(Some(format!(
-                        "{stalled}; connection closed to protect the stream"
+                    c.close(Some((
+                        CloseReason::Stalled,
+                        format!("{stalled}; connection closed to protect the stream"),
                     )));
                 }))
             }
@@ -422,6 +435,7 @@ impl Session {
         rsp.set_flow_window(gate.initial().unwrap_or(0));
         if self.send(rsp).await {
             tracing::debug!("connection established");
+            let established = Instant::now();
             let metrics = self.metrics.clone();
             let link = Link {
                 id: connect,
@@ -444,8 +458,14 @@ impl Session {
                 self.closed.is_cancelled(),
                 self.drain.is_stopping(),
             );
+            self.metrics
+                .connection_duration
+                .record(established.elapsed().as_secs_f64());
         } else {
-            debug.set_close_reason("the stream to the server ended before DIAL_RSP was sent");
+            debug.set_close(
+                CloseReason::ClientLost,
+                "the stream to the server ended before DIAL_RSP was sent",
+            );
         }
         if let Some(s) = &send {
             s.close();
@@ -467,11 +487,18 @@ impl Session {
 
 /// Why an established connection ended, for `/debug/connections`.
 fn note_close(debug: &Tracked, close: &CloseSignal, stream_gone: bool, stopping: bool) {
-    match close.reason() {
-        Some(r) => debug.set_close_reason(r),
-        None if close.is_closed() => debug.set_close_reason("closed by the server (CLOSE_REQ)"),
-        None if stream_gone => debug.set_close_reason("the stream to the server ended"),
-        None if stopping => debug.set_close_reason("the agent is stopping"),
-        None => debug.set_close_reason("closed by the destination"),
+    // The stream's end closes every connection's signal too: it is asked
+    // before the signal.
+    match close.cause() {
+        Some((cause, r)) => debug.set_close(cause, r),
+        None if stream_gone => {
+            debug.set_close(CloseReason::ClientLost, "the stream to the server ended")
+        }
+        None if close.is_closed() => debug.set_close(
+            CloseReason::ClientClosed,
+            "closed by the server (CLOSE_REQ)",
+        ),
+        None if stopping => debug.set_close(CloseReason::Shutdown, "the agent is stopping"),
+        None => debug.set_close(CloseReason::UpstreamClosed, "closed by the destination"),
     }
 }

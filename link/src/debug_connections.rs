@@ -3,7 +3,10 @@
 //! A handler registers its connection once ([`Connections::open`]), fills in
 //! what it learns (target, upstream, state; any extra field), counts bytes
 //! through the returned [`Tracked`] (a relay [`Tally`]), and records the close
-//! reason; dropping the handle moves the record to the closed ring.
+//! reason; dropping the handle moves the record to the closed ring and tells
+//! the process's close hook ([`Connections::on_close`]), which counts closes
+//! by [`CloseReason`]: the counters and the ring are written in one place, so
+//! they never disagree.
 //!
 //! Bounded: the closed ring keeps [`MAX_CLOSED`] records, a listing shows at
 //! most [`MAX_LISTED`] live ones (oldest first; the total is always given),
@@ -13,11 +16,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Display;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
+
+pub use crate::close_reason::CloseReason;
 use serde_json::{Map, Value, json};
 
 use crate::relay::Tally;
@@ -42,7 +47,11 @@ struct Table {
     next_id: AtomicU64,
     live: Mutex<HashMap<u64, Arc<Record>>>,
     closed: Mutex<VecDeque<Closed>>,
+    on_close: OnceLock<CloseHook>,
 }
+
+/// Told of every close: the connection's kind, why, and how long it lived.
+pub type CloseHook = Box<dyn Fn(&'static str, CloseReason, Duration) + Send + Sync>;
 
 /// What is known of one connection.
 struct Record {
@@ -62,6 +71,7 @@ struct Text {
     target: Option<String>,
     upstream: Option<String>,
     reason: Option<String>,
+    cause: Option<CloseReason>,
     extra: Vec<(&'static str, String)>,
 }
 
@@ -113,6 +123,16 @@ impl Connections {
             record,
             table: self.inner.clone(),
         }
+    }
+
+    /// Sets the process's close hook (the first call wins): each binary's
+    /// metrics count closes by kind and reason with it. It runs under the
+    /// closed ring's lock, so it must not use this table.
+    pub fn on_close(
+        &self,
+        hook: impl Fn(&'static str, CloseReason, Duration) + Send + Sync + 'static,
+    ) {
+        let _ = self.inner.on_close.set(Box::new(hook));
     }
 
     pub fn live_count(&self) -> usize {
@@ -222,6 +242,9 @@ impl Record {
         if let Some(r) = &t.reason {
             m.insert("close_reason".into(), json!(r));
         }
+        if let Some(c) = t.cause {
+            m.insert("close_cause".into(), json!(c.label()));
+        }
         for (k, v) in &t.extra {
             m.insert((*k).into(), json!(v));
         }
@@ -261,10 +284,23 @@ impl Tracked {
         self.record.text.lock().state = state;
     }
 
-    /// Why it ended (the last call wins); without one the close reads
-    /// `ended`.
+    /// Why it ended, in words (the last call wins); without one the close
+    /// reads `ended`. Counted as the cause [`Tracked::set_cause`] or
+    /// [`Tracked::set_close`] gave, else as [`CloseReason::Other`].
     pub fn set_close_reason(&self, reason: impl Display) {
         self.record.text.lock().reason = Some(cut(reason));
+    }
+
+    /// Why it ended, as counted (the last call wins).
+    pub fn set_cause(&self, cause: CloseReason) {
+        self.record.text.lock().cause = Some(cause);
+    }
+
+    /// Why it ended: the counted cause and the words beside it.
+    pub fn set_close(&self, cause: CloseReason, detail: impl Display) {
+        let mut t = self.record.text.lock();
+        t.cause = Some(cause);
+        t.reason = Some(cut(detail));
     }
 
     /// Another field, such as an agent or stream id.
@@ -292,21 +328,28 @@ impl Tally for Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         self.table.live.lock().remove(&self.record.id);
-        {
+        let cause = {
             let mut t = self.record.text.lock();
             t.state = "closed";
             if t.reason.is_none() {
                 t.reason = Some("ended".into());
             }
-        }
+            *t.cause.get_or_insert(CloseReason::Other)
+        };
         let now = Instant::now();
+        let duration = now.duration_since(self.record.started);
+        // Counted under the ring's lock: whoever sees the close in one sees
+        // it in the other.
         let mut closed = self.table.closed.lock();
+        if let Some(hook) = self.table.on_close.get() {
+            hook(self.record.kind, cause, duration);
+        }
         if closed.len() == MAX_CLOSED {
             closed.pop_front();
         }
         closed.push_back(Closed {
             record: self.record.clone(),
-            duration: now.duration_since(self.record.started),
+            duration,
             closed_at: now,
         });
     }
@@ -368,6 +411,39 @@ mod tests {
         assert_eq!(doc["closed"][1]["close_reason"], "idle_timeout");
         assert_eq!(doc["closed"][1]["state"], "closed");
         assert_eq!(doc["closed"][1]["bytes_from_upstream"], 20);
+    }
+
+    #[test]
+    fn every_close_reaches_the_hook_with_its_cause() {
+        let c = Connections::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        c.on_close(move |kind, cause, _| s.lock().push((kind, cause)));
+        let a = c.open("grpc", None);
+        a.set_close(CloseReason::DialRefused, "dial refused: no agent available");
+        drop(a);
+        let b = c.open("http-connect", None);
+        b.set_cause(CloseReason::ClientClosed);
+        b.set_close_reason("closed by the frontend");
+        drop(b);
+        drop(c.open("grpc", None));
+        assert_eq!(
+            *seen.lock(),
+            [
+                ("grpc", CloseReason::DialRefused),
+                ("http-connect", CloseReason::ClientClosed),
+                ("grpc", CloseReason::Other),
+            ]
+        );
+        let doc = parse(&c.render(None));
+        assert_eq!(doc["closed"][2]["close_cause"], "dial_refused");
+        assert_eq!(
+            doc["closed"][2]["close_reason"],
+            "dial refused: no agent available"
+        );
+        assert_eq!(doc["closed"][1]["close_cause"], "client_closed");
+        assert_eq!(doc["closed"][0]["close_cause"], "other");
+        assert_eq!(doc["closed"][0]["close_reason"], "ended");
     }
 
     #[test]

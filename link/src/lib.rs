@@ -10,6 +10,7 @@
 
 pub mod budget;
 pub mod chunks;
+pub mod close_reason;
 pub mod debug_connections;
 pub mod duplex;
 pub mod flow;

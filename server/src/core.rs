@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Backends, SendError};
 use crate::metrics::{DialFailure, Metrics, Segment, Service};
 use crate::tunnel::{Tunnel, TunnelState};
+use link::debug_connections::CloseReason;
 
 /// Timing and sizing of the data path.
 #[derive(Debug, Clone)]
@@ -103,14 +104,19 @@ fn close_rsp(connect: i64, error: &str) -> Packet {
 
 /// Why a tunnel closed when its agent's stream ended.
 pub const AGENT_LOST: &str = "connection to the proxy agent was lost";
+/// Why a dial failed when its agent's stream ended before it was answered.
+pub const AGENT_LOST_DIALING: &str = "agent stream closed before the dial completed";
 
 impl Core {
     pub fn new(backends: Backends<Tunnel>, metrics: Arc<Metrics>, cfg: CoreConfig) -> Self {
         let flow = FlowPool::new(cfg.flow);
         metrics.watch_flow(flow.clone());
+        let debug = link::debug_connections::Connections::new();
+        let m = metrics.clone();
+        debug.on_close(move |kind, reason, _| m.connection_closed(kind, reason));
         Core {
             backends,
-            debug: Default::default(),
+            debug,
             pending: Mutex::new(HashMap::new()),
             metrics,
             flow,
@@ -201,7 +207,15 @@ impl Core {
     pub async fn dial(&self, tunnel: &Arc<Tunnel>, pkt: Packet) -> Result<(), DialRefused> {
         let r = self.start_dial(tunnel, pkt).await;
         if let Err(e) = &r {
-            tunnel.note_close(format_args!("dial refused: {e}"));
+            let cause = match e {
+                DialRefused::NoAgent => CloseReason::DialRefused,
+                DialRefused::TimedOut => CloseReason::DialTimeout,
+                DialRefused::AgentGone => CloseReason::UpstreamLost,
+                DialRefused::AlreadyDialed
+                | DialRefused::Malformed
+                | DialRefused::DuplicateDialId => CloseReason::ProtocolError,
+            };
+            tunnel.note_close(cause, format_args!("dial refused: {e}"));
         }
         r
     }
@@ -396,12 +410,11 @@ impl Core {
             && Self::close_if_dialing(&tunnel, dial)
         {
             self.metrics.dial_failure(DialFailure::BackendClose);
-            tunnel.note_close("dial refused: the agent it was re-sent to could not take it");
-            tunnel.deliver_last(Packet::dial_response(
-                dial.0,
-                0,
-                "agent stream closed before the dial completed".into(),
-            ));
+            tunnel.note_close(
+                CloseReason::UpstreamLost,
+                "dial refused: the agent it was re-sent to could not take it",
+            );
+            tunnel.deliver_last(Packet::dial_response(dial.0, 0, AGENT_LOST_DIALING.into()));
         }
         Redial::Resent
     }
@@ -435,7 +448,10 @@ impl Core {
         }
         tunnel.with_state(|s| *s = TunnelState::Closed);
         self.metrics.dial_failure(DialFailure::BackendDialTimeout);
-        tunnel.note_close("dial timed out waiting for the agent's DIAL_RSP");
+        tunnel.note_close(
+            CloseReason::DialTimeout,
+            "dial timed out waiting for the agent's DIAL_RSP",
+        );
         tracing::warn!(dial_id = %dial, agent_id = %backend.agent_id, "dial timed out waiting for DIAL_RSP");
         // Lets an agent that supports it drop the dial; others ignore it.
         let _ = backend
@@ -456,10 +472,12 @@ impl Core {
         }
         match tunnel.state() {
             TunnelState::Idle => {
+                tunnel.note_close(CloseReason::ProtocolError, "DATA before the dial");
                 tunnel.deliver_last(close_rsp(id, "backend not initialized"));
                 Flow::End
             }
             TunnelState::Dialing { .. } => {
+                tunnel.note_close(CloseReason::ProtocolError, "DATA during the dial");
                 tunnel.deliver_last(close_rsp(id, "connection not established"));
                 Flow::End
             }
@@ -481,6 +499,7 @@ impl Core {
                 // other id may belong to somebody else's tunnel.
                 tracing::warn!(first = %connect, got = id, "mismatched connection IDs from frontend");
                 tunnel.with_state(|s| *s = TunnelState::Closed);
+                tunnel.note_close(CloseReason::ProtocolError, "mismatched connection IDs");
                 if backend.remove_conn_of(connect, tunnel) {
                     let _ = backend.send(Packet::close_request(connect.0)).await;
                 }
@@ -503,11 +522,12 @@ impl Core {
                 if backend.send(Packet::close_request(id)).await.is_err() {
                     tunnel.with_state(|s| *s = TunnelState::Closed);
                     backend.remove_conn_of(connect, tunnel);
+                    tunnel.note_close(CloseReason::UpstreamLost, "CLOSE_REQ to the agent failed");
                     tunnel.deliver_last(close_rsp(id, "CLOSE_REQ to backend failed"));
                     return Flow::End;
                 }
                 tunnel.with_state(|s| *s = TunnelState::Closing { backend, connect });
-                tunnel.note_close("closed by the frontend");
+                tunnel.note_close(CloseReason::ClientClosed, "closed by the frontend");
                 Flow::Continue
             }
             TunnelState::Dialing { .. } | TunnelState::Established { .. } => {
@@ -527,7 +547,7 @@ impl Core {
             return Flow::Continue;
         }
         tunnel.with_state(|s| *s = TunnelState::Closed);
-        tunnel.note_close("dial cancelled by the frontend");
+        tunnel.note_close(CloseReason::ClientClosed, "dial cancelled by the frontend");
         if self.take_pending_of(dial, tunnel) {
             self.metrics.dial_failure(DialFailure::FrontendClose);
             tracing::debug!(dial_id = %dial, "dial cancelled by frontend");
@@ -569,10 +589,13 @@ impl Core {
     /// whatever the tunnel still holds. Safe to call more than once.
     pub async fn frontend_gone(&self, tunnel: &Tunnel) {
         let previous = tunnel.with_state(|s| std::mem::replace(s, TunnelState::Closed));
-        tunnel.note_close(match previous {
-            TunnelState::Dialing { .. } => "the frontend left during the dial",
-            _ => "closed by the frontend",
-        });
+        tunnel.note_close(
+            CloseReason::ClientClosed,
+            match previous {
+                TunnelState::Dialing { .. } => "the frontend left during the dial",
+                _ => "closed by the frontend",
+            },
+        );
         match previous {
             TunnelState::Dialing { dial, backend, .. } => {
                 if self.take_pending_of(dial, tunnel) {
@@ -752,6 +775,10 @@ impl Core {
             self.metrics.dial_failure(DialFailure::ErrorResponse);
             tracing::warn!(agent_id = %backend.agent_id, connection_id = connect, "agent answered a dial with a connection ID already in use");
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
+            p.tunnel.note_close(
+                CloseReason::ProtocolError,
+                "the agent answered with a connection ID already in use",
+            );
             p.tunnel.deliver_last(Packet::dial_response(
                 random,
                 0,
@@ -839,11 +866,7 @@ impl Core {
         for (dial, p) in dials {
             self.metrics.dial_failure(DialFailure::BackendClose);
             p.tunnel.with_state(|s| *s = TunnelState::Closed);
-            let rsp = Packet::dial_response(
-                dial.0,
-                0,
-                "agent stream closed before the dial completed".into(),
-            );
+            let rsp = Packet::dial_response(dial.0, 0, AGENT_LOST_DIALING.into());
             p.tunnel.deliver_last(rsp);
         }
     }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use go_compat::gometrics::Registry;
+use link::debug_connections::CloseReason;
 use link::flow::FlowPool;
 use link::flow::metrics::{FlowGaugeNames, FlowGauges};
 use link::stream_metrics::StreamStats;
@@ -33,6 +34,8 @@ const DIAL_FAILURES: &str = "konnectivity_network_proxy_server_dial_failure_coun
 const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_count";
 /// Ours (issue 38.1): dials moved to another agent.
 const DIALS_RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
+/// Ours (issue 38.4): tunnels closed, by frontend kind and [`CloseReason`].
+const CONNECTIONS_CLOSED: &str = "konnectivity_network_proxy_server_connections_closed_total";
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
 pub const TLS: daemon::tls::reload::MetricNames =
     daemon::tls_metric_names!("konnectivity_network_proxy_server");
@@ -208,6 +211,10 @@ impl Metrics {
             "Ours: dials sent to another agent because the agent they were sent to disconnected or started draining before answering.",
         );
         r.describe_counter(
+            CONNECTIONS_CLOSED,
+            "Ours: frontend connections (tunnels) closed, by frontend (grpc, http-connect) and reason; the reasons /debug/connections gives as close_cause.",
+        );
+        r.describe_counter(
             CULLED_LEASES,
             "Count of expired leases that the lease garbage collection controller has culled.",
         );
@@ -269,6 +276,17 @@ impl Metrics {
         {
             c.increment(1);
         }
+    }
+
+    /// A tunnel closed (told by `/debug/connections`' close hook); a series
+    /// appears with its first close.
+    pub fn connection_closed(&self, kind: &'static str, reason: CloseReason) {
+        self.registry
+            .counter(
+                CONNECTIONS_CLOSED,
+                &[("frontend", kind), ("reason", reason.label())],
+            )
+            .increment(1);
     }
 
     pub fn dial_resent(&self) {

@@ -16,7 +16,7 @@ use konnectivity_proto::Packet;
 use konnectivity_proto::PacketExt;
 use konnectivity_proto::ids::{ConnectId, DialId};
 use konnectivity_proto::packet::Payload;
-use link::debug_connections::Tracked;
+use link::debug_connections::{CloseReason, Tracked};
 use link::flow::{GateError, RecvGate, SendGate};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -249,11 +249,11 @@ impl Tunnel {
     }
 
     /// Records why the tunnel ends, unless a reason was recorded already.
-    pub fn note_close(&self, reason: impl std::fmt::Display) {
+    pub fn note_close(&self, cause: CloseReason, reason: impl std::fmt::Display) {
         if let Some(d) = &self.debug
             && !self.reason_noted.swap(true, Ordering::Relaxed)
         {
-            d.set_close_reason(reason);
+            d.set_close(cause, reason);
             d.set_state("closing");
         }
     }
@@ -358,9 +358,9 @@ impl Tunnel {
     /// Queues `pkt` as the last packet, then finishes the tunnel.
     pub fn deliver_last(&self, pkt: Packet) {
         if self.debug.is_some()
-            && let Some(why) = last_packet_reason(&pkt)
+            && let Some((cause, why)) = last_packet_reason(&pkt)
         {
-            self.note_close(why);
+            self.note_close(cause, why);
         }
         let _ = self.enqueue(pkt);
         self.finish();
@@ -386,7 +386,13 @@ impl Tunnel {
     /// Ends the tunnel with an error for the frontend; queued packets are
     /// dropped (and what they held in the budget given back) at once.
     pub fn abort(&self, why: Abort) {
-        self.note_close(&why);
+        let cause = match why {
+            Abort::Stalled(_) => CloseReason::Stalled,
+            Abort::AgentExceeded(_) => CloseReason::ProtocolError,
+            Abort::Shutdown => CloseReason::Shutdown,
+            Abort::Frontend(..) => CloseReason::ClientLost,
+        };
+        self.note_close(cause, &why);
         self.abort.lock().get_or_insert(why);
         self.aborted.cancel();
         self.finish();
@@ -405,15 +411,30 @@ impl Tunnel {
     }
 }
 
-/// Why a tunnel ends, read from the last packet its frontend is sent.
-fn last_packet_reason(pkt: &Packet) -> Option<String> {
+/// Why a tunnel ends, read from the last packet its frontend is sent (the
+/// agent's answers; the server's own refusals note their reason first).
+fn last_packet_reason(pkt: &Packet) -> Option<(CloseReason, String)> {
     Some(match &pkt.payload {
+        Some(Payload::DialResponse(r)) if r.error == crate::core::AGENT_LOST_DIALING => (
+            CloseReason::UpstreamLost,
+            format!("dial failed: {}", r.error),
+        ),
         Some(Payload::DialResponse(r)) if !r.error.is_empty() => {
-            format!("dial failed: {}", r.error)
+            (CloseReason::DialFailed, format!("dial failed: {}", r.error))
         }
-        Some(Payload::CloseResponse(c)) if c.error.is_empty() => "closed by the agent".into(),
-        Some(Payload::CloseResponse(c)) => format!("closed: {}", c.error),
-        Some(Payload::CloseDial(_)) => "dial cancelled by the agent".into(),
+        Some(Payload::CloseResponse(c)) if c.error.is_empty() => {
+            (CloseReason::UpstreamClosed, "closed by the agent".into())
+        }
+        Some(Payload::CloseResponse(c)) if c.error == crate::core::AGENT_LOST => {
+            (CloseReason::UpstreamLost, format!("closed: {}", c.error))
+        }
+        Some(Payload::CloseResponse(c)) => {
+            (CloseReason::UpstreamClosed, format!("closed: {}", c.error))
+        }
+        Some(Payload::CloseDial(_)) => (
+            CloseReason::DialFailed,
+            "dial cancelled by the agent".into(),
+        ),
         _ => return None,
     })
 }

@@ -38,6 +38,9 @@ var oursOnly = map[string]string{
 	"konnectivity_network_proxy_agent_http2_window_bytes":                        "current HTTP/2 receive windows on the agent link",
 	"konnectivity_network_proxy_server_connection_duration_seconds":              "upstream's after v0.36.0 (#899): how long established connections lived",
 	"konnectivity_network_proxy_server_dials_resent_total":                       "dials sent to another agent when theirs left or drained before answering",
+	"konnectivity_network_proxy_server_connections_closed_total":                 "tunnels closed, by frontend and close reason (issue 38.4)",
+	"konnectivity_network_proxy_agent_connections_closed_total":                  "destination connections closed, by close reason (issue 38.4)",
+	"konnectivity_network_proxy_agent_connection_duration_seconds":               "the server's connection_duration_seconds, on the agent (issue 38.4)",
 }
 
 // exempt families: Go's runtime collector has no counterpart in a Rust

@@ -286,6 +286,8 @@ impl Default for AgentOpts {
 pub struct RunningAgent {
     pub handle: AgentHandle,
     pub health_addr: SocketAddr,
+    /// Serves `/debug/connections`.
+    pub admin_addr: SocketAddr,
     drain: Option<oneshot::Sender<()>>,
     stop: Option<oneshot::Sender<()>>,
     join: Option<JoinHandle<()>>,
@@ -355,6 +357,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
     let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health_addr = health.local_addr().unwrap();
+    let admin_addr = admin.local_addr().unwrap();
     let (host, port) = opts
         .servers
         .hosts
@@ -413,6 +416,7 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
     RunningAgent {
         handle,
         health_addr,
+        admin_addr,
         drain: Some(drain_tx),
         stop: Some(stop_tx),
         join: Some(join),

@@ -163,3 +163,100 @@ async fn live_and_closed_connections_are_listed_on_the_admin_port_only() {
     assert_eq!(code, 404);
     drop((silent, npc, h2s));
 }
+
+/// Issue 38.4: every close is counted under a fixed reason, from the same
+/// place as the listing's closed ring, so the two agree: a tunnel to no
+/// route (`dial_refused`), a tunnel both sides closed (`closed`), a NodePort
+/// connection left idle (`idle_timeout`), an SNI client that never sends
+/// its hello (`client_timeout`).
+#[tokio::test]
+async fn closes_are_counted_by_reason_as_the_listing_shows_them() {
+    let echo = dest::echo().await;
+    let np = loopback().await;
+    let node_port = np.local_addr().unwrap().port();
+    let inv = inventory(
+        vec![
+            service(
+                "cluster-a",
+                "echo",
+                "Tunneling",
+                "ClusterIP",
+                &[("raw", 7000, 0)],
+            ),
+            service(
+                "cluster-a",
+                "np",
+                "NodePort",
+                "NodePort",
+                &[("raw", 7000, node_port)],
+            ),
+        ],
+        vec![
+            slices("cluster-a", "echo", "raw", &[(echo, true)]),
+            slices("cluster-a", "np", "raw", &[(echo, true)]),
+        ],
+    );
+    let mut config = test_config();
+    config.node_port_idle_timeout = Duration::from_millis(200);
+    config.client_hello_timeout = Duration::from_millis(200);
+    let p = start_proxy(&inv, vec![np], config).await;
+
+    let (code, _) = connect_h1(p.tunnel, "nowhere.cluster-a.svc.cluster.local:1").await;
+    assert_eq!(code, 404);
+    let (code, mut h1) = connect_h1(p.tunnel, TUN).await;
+    assert_eq!(code, 200);
+    assert_eq!(dest::roundtrip(&mut h1, b"abc").await, b"abc");
+    h1.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let _ = h1.read_to_end(&mut rest).await;
+    let mut idle = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], node_port)))
+        .await
+        .unwrap();
+    assert_eq!(dest::roundtrip(&mut idle, b"x").await, b"x");
+    let mut silent = TcpStream::connect(p.sni).await.unwrap();
+    // Both end on their own: read to the proxy's close.
+    let _ = idle.read_to_end(&mut rest).await;
+    let _ = silent.read_to_end(&mut rest).await;
+
+    let doc = until(&p, |d| d["closed"].as_array().is_some_and(|c| c.len() >= 4)).await;
+    let cause = |kind: &str, cause: &str| {
+        entries(&doc, "closed", kind)
+            .iter()
+            .filter(|e| e["close_cause"] == cause)
+            .count() as f64
+    };
+    assert_eq!(cause("tunneling", "dial_refused"), 1.0, "{doc:#}");
+    assert_eq!(cause("tunneling", "closed"), 1.0, "{doc:#}");
+    assert_eq!(cause("nodeport", "idle_timeout"), 1.0, "{doc:#}");
+    assert_eq!(cause("sni", "client_timeout"), 1.0, "{doc:#}");
+    let (code, text) = p.stats_get("/stats/prometheus").await;
+    assert_eq!(code, 200);
+    let series = |kind: &str, reason: &str| {
+        let name = format!(
+            "nodeport_proxy_connections_closed_total{{kind=\"{kind}\",reason=\"{reason}\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    for (kind, reason) in [
+        ("tunneling", "dial_refused"),
+        ("tunneling", "closed"),
+        ("nodeport", "idle_timeout"),
+        ("sni", "client_timeout"),
+    ] {
+        assert_eq!(
+            series(kind, reason),
+            cause(kind, reason),
+            "{kind} {reason}\n{text}"
+        );
+    }
+    let counted: usize = text
+        .lines()
+        .filter(|l| l.starts_with("nodeport_proxy_connections_closed_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as usize)
+        .sum();
+    assert_eq!(counted, doc["closed"].as_array().unwrap().len(), "{text}");
+}

@@ -644,7 +644,24 @@ async fn debug_connections_lists_live_and_closed_tunnels() {
     );
     let (code, _) = integration_tests::http_get(stats, "/debug/connections").await;
     assert_eq!(code, 404);
+    // Issue 38.4: closes are counted by reason, as listed (`close_cause`).
+    assert_eq!(closed["close_cause"], "dial_refused", "{doc:#}");
+    wait_metric(
+        &agent,
+        "tunnel_agent_connections_closed_total{kind=\"tunnel\",reason=\"dial_refused\"}",
+        1.0,
+    )
+    .await;
+    c.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest).await;
     drop(c);
+    wait_metric(
+        &agent,
+        "tunnel_agent_connections_closed_total{kind=\"tunnel\",reason=\"closed\"}",
+        1.0,
+    )
+    .await;
     agent.shutdown().await;
 }
 

@@ -15,7 +15,7 @@ use daemon::drain::Drain;
 use daemon::endpoints::{Handler, Reply};
 use daemon::listen::{AcceptOptions, accept_loop};
 use http::{Method, Request, StatusCode};
-use link::debug_connections::{Both, Connections, Tracked};
+use link::debug_connections::{Both, CloseReason, Connections, Tracked};
 use link::duplex::Plain;
 use link::h2io::H2Io;
 use link::relay::{RelayOptions, relay};
@@ -63,6 +63,16 @@ enum TunnelError {
 }
 
 impl TunnelError {
+    /// Why the local connection ends, as counted.
+    fn cause(&self) -> CloseReason {
+        match self {
+            TunnelError::NoSeed(_) => CloseReason::Overloaded,
+            TunnelError::Open(_) | TunnelError::Answer(_) => CloseReason::UpstreamLost,
+            TunnelError::AnswerTimeout(_) => CloseReason::DialTimeout,
+            TunnelError::Refused(..) => CloseReason::DialRefused,
+        }
+    }
+
     /// Whether the seed left the stream unprocessed, so that opening it
     /// again is safe: `Some(true)` when the connection is going away
     /// (GOAWAY), `Some(false)` when only the stream was refused.
@@ -155,7 +165,12 @@ impl TunnelAgent {
             listeners: tokio::sync::Mutex::new(BTreeMap::new()),
             addrs: Mutex::new(Vec::new()),
             reload_error: Mutex::new(None),
-            connections: Connections::new(),
+            connections: {
+                let c = Connections::new();
+                let m = metrics.clone();
+                c.on_close(move |kind, reason, _| m.connection_closed(kind, reason));
+                c
+            },
         });
         if let Some(l) = listeners.admin {
             let connections = inner.connections.clone();
@@ -420,7 +435,7 @@ async fn handle(
     }
     conn.set_state("connecting");
     if let Err(e) = tunnel(client, authority, inner, &conn).await {
-        conn.set_close_reason(&e);
+        conn.set_close(e.cause(), &e);
         inner.metrics.rq_failed.increment(1);
         tracing::warn!(%authority, error = %e, "local connection closed");
     }
@@ -490,7 +505,7 @@ async fn tunnel(
         inner.drain.stopping(),
     )
     .await;
-    conn.set_close_reason(end.reason());
+    conn.set_close((&end).into(), end.reason());
     inner.metrics.rq_active.decrement(1.0);
     drop(lease);
     tracing::debug!(%authority, reason = end.reason(), from_client = bytes.from_client, from_upstream = bytes.from_upstream, "tunnel closed");

@@ -109,6 +109,10 @@ impl AgentMetrics {
             "Messages in the bootstrap with fields Envoy's schema does not know, counted at each load let through by --allow-unknown-static-fields (Envoy's server.static_unknown_fields).",
         );
         r.describe_counter(
+            "tunnel_agent_connections_closed_total",
+            "Local connections closed, by reason (the close_cause of /debug/connections).",
+        );
+        r.describe_counter(
             "tunnel_agent_static_ignored_fields_total",
             "Bootstrap fields Envoy's schema knows that the agent does not act on, counted at start and at each reload that loads the file.",
         );
@@ -168,6 +172,21 @@ impl AgentMetrics {
         };
         m.loaded_now();
         Arc::new(m)
+    }
+
+    /// A local connection closed (told by `/debug/connections`' close
+    /// hook), by reason.
+    pub fn connection_closed(
+        &self,
+        kind: &'static str,
+        reason: link::debug_connections::CloseReason,
+    ) {
+        self.registry
+            .counter(
+                "tunnel_agent_connections_closed_total",
+                &[("kind", kind), ("reason", reason.label())],
+            )
+            .increment(1);
     }
 
     pub fn listener(&self, address: &str) -> ListenerStats {

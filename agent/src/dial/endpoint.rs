@@ -10,6 +10,7 @@ use konnectivity_proto::control::ControlTx;
 use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
 use link::chunks::ChunkReader;
+use link::debug_connections::CloseReason;
 use link::flow::{RecvGate, SendGate};
 use link::relay::Tally;
 use parking_lot::Mutex;
@@ -35,18 +36,24 @@ pub struct ConnHandle {
 #[derive(Clone, Default)]
 pub struct CloseSignal {
     token: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    reason: Arc<Mutex<Option<(CloseReason, String)>>>,
 }
 
 impl CloseSignal {
-    pub fn close(&self, reason: Option<String>) {
+    pub fn close(&self, reason: Option<(CloseReason, String)>) {
         if let Some(r) = reason {
             self.reason.lock().get_or_insert(r);
         }
         self.token.cancel();
     }
 
+    /// The error for the server, if the connection was closed with one.
     pub fn reason(&self) -> Option<String> {
+        self.reason.lock().as_ref().map(|(_, r)| r.clone())
+    }
+
+    /// The cause and error it was closed with, if any.
+    pub fn cause(&self) -> Option<(CloseReason, String)> {
         self.reason.lock().clone()
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use daemon::listen::{AcceptOptions, accept_loop};
+use link::debug_connections::CloseReason;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -168,7 +169,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     let (downstream, early) = match Downstream::of(&client, expect, &shared).await {
         Ok(d) => d,
         Err(e) => {
-            conn.set_close_reason(e.reason());
+            conn.set_close(e.cause(), e.reason());
             listener.reject(e.reason());
             tracing::debug!(port, error = %e, "NodePort connection closed");
             return;
@@ -183,7 +184,7 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     let Some(route) = shared.table.current().node_ports.get(&port).cloned() else {
         // The port left the table between accept and lookup.
         access.answer(0, "NR", "no_route");
-        conn.set_close_reason("no_route");
+        conn.set_close(CloseReason::DialRefused, "no_route");
         listener.reject("no_route");
         shared.metrics.tcp.downstream_cx_no_route.increment(1);
         return;
@@ -199,14 +200,14 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
     if !session.admitted() {
         session.access.cluster(session.route.cluster.name.as_str());
         session.access.answer(0, "RBAC", "source_denied");
-        conn.set_close_reason("source_denied");
+        conn.set_close(CloseReason::DialRefused, "source_denied");
         listener.reject("source_denied");
         return;
     }
     let upstream = match session.connect().await {
         Ok(u) => u,
         Err(e) => {
-            conn.set_close_reason("upstream_unavailable");
+            conn.set_close(e.cause(), "upstream_unavailable");
             listener.reject("upstream_unavailable");
             tracing::warn!(port, error = %e, "NodePort connection closed");
             return;

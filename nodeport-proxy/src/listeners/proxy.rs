@@ -153,7 +153,12 @@ impl NodePortProxy {
             table: store,
             metrics: metrics.clone(),
             drain: drain.clone(),
-            connections: link::debug_connections::Connections::new(),
+            connections: {
+                let c = link::debug_connections::Connections::new();
+                let m = metrics.clone();
+                c.on_close(move |kind, reason, _| m.connection_closed(kind, reason));
+                c
+            },
         });
         let stats_drain = Drain::new();
         if let Some(l) = listeners.admin {

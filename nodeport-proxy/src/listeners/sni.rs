@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use link::debug_connections::Tracked;
+use link::debug_connections::{CloseReason, Tracked};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -41,6 +41,18 @@ pub enum SniError {
 }
 
 impl SniError {
+    fn cause(&self) -> CloseReason {
+        match self {
+            SniError::Timeout => CloseReason::ClientTimeout,
+            SniError::ClientClosed => CloseReason::ClientClosed,
+            SniError::ClientIo(_) => CloseReason::ClientLost,
+            SniError::Hello(_) | SniError::NoServerName => CloseReason::ProtocolError,
+            SniError::NoRoute(_) | SniError::Denied(..) => CloseReason::DialRefused,
+            SniError::ProxyHeader(e) => e.cause(),
+            SniError::Upstream(e) => e.cause(),
+        }
+    }
+
     fn reason(&self) -> &'static str {
         match self {
             SniError::Timeout => "client_hello_timeout",
@@ -72,7 +84,7 @@ pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerSt
     let conn = shared.connections.open("sni", client.peer_addr().ok());
     conn.set_state("handshake");
     if let Err(e) = serve(client, &shared, &conn).await {
-        conn.set_close_reason(e.reason());
+        conn.set_close(e.cause(), e.reason());
         listener.reject(e.reason());
         if matches!(e, SniError::NoRoute(_) | SniError::NoServerName) {
             shared.metrics.tcp.downstream_cx_no_route.increment(1);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use daemon::prefixed::PrefixedIo;
-use link::debug_connections::Tracked;
+use link::debug_connections::{CloseReason, Tracked};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -60,7 +60,7 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
     let (downstream, mut buf) = match Box::pin(Downstream::of(&client, expect, shared)).await {
         Ok(d) => d,
         Err(e) => {
-            conn.set_close_reason(e.reason());
+            conn.set_close(e.cause(), e.reason());
             l.stats.reject(e.reason());
             tracing::debug!(error = %e, "tunneling connection closed");
             return;
@@ -79,12 +79,12 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
     // Read until the bytes either are the HTTP/2 preface or cannot be.
     while buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&buf) {
         match read_head(&client, &mut buf, MAX_CONNECT_HEAD, deadline).await {
-            HeadRead::Closed => return,
+            HeadRead::Closed => return conn.set_cause(CloseReason::ClientClosed),
             HeadRead::More => {}
             HeadRead::TimedOut => {
                 http.downstream_rq_header_timeout.increment(1);
                 l.stats.reject("request_header_timeout");
-                conn.set_close_reason("request_header_timeout");
+                conn.set_close(CloseReason::ClientTimeout, "request_header_timeout");
                 if !buf.is_empty() {
                     access.protocol("HTTP/1.1");
                     access.answer(408, "-", "request_header_timeout");
@@ -102,11 +102,12 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         while !client_preface_complete(&buf) {
             let max = MAX_CLIENT_PREFACE.max(buf.len() + 1);
             match read_head(&client, &mut buf, max, deadline).await {
-                HeadRead::Closed => return,
+                HeadRead::Closed => return conn.set_cause(CloseReason::ClientClosed),
                 HeadRead::More => {}
                 HeadRead::TimedOut => {
                     http.downstream_rq_header_timeout.increment(1);
                     l.stats.reject("request_header_timeout");
+                    conn.set_close(CloseReason::ClientTimeout, "request_header_timeout");
                     return;
                 }
             }
@@ -154,18 +155,19 @@ async fn http1(
                     http.downstream_rq_total.increment(1);
                     http.downstream_cx_protocol_error.increment(1);
                     let e = TunnelError::Request(e);
-                    conn.set_close_reason(e.reason());
+                    conn.set_close(e.cause(), e.reason());
                     return refuse_h1(&mut client, e, l, &mut access).await;
                 }
             }
         }
         unparsed_from = buf.len();
         match read_head(&client, &mut buf, MAX_CONNECT_HEAD, deadline).await {
-            HeadRead::Closed => return,
+            HeadRead::Closed => return conn.set_cause(CloseReason::ClientClosed),
             HeadRead::More => {}
             HeadRead::TimedOut => {
                 http.downstream_rq_header_timeout.increment(1);
-                conn.set_close_reason(TunnelError::HeaderTimeout.reason());
+                let e = TunnelError::HeaderTimeout;
+                conn.set_close(e.cause(), e.reason());
                 return refuse_h1(&mut client, TunnelError::HeaderTimeout, l, &mut access).await;
             }
         }
@@ -180,14 +182,14 @@ async fn http1(
     let (mut session, upstream, _permit) = match opened {
         Ok(o) => o,
         Err(e) => {
-            conn.set_close_reason(e.reason());
+            conn.set_close(e.cause(), e.reason());
             return refuse_h1(&mut client, e, l, &mut access).await;
         }
     };
     session.access.answer(200, "-", "-");
     if client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.is_err() {
         session.access.answer(200, "DC", "client_error");
-        conn.set_close_reason("client_error");
+        conn.set_close(CloseReason::ClientLost, "client_error");
         return;
     }
     http.downstream_rq_2xx.increment(1);

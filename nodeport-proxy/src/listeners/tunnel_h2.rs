@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
-use link::debug_connections::Tracked;
+use link::debug_connections::{CloseReason, Tracked};
 use link::h2io::H2Io;
 use link::h2window::{Action, Controller, Meter};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -161,7 +161,7 @@ async fn stream(
         Ok(a) => a,
         Err(e) => {
             let e = TunnelError::Request(e);
-            conn.set_close_reason(e.reason());
+            conn.set_close(e.cause(), e.reason());
             return refuse(&mut respond, e, l, &mut access);
         }
     };
@@ -172,7 +172,7 @@ async fn stream(
         match open(&authority, l, *downstream, conn, &mut access).await {
             Ok(o) => o,
             Err(e) => {
-                conn.set_close_reason(e.reason());
+                conn.set_close(e.cause(), e.reason());
                 return refuse(&mut respond, e, l, &mut access);
             }
         };
@@ -181,7 +181,7 @@ async fn stream(
         Ok(s) => s,
         Err(e) => {
             session.access.answer(200, "DC", "client_error");
-            conn.set_close_reason("client_error");
+            conn.set_close(CloseReason::ClientLost, "client_error");
             tracing::debug!(error = %e, "client: stream gone before 200");
             return;
         }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use link::debug_connections::Tracked;
+use link::debug_connections::{CloseReason, Tracked};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::relay::access_log::Access;
@@ -51,6 +51,17 @@ impl TunnelError {
             TunnelError::Overloaded => "UO",
             TunnelError::Denied(..) => "RBAC",
             TunnelError::Upstream(e) => e.flags(),
+        }
+    }
+
+    /// Why the tunnel ends, as counted.
+    pub(crate) fn cause(&self) -> CloseReason {
+        match self {
+            TunnelError::Request(_) => CloseReason::ProtocolError,
+            TunnelError::HeaderTimeout => CloseReason::ClientTimeout,
+            TunnelError::NoRoute(_) | TunnelError::Denied(..) => CloseReason::DialRefused,
+            TunnelError::Overloaded => CloseReason::Overloaded,
+            TunnelError::Upstream(e) => e.cause(),
         }
     }
 

@@ -35,6 +35,16 @@ pub enum ProxyHeaderError {
 }
 
 impl ProxyHeaderError {
+    /// Why the connection ends, as counted.
+    pub fn cause(&self) -> link::debug_connections::CloseReason {
+        use link::debug_connections::CloseReason;
+        match self {
+            ProxyHeaderError::Timeout(_) => CloseReason::ClientTimeout,
+            ProxyHeaderError::Closed => CloseReason::ClientClosed,
+            _ => CloseReason::ProtocolError,
+        }
+    }
+
     pub fn reason(&self) -> &'static str {
         match self {
             ProxyHeaderError::Timeout(_) => "proxy_protocol_timeout",

@@ -259,7 +259,7 @@ impl Session<'_> {
             );
             if let Err(e) = upstream.write_all(&header).await {
                 let end = RelayEnd::UpstreamError(e);
-                conn.set_close_reason(end.reason());
+                conn.set_close((&end).into(), end.reason());
                 access.ended(&end, RelayBytes::default());
                 return end;
             }
@@ -268,7 +268,7 @@ impl Session<'_> {
         if !early.is_empty() {
             if let Err(e) = upstream.write_all(&early).await {
                 let end = RelayEnd::UpstreamError(e);
-                conn.set_close_reason(end.reason());
+                conn.set_close((&end).into(), end.reason());
                 access.ended(&end, RelayBytes::default());
                 return end;
             }
@@ -287,7 +287,7 @@ impl Session<'_> {
             }
         };
         let (end, moved) = relay(client, Plain(upstream), options, &Both(&bytes, conn), stop).await;
-        conn.set_close_reason(end.reason());
+        conn.set_close((&end).into(), end.reason());
         tracing::debug!(
             route = %route.key,
             upstream = %endpoint,

@@ -5,6 +5,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use daemon::keepalive::TcpKeepalive;
+use link::debug_connections::CloseReason;
 use tokio::net::TcpStream;
 
 use crate::routing::table::Cluster;
@@ -33,6 +34,15 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// Why the connection ends, as counted.
+    pub fn cause(&self) -> CloseReason {
+        match self {
+            UpstreamError::NoEndpoints(_) => CloseReason::DialRefused,
+            UpstreamError::Timeout { .. } => CloseReason::DialTimeout,
+            UpstreamError::Connect { .. } => CloseReason::DialFailed,
+        }
+    }
+
     /// Envoy's response flag for this failure.
     pub fn flags(&self) -> &'static str {
         match self {

@@ -238,6 +238,21 @@ impl Metrics {
     }
 
     /// Drops the series of a cluster that left the table.
+    /// A connection or tunnel closed (told by `/debug/connections`' close
+    /// hook), by listener kind and reason.
+    pub fn connection_closed(
+        &self,
+        kind: &'static str,
+        reason: link::debug_connections::CloseReason,
+    ) {
+        self.registry
+            .counter(
+                "nodeport_proxy_connections_closed_total",
+                &[("kind", kind), ("reason", reason.label())],
+            )
+            .increment(1);
+    }
+
     pub fn remove_cluster(&self, name: &ClusterName) {
         self.clusters.remove(name);
     }
@@ -389,6 +404,10 @@ fn describe(r: &Registry) {
         "Connections closed for a protocol error.",
     );
     envoy::ListenerStats::describe(r);
+    r.describe_counter(
+        "nodeport_proxy_connections_closed_total",
+        "Connections and tunnels closed, by listener kind and reason (the close_cause of /debug/connections).",
+    );
     r.describe_counter(
         "nodeport_proxy_table_reloads_total",
         "Routing table loads, by result.",
