@@ -34,6 +34,11 @@ fn hpack_corpus() {
 }
 
 #[test]
+fn traceparent_corpus() {
+    replay("traceparent", crate::fuzzing::traceparent);
+}
+
+#[test]
 fn packets_corpus() {
     replay("packets", crate::fuzzing::packets);
 }

@@ -23,6 +23,13 @@ pub fn connect_head(data: &[u8]) {
     let _ = crate::frontend::connect_head::parse_head(data);
 }
 
+/// The W3C `traceparent` parser (HTTP CONNECT header, gRPC metadata).
+pub fn traceparent(data: &[u8]) {
+    if let Some(t) = crate::traceparent::TraceParent::parse(data) {
+        assert_eq!(t.trace_id_hex().len(), 32);
+    }
+}
+
 /// The Unix-socket gRPC frontend's frame walker and HPACK decoder: feeds
 /// `data` through [`crate::frontend::FixAuthority`] in reads of varying
 /// size and checks it hands on no more than it could have been given.

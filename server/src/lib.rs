@@ -20,6 +20,7 @@ pub mod leases;
 pub mod limits;
 pub mod metrics;
 pub mod options;
+mod traceparent;
 mod transport;
 mod tunnel;
 

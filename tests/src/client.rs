@@ -106,7 +106,32 @@ pub struct DialFailed(pub String);
 
 /// Opens a stream, sends DIAL_REQ and waits for DIAL_RSP.
 pub async fn grpc_dial(frontend: &Frontend, address: &str) -> Result<GrpcTunnel, DialFailed> {
-    let mut t = start_dial(frontend, address).await;
+    grpc_dial_with(frontend, address, &[]).await
+}
+
+/// [`grpc_dial`] with `metadata` on the `Proxy` call (a `traceparent`, say).
+pub async fn grpc_dial_with(
+    frontend: &Frontend,
+    address: &str,
+    metadata: &[(&'static str, &str)],
+) -> Result<GrpcTunnel, DialFailed> {
+    let (tx, rx, conn) = open_stream_with(frontend, metadata).await;
+    let dial_id = konnectivity_proto::ids::DialId::random().0;
+    tx.send(Packet::dial_request("tcp", address, dial_id))
+        .await
+        .unwrap();
+    let t = GrpcTunnel {
+        tx,
+        rx,
+        connect_id: 0,
+        dial_id,
+        pending: BytesMut::new(),
+        conn: Some(conn),
+    };
+    answered(t).await
+}
+
+async fn answered(mut t: GrpcTunnel) -> Result<GrpcTunnel, DialFailed> {
     match t.rx.message().await {
         Ok(Some(Packet {
             payload: Some(Payload::DialResponse(r)),
@@ -152,11 +177,22 @@ pub async fn open_stream(frontend: &Frontend) -> (mpsc::Sender<Packet>, Inbound)
 }
 
 async fn open_stream_owned(frontend: &Frontend) -> (mpsc::Sender<Packet>, Inbound, JoinHandle<()>) {
+    open_stream_with(frontend, &[]).await
+}
+
+async fn open_stream_with(
+    frontend: &Frontend,
+    metadata: &[(&'static str, &str)],
+) -> (mpsc::Sender<Packet>, Inbound, JoinHandle<()>) {
     let (mut client, conn) = frontend.grpc_client().await.unwrap();
     let (tx, rx) = mpsc::channel(64);
+    let mut req = tonic::Request::new(ReceiverStream::new(rx));
+    for (k, v) in metadata {
+        req.metadata_mut().insert(*k, v.parse().unwrap());
+    }
     // The call runs on its own task: it sends the request and what `tx`
     // queues, and resolves only with the server's first packet.
-    let call = tokio::spawn(async move { client.proxy(ReceiverStream::new(rx)).await });
+    let call = tokio::spawn(async move { client.proxy(req).await });
     (tx, Inbound(InboundState::Pending(call)), conn)
 }
 
@@ -316,8 +352,19 @@ pub async fn http_connect(frontend: &Frontend, address: &str) -> ConnectReply {
 
 /// Like [`http_connect`] on an open stream, with `early` bytes sent right
 /// after the request head (before the 200).
-pub async fn http_connect_on(mut s: Box<dyn Io>, address: &str, early: &[u8]) -> ConnectReply {
-    let mut req = format!("CONNECT {address} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").into_bytes();
+pub async fn http_connect_on(s: Box<dyn Io>, address: &str, early: &[u8]) -> ConnectReply {
+    http_connect_headers(s, address, "", early).await
+}
+
+/// [`http_connect_on`] with `headers` (each line ending in CRLF) after Host.
+pub async fn http_connect_headers(
+    mut s: Box<dyn Io>,
+    address: &str,
+    headers: &str,
+    early: &[u8],
+) -> ConnectReply {
+    let mut req =
+        format!("CONNECT {address} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}\r\n").into_bytes();
     req.extend_from_slice(early);
     s.write_all(&req).await.unwrap();
     // Read one byte at a time up to the blank line, so no tunnel byte is consumed.

@@ -1,6 +1,7 @@
 //! Issue 38.4, every close explained: proxy-server and proxy-agent count
 //! closed tunnels by a fixed set of reasons, from the same place that fills
-//! `/debug/connections`' closed ring, so a scrape and a listing agree.
+//! `/debug/connections`' closed ring, so a scrape and a listing agree; a
+//! frontend's W3C `traceparent` names its tunnel there.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -8,12 +9,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use integration_tests::certs::Pki;
-use integration_tests::client::grpc_dial;
+use integration_tests::client::{grpc_dial, grpc_dial_with, http_connect_headers};
 use integration_tests::dest;
 use integration_tests::eventually;
 use integration_tests::konnectivity::{
     ServerOpts, Stack, http_get, init_logging, metric, start_server,
 };
+use proxy_server::Mode;
 
 const SERVER: &str = "konnectivity_network_proxy_server_connections_closed_total";
 const AGENT: &str = "konnectivity_network_proxy_agent_connections_closed_total";
@@ -158,4 +160,85 @@ async fn a_dial_with_no_agent_is_counted_as_refused() {
             .all(|l| !l.contains("No agent")),
         "{text}"
     );
+}
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The live entry of `admin`'s `/debug/connections` whose target is `target`.
+async fn live_entry(admin: SocketAddr, target: &str) -> serde_json::Value {
+    let (code, body) = http_get(admin, "/debug/connections").await;
+    assert_eq!(code, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    doc["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["target"] == target)
+        .cloned()
+        .unwrap_or_else(|| panic!("no live entry for {target}: {doc:#}"))
+}
+
+/// A W3C `traceparent` from the frontend (gRPC metadata) names the tunnel in
+/// the server's `/debug/connections`, and the dial id ties that entry to
+/// the agent's: one `kubectl exec` can be followed from the server to the
+/// destination.
+#[tokio::test]
+async fn a_traceparent_in_grpc_metadata_names_the_tunnel_on_the_server() {
+    let stack = Stack::start(ServerOpts::default()).await;
+    let echo = dest::echo().await;
+    let target = echo.to_string();
+    let t = grpc_dial_with(
+        &stack.server.frontend,
+        &target,
+        &[("traceparent", TRACEPARENT)],
+    )
+    .await
+    .unwrap();
+    let s = live_entry(stack.server.admin_addr, &target).await;
+    assert_eq!(s["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736", "{s:#}");
+    assert_eq!(s["parent_span_id"], "00f067aa0ba902b7", "{s:#}");
+    assert_eq!(s["dial_id"], t.dial_id.to_string(), "{s:#}");
+    let a = live_entry(stack.agent.admin_addr, &target).await;
+    assert_eq!(a["dial_id"], s["dial_id"], "{a:#}");
+    // A malformed one is ignored, as the recommendation asks.
+    let u = grpc_dial_with(
+        &stack.server.frontend,
+        &target,
+        &[(
+            "traceparent",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        )],
+    )
+    .await
+    .unwrap();
+    let (_, body) = http_get(stack.server.admin_addr, "/debug/connections").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let want = u.dial_id.to_string();
+    let other = doc["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["dial_id"] == want.as_str())
+        .unwrap();
+    assert!(other.get("trace_id").is_none(), "{other:#}");
+    drop((t, u));
+}
+
+/// The same from an HTTP CONNECT header.
+#[tokio::test]
+async fn a_traceparent_header_on_http_connect_names_the_tunnel_on_the_server() {
+    let stack = Stack::start(ServerOpts {
+        mode: Mode::HttpConnect,
+        ..Default::default()
+    })
+    .await;
+    let echo = dest::echo().await;
+    let target = echo.to_string();
+    let s = stack.server.frontend.connect().await.unwrap();
+    let r = http_connect_headers(s, &target, &format!("Traceparent: {TRACEPARENT}\r\n"), b"").await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    let e = live_entry(stack.server.admin_addr, &target).await;
+    assert_eq!(e["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736", "{e:#}");
+    assert_eq!(e["parent_span_id"], "00f067aa0ba902b7", "{e:#}");
+    drop(r);
 }

@@ -21,6 +21,8 @@ pub enum Head {
     Connect {
         authority: ConnectAuthority,
         user_agent: String,
+        /// A valid W3C `traceparent` header, if one was sent.
+        traceparent: Option<crate::traceparent::TraceParent>,
     },
     /// Any other method: Go's handler answers 405.
     OtherMethod {
@@ -274,10 +276,14 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
         .and_then(|v| std::str::from_utf8(v).ok())
         .unwrap_or_default()
         .to_string();
+    let traceparent = header("traceparent")
+        .next()
+        .and_then(crate::traceparent::TraceParent::parse);
     Ok(Some((
         Head::Connect {
             authority: ConnectAuthority(host),
             user_agent,
+            traceparent,
         },
         len,
     )))
@@ -302,6 +308,7 @@ mod tests {
             Head::Connect {
                 authority: ConnectAuthority(String::new()),
                 user_agent: String::new(),
+                traceparent: None,
             },
             0,
         ));
@@ -309,7 +316,8 @@ mod tests {
             head,
             Head::Connect {
                 authority: ConnectAuthority("10.0.0.5:10250".into()),
-                user_agent: "kube".into()
+                user_agent: "kube".into(),
+                traceparent: None,
             }
         );
         assert_eq!(&req[len..], b"EXTRA");

@@ -36,8 +36,15 @@ impl ProxyService for ProxySvc {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
+        let traceparent = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| crate::traceparent::TraceParent::parse(v.as_bytes()));
         let inbound = request.into_inner();
         let (tunnel, queue) = Tunnel::tracked(Some(self.core.debug.open("grpc", self.source)));
+        if let (Some(tp), Some(d)) = (traceparent, tunnel.debug()) {
+            tp.record(d);
+        }
         let span = tracing::debug_span!("proxy", tunnel = tunnel.id, user_agent = %user_agent);
         let core = self.core.clone();
         let drain = self.drain.clone();

@@ -186,15 +186,16 @@ where
     let mut buf = BytesMut::new();
     // Requests other than CONNECT are answered 405 and, as Go's server
     // does, the connection is read for the next request.
-    let (authority, user_agent, len) = loop {
+    let (authority, user_agent, traceparent, len) = loop {
         match read_head(io, &mut buf).await {
             HeadRead::Head(
                 Head::Connect {
                     authority,
                     user_agent,
+                    traceparent,
                 },
                 len,
-            ) => break (authority, user_agent, len),
+            ) => break (authority, user_agent, traceparent, len),
             HeadRead::Head(
                 Head::OtherMethod {
                     method,
@@ -228,6 +229,9 @@ where
     tracing::debug!(host = %authority.0, user_agent = %user_agent, "CONNECT");
 
     let (tunnel, queue) = Tunnel::tracked(Some(core.debug.open("http-connect", source)));
+    if let (Some(tp), Some(d)) = (traceparent, tunnel.debug()) {
+        tp.record(d);
+    }
     let dial = DialId::random();
     let req = Packet::dial_request("tcp", &authority.0, dial.0);
     if let Err(why) = core.dial(&tunnel, req).await {
