@@ -67,6 +67,8 @@ pub struct Core {
     pub backends: Backends<Tunnel>,
     /// Live and recently closed tunnels, for `/debug/connections`.
     pub debug: link::debug_connections::Connections,
+    /// `--otlp-traces-endpoint`: spans of dials go there.
+    pub otlp: std::sync::OnceLock<Arc<crate::otlp::Exporter>>,
     pending: Mutex<HashMap<DialId, Pending>>,
     pub metrics: Arc<Metrics>,
     /// The process budget and totals of every agent stream's windows.
@@ -117,10 +119,23 @@ impl Core {
         Core {
             backends,
             debug,
+            otlp: std::sync::OnceLock::new(),
             pending: Mutex::new(HashMap::new()),
             metrics,
             flow,
             cfg,
+        }
+    }
+
+    /// With `--otlp-traces-endpoint`, gives `tunnel` its dial's span.
+    pub fn start_trace(
+        &self,
+        tunnel: &Tunnel,
+        frontend: &'static str,
+        parent: Option<crate::traceparent::TraceParent>,
+    ) {
+        if let Some(e) = self.otlp.get() {
+            tunnel.start_trace(e.clone(), crate::otlp::DialTrace::new(frontend, parent));
         }
     }
 
@@ -186,6 +201,9 @@ impl Core {
 
     /// Queues the agent's DATA for a frontend, counting waits on full queues.
     async fn deliver(&self, t: &Tunnel, pkt: Packet) -> crate::tunnel::Delivery {
+        if let Some(trace) = t.trace() {
+            trace.first_byte();
+        }
         let started = Instant::now();
         let gauge = self.metrics.full_receive_channels(Service::Connect);
         let d = t
@@ -233,6 +251,9 @@ impl Core {
             return Err(DialRefused::NoAgent);
         };
         tracing::debug!(dial_id = %dial, address = %req.address, agent_id = %backend.agent_id, "DIAL_REQ");
+        if let Some(t) = tunnel.trace() {
+            t.dialing(&backend.agent_id.to_string(), &req.address, dial.0);
+        }
         if let Some(d) = tunnel.debug() {
             d.set_target(&req.address);
             d.set_upstream(&backend.agent_id);
@@ -398,6 +419,9 @@ impl Core {
             // or will not need it.
             self.take_pending_of(dial, &tunnel);
             return Redial::Elsewhere;
+        }
+        if let Some(t) = tunnel.trace() {
+            t.dialing(&next.agent_id.to_string(), &address, dial.0);
         }
         tracing::info!(dial_id = %dial, address = %address, from = %from.agent_id, to = %next.agent_id, "dial re-sent to another agent: its agent left or is draining before answering");
         self.metrics.dial_resent();
@@ -811,6 +835,9 @@ impl Core {
         if let Some(d) = p.tunnel.debug() {
             d.set("connect_id", connect_id);
             d.set_state("established");
+        }
+        if let Some(t) = p.tunnel.trace() {
+            t.answered();
         }
         self.metrics
             .dial_duration

@@ -20,6 +20,7 @@ pub mod leases;
 pub mod limits;
 pub mod metrics;
 pub mod options;
+pub mod otlp;
 mod traceparent;
 mod transport;
 mod tunnel;
@@ -232,6 +233,16 @@ impl Server {
         self
     }
 
+    /// Sends a span per dial to the OTLP/HTTP receiver at `endpoint`
+    /// (`--otlp-traces-endpoint`); without one nothing is traced.
+    pub fn with_otlp_traces(self, endpoint: Option<otlp::Endpoint>) -> Server {
+        if let Some(e) = endpoint {
+            tracing::info!(endpoint = %e.authority, path = %e.path, "dials are traced (OTLP/HTTP)");
+            let _ = self.core.otlp.set(Arc::new(otlp::Exporter::new(e)));
+        }
+        self
+    }
+
     /// Turns on token authentication and/or the lease controller (see
     /// [`options::kubernetes`]); both start with [`Server::run`].
     pub fn with_kubernetes(mut self, kubernetes: options::Kubernetes) -> Server {
@@ -295,6 +306,9 @@ impl Server {
             FrontendListener::Tcp(l) => log_bound("frontend", l),
         }
 
+        if let Some(e) = core.otlp.get() {
+            e.spawn();
+        }
         let registry = core.metrics.registry().clone();
         for tls in config.frontend_tls.iter().chain([&config.agent_tls]) {
             drain.spawn(

@@ -19,7 +19,10 @@ async fn main() -> anyhow::Result<()> {
         daemon::signals::Terminations::install().context("installing signal handlers")?;
     let server = proxy_server::Server::new(config)
         .with_kubernetes(kubernetes)
-        .with_profiling(flags.enable_profiling);
+        .with_profiling(flags.enable_profiling)
+        .with_otlp_traces(
+            proxy_server::options::otlp_traces(&flags).unwrap_or_else(|e| usage_error(&e)),
+        );
     let shutdown = async move {
         signals.next().await;
         tracing::info!("received termination signal; draining (send it again to exit at once)");

@@ -73,6 +73,8 @@ go_compat::typed_flags! {
         frontend_keepalive_time: Duration,
         #[flag("enable-profiling", false, "enable pprof at host:admin-port/debug/pprof (CPU profiles; see docs/konnectivity.md)")]
         enable_profiling: bool,
+        #[flag("otlp-traces-endpoint", "", "Ours: an OTLP/HTTP receiver (http://host:port, e.g. an OpenTelemetry collector's 4318) to send one span per dial to; empty (the default) traces nothing. See docs/konnectivity.md.")]
+        otlp_traces_endpoint: String,
         #[flag("enable-contention-profiling", false, "Accepted for compatibility: Go's block profile has no counterpart here.")]
         enable_contention_profiling: bool,
         #[flag("server-id", "", "The unique ID of this server. Can also be set by the 'PROXY_SERVER_ID' environment variable.")]
@@ -156,6 +158,14 @@ pub struct Kubernetes {
 impl Kubernetes {
     pub fn is_empty(&self) -> bool {
         self.token_auth.is_none() && self.leases.is_none()
+    }
+}
+
+/// `--otlp-traces-endpoint`, when given.
+pub fn otlp_traces(f: &Flags) -> Result<Option<crate::otlp::Endpoint>, String> {
+    match f.otlp_traces_endpoint.as_str() {
+        "" => Ok(None),
+        s => crate::otlp::Endpoint::parse(s).map(Some),
     }
 }
 

@@ -108,6 +108,17 @@ pub struct Tunnel {
     debug: Option<Tracked>,
     /// A close reason was recorded (the first one wins).
     reason_noted: AtomicBool,
+    /// Its span, with `--otlp-traces-endpoint`; sent when the tunnel is
+    /// dropped.
+    trace: OnceLock<(Arc<crate::otlp::Exporter>, crate::otlp::DialTrace)>,
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        if let Some((exporter, trace)) = self.trace.get() {
+            trace.finish(exporter);
+        }
+    }
 }
 
 impl std::fmt::Debug for Tunnel {
@@ -239,6 +250,7 @@ impl Tunnel {
             abort: Mutex::new(None),
             debug,
             reason_noted: AtomicBool::new(false),
+            trace: OnceLock::new(),
         });
         (t, FrontendQueue { rx, finished })
     }
@@ -248,8 +260,21 @@ impl Tunnel {
         self.debug.as_ref()
     }
 
+    /// Traces the tunnel's dial (`--otlp-traces-endpoint`).
+    pub fn start_trace(&self, exporter: Arc<crate::otlp::Exporter>, trace: crate::otlp::DialTrace) {
+        let _ = self.trace.set((exporter, trace));
+    }
+
+    /// Its span, when traced.
+    pub fn trace(&self) -> Option<&crate::otlp::DialTrace> {
+        self.trace.get().map(|(_, t)| t)
+    }
+
     /// Records why the tunnel ends, unless a reason was recorded already.
     pub fn note_close(&self, cause: CloseReason, reason: impl std::fmt::Display) {
+        if let Some(t) = self.trace() {
+            t.closing(cause, &reason.to_string());
+        }
         if let Some(d) = &self.debug
             && !self.reason_noted.swap(true, Ordering::Relaxed)
         {

@@ -48,6 +48,8 @@ pub struct ServerOpts {
     pub agent_host: &'static str,
     /// Offer per-connection flow control to agents that ask.
     pub flow_control: bool,
+    /// `--otlp-traces-endpoint`.
+    pub otlp_traces: Option<String>,
 }
 
 impl ServerOpts {
@@ -76,6 +78,7 @@ impl Default for ServerOpts {
             agent_port: 0,
             agent_host: "127.0.0.1",
             flow_control: true,
+            otlp_traces: None,
         }
     }
 }
@@ -208,7 +211,11 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
         frontend_keepalive_time: Duration::from_secs(3600),
         graceful_shutdown_timeout: opts.grace,
     };
-    let server = Server::new(config);
+    let server = Server::new(config).with_otlp_traces(
+        opts.otlp_traces
+            .as_deref()
+            .map(|e| proxy_server::otlp::Endpoint::parse(e).unwrap()),
+    );
     let handle = server.handle();
     let (stop, stop_rx) = oneshot::channel::<()>();
     let listeners = Listeners {

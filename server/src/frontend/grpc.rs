@@ -45,6 +45,7 @@ impl ProxyService for ProxySvc {
         if let (Some(tp), Some(d)) = (traceparent, tunnel.debug()) {
             tp.record(d);
         }
+        self.core.start_trace(&tunnel, "grpc", traceparent);
         let span = tracing::debug_span!("proxy", tunnel = tunnel.id, user_agent = %user_agent);
         let core = self.core.clone();
         let drain = self.drain.clone();

@@ -232,6 +232,7 @@ where
     if let (Some(tp), Some(d)) = (traceparent, tunnel.debug()) {
         tp.record(d);
     }
+    core.start_trace(&tunnel, "http-connect", traceparent);
     let dial = DialId::random();
     let req = Packet::dial_request("tcp", &authority.0, dial.0);
     if let Err(why) = core.dial(&tunnel, req).await {
