@@ -120,6 +120,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             ),
             flow: link::flow::FlowPool::new(link::flow::FlowSettings::default()),
             dialer,
+            otlp: None,
         },
         drain.clone(),
     );

@@ -64,6 +64,7 @@ async fn large_packets_to_stalled_destinations_are_held_to_the_stream_budget() {
             ),
             flow: flow.clone(),
             dialer,
+            otlp: None,
         },
         drain.clone(),
     );

@@ -30,6 +30,7 @@ mod legacy_tests;
 pub mod limits;
 pub mod metrics;
 pub mod options;
+mod otlp;
 pub mod servers;
 mod session;
 
@@ -237,6 +238,9 @@ impl Agent {
             lease_counting,
             profiling,
         } = self;
+        if let Some(e) = &config.session.otlp {
+            e.spawn();
+        }
         let stop_counting = tokio_util::sync::CancellationToken::new();
         if let Some(counting) = lease_counting {
             tracing::info!(namespace = %counting.namespace, selector = %counting.selector, "counting proxy servers by their leases");

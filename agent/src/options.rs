@@ -92,6 +92,8 @@ go_compat::typed_flags! {
         destination_stall_timeout: Duration,
         #[flag("allow-expired-certificates", false, "Ours: start even if --agent-cert holds a certificate that is expired or not yet valid (or --ca-cert none that is valid now), with a warning; without it that is a start-up error. Hot reloads refuse such files either way.")]
         allow_expired_certificates: bool,
+        #[flag("otlp-traces-endpoint", "", "Ours: an OTLP/HTTP receiver (http://host:port, e.g. an OpenTelemetry collector's 4318) to send one span per dial to; empty (the default) traces nothing. See docs/konnectivity.md.")]
+        otlp_traces_endpoint: String,
         #[flag("allowed-destinations", "", "Ours: comma-separated CIDRs the agent may dial for its servers, each optionally with :PORT or :FIRST-LAST (IPv6 with ports: [CIDR]:PORT). Empty allows every destination, as upstream.")]
         allowed_destinations: String,
         #[flag("graceful-shutdown-timeout", GRACEFUL_SHUTDOWN_TIMEOUT, "Ours: after the first SIGTERM (DRAIN sent), how long the agent keeps serving (open connections, and dials servers still route to it as their last resort) before it closes what is left and exits; a second SIGTERM exits at once. Keep it below the pod's terminationGracePeriodSeconds.")]
@@ -347,6 +349,13 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             ),
             flow,
             dialer: Default::default(),
+            otlp: match f.otlp_traces_endpoint.as_str() {
+                "" => None,
+                s => Some(Arc::new(daemon::otlp::Exporter::new(
+                    daemon::otlp::Endpoint::parse(s)?,
+                    "proxy-agent",
+                ))),
+            },
         },
     };
     let addrs = Addresses {

@@ -41,6 +41,8 @@ pub struct SessionConfig {
     pub flow: Arc<FlowPool>,
     /// TCP, or in-memory pipes in the fuzz target.
     pub dialer: Dialer,
+    /// `--otlp-traces-endpoint`: each dial's span goes there.
+    pub otlp: Option<Arc<daemon::otlp::Exporter>>,
 }
 
 /// Where a session's packets to the server go.
@@ -357,6 +359,14 @@ impl Session {
     ) {
         let started = Instant::now();
         let debug = self.debug.open("tunnel", None);
+        let mut span = self.cfg.otlp.as_ref().map(|e| {
+            crate::otlp::DialSpan::new(
+                e.clone(),
+                dial_id.0,
+                &self.server_id.to_string(),
+                &req.address,
+            )
+        });
         debug.set_target(&req.address);
         debug.set("server_id", &self.server_id);
         debug.set("dial_id", dial_id);
@@ -368,7 +378,12 @@ impl Session {
         self.dials.lock().remove(&dial_id);
         let stream = match dialed {
             None => {
-                debug.set_close(CloseReason::ClientClosed, "dial cancelled by the server");
+                close_as(
+                    &debug,
+                    &mut span,
+                    CloseReason::ClientClosed,
+                    "dial cancelled by the server",
+                );
                 return;
             }
             Some(Err(e)) => {
@@ -379,7 +394,12 @@ impl Session {
                 } else {
                     CloseReason::DialFailed
                 };
-                debug.set_close(cause, format_args!("dial failed: {}", e.text));
+                close_as(
+                    &debug,
+                    &mut span,
+                    cause,
+                    &format!("dial failed: {}", e.text),
+                );
                 if e.denied {
                     self.metrics.dial_denied();
                     tracing::info!(address = %req.address, "dial refused by --allowed-destinations");
@@ -397,6 +417,9 @@ impl Session {
             .record(started.elapsed().as_secs_f64());
         if let Some(peer) = stream.peer_addr() {
             debug.set_upstream(peer);
+        }
+        if let Some(s) = &mut span {
+            s.dialed(stream.peer_addr());
         }
         debug.set("connect_id", connect);
         debug.set_state("established");
@@ -452,17 +475,16 @@ impl Session {
             }
             // Its queue is gone with the pump: so is what it held.
             gate.discard();
-            note_close(
-                &debug,
-                &close,
-                self.closed.is_cancelled(),
-                self.drain.is_stopping(),
-            );
+            let (cause, why) =
+                note_close(&close, self.closed.is_cancelled(), self.drain.is_stopping());
+            close_as(&debug, &mut span, cause, &why);
             self.metrics
                 .connection_duration
                 .record(established.elapsed().as_secs_f64());
         } else {
-            debug.set_close(
+            close_as(
+                &debug,
+                &mut span,
                 CloseReason::ClientLost,
                 "the stream to the server ended before DIAL_RSP was sent",
             );
@@ -485,20 +507,33 @@ impl Session {
     }
 }
 
-/// Why an established connection ended, for `/debug/connections`.
-fn note_close(debug: &Tracked, close: &CloseSignal, stream_gone: bool, stopping: bool) {
+/// Records why a dial or connection ended in `/debug/connections` and its
+/// span.
+fn close_as(
+    debug: &Tracked,
+    span: &mut Option<crate::otlp::DialSpan>,
+    cause: CloseReason,
+    why: &str,
+) {
+    debug.set_close(cause, why);
+    if let Some(s) = span.take() {
+        s.finish(cause, why);
+    }
+}
+
+/// Why an established connection ended.
+fn note_close(close: &CloseSignal, stream_gone: bool, stopping: bool) -> (CloseReason, String) {
     // The stream's end closes every connection's signal too: it is asked
     // before the signal.
-    match close.cause() {
-        Some((cause, r)) => debug.set_close(cause, r),
-        None if stream_gone => {
-            debug.set_close(CloseReason::ClientLost, "the stream to the server ended")
-        }
-        None if close.is_closed() => debug.set_close(
+    let (cause, why) = match close.cause() {
+        Some(c) => return c,
+        None if stream_gone => (CloseReason::ClientLost, "the stream to the server ended"),
+        None if close.is_closed() => (
             CloseReason::ClientClosed,
             "closed by the server (CLOSE_REQ)",
         ),
-        None if stopping => debug.set_close(CloseReason::Shutdown, "the agent is stopping"),
-        None => debug.set_close(CloseReason::UpstreamClosed, "closed by the destination"),
-    }
+        None if stopping => (CloseReason::Shutdown, "the agent is stopping"),
+        None => (CloseReason::UpstreamClosed, "closed by the destination"),
+    };
+    (cause, why.to_string())
 }

@@ -23,6 +23,8 @@ pub mod lease;
 pub mod limits;
 pub mod listen;
 pub mod metrics;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod prefixed;
 pub mod process;
 pub mod signals;

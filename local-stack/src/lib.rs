@@ -225,6 +225,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             policy: Default::default(),
             flow,
             dialer: Default::default(),
+            otlp: None,
         },
     });
     let agent_handle = agent.handle();

@@ -238,7 +238,10 @@ impl Server {
     pub fn with_otlp_traces(self, endpoint: Option<otlp::Endpoint>) -> Server {
         if let Some(e) = endpoint {
             tracing::info!(endpoint = %e.authority, path = %e.path, "dials are traced (OTLP/HTTP)");
-            let _ = self.core.otlp.set(Arc::new(otlp::Exporter::new(e)));
+            let _ = self
+                .core
+                .otlp
+                .set(Arc::new(otlp::Exporter::new(e, "proxy-server")));
         }
         self
     }

@@ -262,6 +262,8 @@ pub struct AgentOpts {
     /// Several servers (a list, or a name resolved to many addresses); the
     /// first host is the connector's. Empty: the `server` address only.
     pub servers: proxy_agent::servers::Servers,
+    /// `--otlp-traces-endpoint`.
+    pub otlp_traces: Option<String>,
 }
 
 impl AgentOpts {
@@ -286,6 +288,7 @@ impl Default for AgentOpts {
             flow_control: true,
             policy: Default::default(),
             servers: Default::default(),
+            otlp_traces: None,
         }
     }
 }
@@ -403,6 +406,12 @@ pub async fn start_agent(pki: &Pki, server: SocketAddr, opts: AgentOpts) -> Runn
             policy: Arc::new(opts.policy.clone()),
             flow,
             dialer: Default::default(),
+            otlp: opts.otlp_traces.as_deref().map(|e| {
+                Arc::new(daemon::otlp::Exporter::new(
+                    daemon::otlp::Endpoint::parse(e).unwrap(),
+                    "proxy-agent",
+                ))
+            }),
         },
     };
     let agent = Agent::new(config);

@@ -1,4 +1,5 @@
-//! `--otlp-traces-endpoint` (issue 38.4): one span per dial, sent over
+//! `--otlp-traces-endpoint` (issue 38.4): one span per dial on the server
+//! and one on the agent, sent over
 //! OTLP/HTTP to a real receiver built from the protocol's generated Go
 //! types (tests/otlpreceiver, go.opentelemetry.io/proto/otlp), which decodes
 //! each export request as a collector's receiver does and prints its spans.
@@ -7,9 +8,12 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use integration_tests::certs::Pki;
 use integration_tests::client::{grpc_dial, grpc_dial_with};
 use integration_tests::dest;
-use integration_tests::konnectivity::{ServerOpts, Stack, http_get};
+use integration_tests::konnectivity::{
+    AgentOpts, ServerOpts, http_get, init_logging, start_agent, start_server,
+};
 use integration_tests::procs::Proc;
 use serde_json::Value;
 
@@ -36,35 +40,57 @@ async fn receiver(dir: &std::path::Path) -> (Proc, String) {
     (p, addr)
 }
 
-/// The next `n` spans the receiver printed, by close cause.
-async fn spans(p: &mut Proc, n: usize) -> HashMap<String, Value> {
+/// The next `n` spans the receiver printed, by service and close cause.
+async fn spans(p: &mut Proc, n: usize) -> HashMap<(String, String), Value> {
     let mut out = HashMap::new();
     while out.len() < n {
         let l = p.wait_line("\"trace_id\"").await;
         let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
-        out.insert(
+        let key = (
+            v["service"].as_str().unwrap().to_string(),
             v["attributes"]["konnectivity.close_cause"]
                 .as_str()
                 .unwrap()
                 .to_string(),
-            v,
         );
+        out.insert(key, v);
     }
     out
+}
+
+fn span<'a>(got: &'a HashMap<(String, String), Value>, service: &str, cause: &str) -> &'a Value {
+    got.get(&(service.to_string(), cause.to_string()))
+        .unwrap_or_else(|| panic!("no {service} span closed as {cause}: {got:#?}"))
 }
 
 #[tokio::test]
 async fn each_dial_is_a_span_that_joins_the_callers_trace() {
     let dir = tempfile::tempdir().unwrap();
     let (mut rx, addr) = receiver(dir.path()).await;
-    let stack = Stack::start(ServerOpts {
-        otlp_traces: Some(format!("http://{addr}")),
-        ..Default::default()
-    })
+    init_logging();
+    let pki = Pki::new();
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            otlp_traces: Some(format!("http://{addr}")),
+            ..Default::default()
+        },
+    )
     .await;
+    let agent = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            otlp_traces: Some(format!("http://{addr}")),
+            ..Default::default()
+        },
+    )
+    .await;
+    agent.handle.wait_connected(1).await;
+    server.handle.wait_for_agents(1).await;
     let echo = dest::echo().await;
     let mut t = grpc_dial_with(
-        &stack.server.frontend,
+        &server.frontend,
         &echo.to_string(),
         &[(
             "traceparent",
@@ -75,19 +101,20 @@ async fn each_dial_is_a_span_that_joins_the_callers_trace() {
     .unwrap();
     t.write(b"ping").await;
     assert_eq!(t.read_exact(4).await, b"ping");
-    let (_, listing) = http_get(stack.server.admin_addr, "/debug/connections").await;
+    let (_, listing) = http_get(server.admin_addr, "/debug/connections").await;
     let listing: Value = serde_json::from_str(&listing).unwrap();
     let agent_id = listing["live"][0]["upstream"].as_str().unwrap().to_string();
     let dial_id = t.dial_id.to_string();
     assert_eq!(t.close().await.as_deref(), Some(""));
     let (_keep, refused) = dest::refused();
-    grpc_dial(&stack.server.frontend, &refused.to_string())
+    grpc_dial(&server.frontend, &refused.to_string())
         .await
         .err()
         .unwrap();
 
-    let got = spans(&mut rx, 2).await;
-    let ok = &got["client_closed"];
+    // Two dials: a span each on the server and on the agent.
+    let got = spans(&mut rx, 4).await;
+    let ok = span(&got, "proxy-server", "client_closed");
     assert_eq!(ok["service"], "proxy-server", "{ok:#}");
     assert_eq!(ok["name"], "konnectivity.dial");
     assert_eq!(ok["kind"], "SPAN_KIND_SERVER");
@@ -114,7 +141,7 @@ async fn each_dial_is_a_span_that_joins_the_callers_trace() {
     assert!(dial <= first, "{ok:#}");
     assert!(ok["start_unix_nano"].as_u64().unwrap() <= ok["end_unix_nano"].as_u64().unwrap());
 
-    let failed = &got["dial_failed"];
+    let failed = span(&got, "proxy-server", "dial_failed");
     assert_eq!(failed["status"], "STATUS_CODE_ERROR", "{failed:#}");
     assert_eq!(failed["parent_span_id"], "", "{failed:#}");
     let trace = failed["trace_id"].as_str().unwrap();
@@ -132,4 +159,30 @@ async fn each_dial_is_a_span_that_joins_the_callers_trace() {
             .get("konnectivity.first_byte_ns")
             .is_none()
     );
+
+    // The agent's spans: their own traces (the DIAL_REQ carries none),
+    // joined to the server's by the dial id.
+    let a_ok = span(&got, "proxy-agent", "client_closed");
+    assert_eq!(a_ok["name"], "konnectivity.agent.dial");
+    assert_eq!(
+        a_ok["attributes"]["konnectivity.dial_id"],
+        dial_id.as_str(),
+        "{a_ok:#}"
+    );
+    assert_eq!(
+        a_ok["attributes"]["network.peer.address"],
+        echo.to_string().as_str()
+    );
+    assert!(a_ok["attributes"]["konnectivity.dial_duration_ns"].is_string());
+    assert_eq!(
+        a_ok["attributes"]["konnectivity.close_reason"],
+        "closed by the server (CLOSE_REQ)"
+    );
+    let a_failed = span(&got, "proxy-agent", "dial_failed");
+    assert_eq!(a_failed["status"], "STATUS_CODE_ERROR");
+    assert_eq!(
+        a_failed["attributes"]["konnectivity.dial_id"],
+        failed["attributes"]["konnectivity.dial_id"]
+    );
+    drop(agent);
 }
