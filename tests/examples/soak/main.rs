@@ -879,6 +879,10 @@ fn header(quick: bool) -> String {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--isolation-flood") {
+        isolation::flooder(&args[1..]).await;
+        return;
+    }
     if args.first().is_some_and(|a| a == "--flood") {
         floods::flooder_process(&args[1..]).await;
         return;
