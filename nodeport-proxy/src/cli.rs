@@ -123,7 +123,7 @@ go_compat::typed_flags! {
         tunneling_connection_budget: Given<i64>,
         #[flag("tunneling-memory-budget", defaults().tunnel_memory_budget, "bytes all HTTP/2 tunneling connections together may have in flight to this proxy")]
         tunneling_memory_budget: Given<i64>,
-        #[flag("max-connections-per-cluster", defaults().cluster_limits.max_connections as i64, "upstream connections one cluster (exposed Service port) may have open or opening, on all listeners; past it a new connection to that cluster fails at once (SNI and NodePort: closed, CONNECT: 503; reason upstream_cx_overflow); Envoy's circuit-breaker max_connections (0: no limit)")]
+        #[flag("max-connections-per-cluster", defaults().cluster_limits.max_connections as i64, "upstream connections one cluster (exposed Service port) may have open or opening, on all listeners; past it a new connection to that cluster fails at once (SNI and NodePort: closed, CONNECT: 503; reason upstream_cx_overflow); Envoy's circuit-breaker max_connections is 1024, ours is what one node's tunnel-agent may send (0: no limit)")]
         max_connections_per_cluster: i64,
         #[flag("max-pending-connects-per-cluster", defaults().cluster_limits.max_pending as i64, "upstream connects one cluster may have unanswered (each within -upstream-connect-timeout); past it a new connection fails at once (reason upstream_rq_pending_overflow); Envoy's circuit-breaker max_pending_requests (0: no limit)")]
         max_pending_connects_per_cluster: i64,
@@ -463,7 +463,7 @@ mod tests {
     fn cluster_bounds_default_to_envoys_and_zero_turns_one_off() {
         let cli = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
         let l = cli.config.cluster_limits;
-        assert_eq!((l.max_connections, l.max_pending), (1024, 1024));
+        assert_eq!((l.max_connections, l.max_pending), (4096, 1024));
         assert_eq!(l.max_buffered, 16 << 20);
         let off = parse(&[
             "-max-connections-per-cluster=0",

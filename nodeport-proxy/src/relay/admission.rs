@@ -4,8 +4,9 @@
 //! connects still pending and the bytes its connections hold in our
 //! buffers; past a bound a new connection fails at once (Envoy's `UO`):
 //! SNI and NodePort clients are closed, a CONNECT gets 503. The bounds are
-//! Envoy's circuit-breaker defaults, which KKP leaves in place, except
-//! Envoy has no per-cluster byte bound (docs/kkp.md).
+//! Envoy's circuit breakers (whose defaults KKP leaves in place), with ours
+//! where ours differ: 4,096 connections instead of 1,024, and a byte bound
+//! Envoy does not have (nodeport-proxy/src/limits.rs, docs/kkp.md).
 //!
 //! Unlike Envoy, a connection past `max_connections` is not queued as a
 //! pending request waiting for another to close: with a stalled upstream

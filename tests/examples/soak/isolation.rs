@@ -28,9 +28,9 @@ const ECHO: &str = "echo.seed.example.com";
 const HOLE_CLUSTER: &str = "cluster-b/hole-https";
 const STALL_CLUSTER: &str = "cluster-c/stall-https";
 const ECHO_CLUSTER: &str = "cluster-a/echo-https";
-/// The defaults this section runs with (nodeport-proxy/src/limits.rs);
-/// the quick run (CI) sets a quarter of the connection bounds and sends a
-/// tenth of the connections.
+/// The connection bounds this section sets: Envoy's defaults, the bounds
+/// KKP's Envoy has (ours allows 4,096 connections); the quick run (CI)
+/// sets a quarter of them and sends a tenth of the connections.
 const MAX_CONNECTIONS: f64 = 1024.0;
 const MAX_BUFFERED_MIB: u64 = 16;
 const BUFFER_KIB: u64 = 16;
