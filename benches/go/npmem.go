@@ -118,7 +118,7 @@ func npMemGroup() []*row {
 	plainDest, tlsDest := goharness.Field(l, "plain"), goharness.Field(l, "tls")
 	b := &npMemSummary
 	fmt.Fprintf(b, "\n### NPM: nodeport-proxy memory per concurrent connection (issue 15.5)\n\n")
-	fmt.Fprintf(b, "One nodeport-proxy (default flags, `-max-connections-per-listener=%d`), a loopback echo backend in a child process; each connection relays one %d-byte echo, then stays open. Growth is over the proxy after %d warm-up connections were opened and closed (RSS there: see the first column). Open-files hard limit %d: the proxy holds two sockets per unmultiplexed connection.\n\n", largest+1000, npMemEcho, 64, lim.Max)
+	fmt.Fprintf(b, "One nodeport-proxy (default flags, `-max-connections-per-listener=%d`, `-max-connections-per-cluster=0`), a loopback echo backend in a child process; each connection relays one %d-byte echo, then stays open. Growth is over the proxy after %d warm-up connections were opened and closed (RSS there: see the first column). Open-files hard limit %d: the proxy holds two sockets per unmultiplexed connection.\n\n", largest+1000, npMemEcho, 64, lim.Max)
 	fmt.Fprintf(b, "| Connections | N open | proxy RSS before → with N open | RSS growth per connection | allocator bytes in use per connection | time to open this step | after all closed |\n|---|---|---|---|---|---|---|\n")
 	for _, k := range kinds {
 		// Two sockets per connection in the proxy, and 200 for the rest.
@@ -149,7 +149,9 @@ func npMemGroup() []*row {
 
 // npMemOnce runs one kind on a fresh proxy, through the sizes ns.
 func npMemOnce(k npMemKind, tlsDest, plainDest string, ns []int, limit int) ([]npMemStep, error) {
-	np, pp, err := startNodeportProxy(tlsDest, plainDest, "-max-connections-per-listener", strconv.Itoa(limit))
+	// Every connection goes to one cluster: its circuit breaker
+	// (-max-connections-per-cluster, 4096) is off here.
+	np, pp, err := startNodeportProxy(tlsDest, plainDest, "-max-connections-per-listener", strconv.Itoa(limit), "-max-connections-per-cluster", "0")
 	if err != nil {
 		return nil, err
 	}

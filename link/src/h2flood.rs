@@ -24,8 +24,8 @@
 //! by [`FLOOD_CREDIT`] for every
 //! DATA frame with data or HEADERS frame either way (a peer's WINDOW_UPDATEs
 //! and BDP PINGs follow the data), and by one for every PING or SETTINGS the
-//! server sends (their ACKs). A SETTINGS frame costs one more per 8 settings
-//! in it.
+//! server sends (their ACKs). A SETTINGS frame costs [`SETTINGS_COST`],
+//! and one more per 8 settings in it.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -37,7 +37,7 @@ use tokio::time::Instant;
 
 use crate::limits::{
     H2_CONTROL_BURST as FLOOD_BURST, H2_CONTROL_CREDIT as FLOOD_CREDIT,
-    H2_CONTROL_RATE as FLOOD_RATE,
+    H2_CONTROL_RATE as FLOOD_RATE, H2_SETTINGS_COST as SETTINGS_COST,
 };
 /// How long the GOAWAY may take to go out to a client that does not read.
 const GOAWAY_PATIENCE: Duration = Duration::from_secs(1);
@@ -60,6 +60,8 @@ pub struct Limits {
     pub burst: f64,
     pub rate: f64,
     pub credit: f64,
+    /// What a SETTINGS frame (not an ACK) spends.
+    pub settings: f64,
 }
 
 impl Default for Limits {
@@ -68,6 +70,7 @@ impl Default for Limits {
             burst: FLOOD_BURST,
             rate: FLOOD_RATE,
             credit: FLOOD_CREDIT,
+            settings: SETTINGS_COST,
         }
     }
 }
@@ -188,12 +191,14 @@ impl Budget {
 }
 
 /// What the client's frame costs (0: the work it asks for is the point).
-fn cost(h: &Header) -> f64 {
+fn cost(h: &Header, limits: &Limits) -> f64 {
     match h.kind {
         // A padded one's data length is known only with its pad length.
         DATA if h.len > 0 => 0.0,
         HEADERS | CONTINUATION => 0.0,
-        SETTINGS => 1.0 + (h.len / 6 / 8) as f64,
+        // An ACK answers one of ours, which credited it.
+        SETTINGS if h.flags & FLAG_ACK != 0 => 1.0,
+        SETTINGS => limits.settings + (h.len / 6 / 8) as f64,
         _ => 1.0,
     }
 }
@@ -280,7 +285,8 @@ impl<IO> FloodGuard<IO> {
                 } else if h.kind == DATA && h.len > 0 && h.flags & FLAG_PADDED == 0 {
                     budget.add(budget.limits.credit);
                 }
-                !budget.spend(cost(&h))
+                let c = cost(&h, &budget.limits);
+                !budget.spend(c)
             }
             Event::PaddedData(0) => !budget.spend(1.0),
             Event::PaddedData(_) => {
@@ -515,6 +521,7 @@ mod tests {
             burst,
             rate: 0.0,
             credit: 4.0,
+            settings: 1.0,
         }
     }
 
@@ -555,6 +562,31 @@ mod tests {
                 "{name}: ENHANCE_YOUR_CALM"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_settings_frame_spends_its_weight_and_an_ack_spends_one() {
+        let weighted = Limits {
+            settings: 5.0,
+            ..limits(22.0)
+        };
+        let one = frame(SETTINGS, 0, 0, &[]);
+        let ack = frame(SETTINGS, FLAG_ACK, 0, &[]);
+        let mut input = PREFACE.to_vec();
+        // 2 ACKs (2) and 4 SETTINGS (20) spend 22: the fifth SETTINGS trips.
+        input.extend_from_slice(&ack);
+        input.extend_from_slice(&ack);
+        for _ in 0..10 {
+            input.extend_from_slice(&one);
+        }
+        let (got, answer, err) = passed(input, weighted).await;
+        assert_eq!(got.len(), PREFACE.len() + 2 * ack.len() + 4 * one.len());
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
+        assert_eq!(&answer[13..17], &ENHANCE_YOUR_CALM.to_be_bytes());
+        // The defaults: a SETTINGS flood is sent away after a tenth of the
+        // frames of a PING flood.
+        let d = Limits::default();
+        assert_eq!((d.burst / d.settings) as usize, 100);
     }
 
     /// Data frames, headers, large SETTINGS split across reads, and what the

@@ -123,6 +123,12 @@ go_compat::typed_flags! {
         tunneling_connection_budget: Given<i64>,
         #[flag("tunneling-memory-budget", defaults().tunnel_memory_budget, "bytes all HTTP/2 tunneling connections together may have in flight to this proxy")]
         tunneling_memory_budget: Given<i64>,
+        #[flag("max-connections-per-cluster", defaults().cluster_limits.max_connections as i64, "upstream connections one cluster (exposed Service port) may have open or opening, on all listeners; past it a new connection to that cluster fails at once (SNI and NodePort: closed, CONNECT: 503; reason upstream_cx_overflow); Envoy's circuit-breaker max_connections is 1024, ours is what one node's tunnel-agent may send (0: no limit)")]
+        max_connections_per_cluster: i64,
+        #[flag("max-pending-connects-per-cluster", defaults().cluster_limits.max_pending as i64, "upstream connects one cluster may have unanswered (each within -upstream-connect-timeout); past it a new connection fails at once (reason upstream_rq_pending_overflow); Envoy's circuit-breaker max_pending_requests (0: no limit)")]
+        max_pending_connects_per_cluster: i64,
+        #[flag("max-buffered-bytes-per-cluster", defaults().cluster_limits.max_buffered as i64, "bytes one cluster's connections may hold in this proxy's buffers (read from one side, not yet written to the other); past it the cluster admits no new connection until it drains (reason upstream_buffer_overflow; 0: no limit)")]
+        max_buffered_bytes_per_cluster: i64,
         #[flag("worker-threads", 0, "runtime worker threads (0: one per core)")]
         worker_threads: i64,
         #[embed(with_kkp_logging())]
@@ -209,6 +215,10 @@ fn positive(flag: &Given<i64>) -> Result<usize, String> {
         .ok()
         .filter(|n| *n > 0)
         .ok_or_else(|| format!("-{}: {n} must be positive", flag.name()))
+}
+
+fn not_negative(n: i64, flag: &str) -> Result<usize, String> {
+    usize::try_from(n).map_err(|_| format!("{flag}: {n} must not be negative (0: no limit)"))
 }
 
 pub fn from_values(v: &Values) -> Result<Cli, String> {
@@ -312,6 +322,20 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         },
         tunnel_windows: tunnel_windows(&f, &p)?,
         tunnel_memory_budget: at_least(&f.tunneling_memory_budget, 1 << 20)?,
+        cluster_limits: crate::relay::admission::ClusterLimits {
+            max_connections: not_negative(
+                f.max_connections_per_cluster,
+                "-max-connections-per-cluster",
+            )?,
+            max_pending: not_negative(
+                f.max_pending_connects_per_cluster,
+                "-max-pending-connects-per-cluster",
+            )?,
+            max_buffered: not_negative(
+                f.max_buffered_bytes_per_cluster,
+                "-max-buffered-bytes-per-cluster",
+            )?,
+        },
     };
     if config.expose_annotation_key.is_empty() {
         return Err("-expose-annotation-key must not be empty".into());
@@ -433,6 +457,29 @@ mod tests {
         ])
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(zeros.config.connection, cli.config.connection);
+    }
+
+    #[test]
+    fn cluster_bounds_default_to_envoys_and_zero_turns_one_off() {
+        let cli = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
+        let l = cli.config.cluster_limits;
+        assert_eq!((l.max_connections, l.max_pending), (4096, 1024));
+        assert_eq!(l.max_buffered, 16 << 20);
+        let off = parse(&[
+            "-max-connections-per-cluster=0",
+            "-max-pending-connects-per-cluster=7",
+            "-max-buffered-bytes-per-cluster=0",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let l = off.config.cluster_limits;
+        assert_eq!(
+            (l.max_connections, l.max_pending, l.max_buffered),
+            (0, 7, 0)
+        );
+        let e = parse(&["-max-pending-connects-per-cluster=-1"])
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("-max-pending-connects-per-cluster"), "{e}");
     }
 
     #[test]

@@ -151,6 +151,8 @@ pub struct ProxyConfig {
     /// What all HTTP/2 tunneling connections together may have in flight
     /// to us (their connection windows).
     pub tunnel_memory_budget: i64,
+    /// Per-cluster circuit breakers (`-max-*-per-cluster`).
+    pub cluster_limits: crate::relay::admission::ClusterLimits,
 }
 
 impl Default for ProxyConfig {
@@ -186,6 +188,7 @@ impl Default for ProxyConfig {
                 single_stream: false,
             },
             tunnel_memory_budget: crate::limits::DEFAULT_MEMORY_BUDGET,
+            cluster_limits: crate::relay::admission::ClusterLimits::default(),
         }
     }
 }

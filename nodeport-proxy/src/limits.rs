@@ -114,3 +114,24 @@ pub const MAX_SOURCE_RANGES: usize = 1024;
 /// followed by giving freed pages back to the OS at once: what decoding it
 /// took is garbage then. Smaller batches (single watch events) free little.
 pub const PURGE_AFTER_CHANGES: usize = 256;
+
+/// Per-cluster circuit breakers (`relay::admission`, issue 38, KKP #15962):
+/// upstream connections open or being opened, and connects not yet
+/// answered, per cluster (`-max-connections-per-cluster`,
+/// `-max-pending-connects-per-cluster`). Pending: Envoy's default
+/// (max_pending_requests, 1,024), which KKP's envoy-manager leaves in place;
+/// a pending connect also ends at `-upstream-connect-timeout` (1 s, KKP's).
+/// Connections: Envoy's max_connections is 1,024, but one node's
+/// tunnel-agent may hold 4,096 tunnels to one cluster (its
+/// `-max-connections-per-listener`), and issue 33 wants 1,100 of them open
+/// through the seed, so ours is 4,096: the most one agent listener sends,
+/// and still under half a listener's 10,000.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLUSTER: usize = 4096;
+pub const DEFAULT_MAX_PENDING_CONNECTS_PER_CLUSTER: usize = 1024;
+/// Bytes one cluster's connections may hold in our buffers before it admits
+/// no new connection (`-max-buffered-bytes-per-cluster`). Envoy has no such
+/// bound (1 MiB per connection and direction, so 2 GiB for a cluster at its
+/// 1,024 connections); 16 MiB is a full 16 KiB buffer for 1,024 of them, so
+/// a cluster that stops reading costs at most this plus one buffer per
+/// direction of the connections it admitted before.
+pub const DEFAULT_MAX_BUFFERED_BYTES_PER_CLUSTER: usize = 16 << 20;

@@ -135,6 +135,41 @@ pub async fn blackhole() -> Blackhole {
     }
 }
 
+/// A destination that accepts connections and never reads them; its
+/// receive buffers are small so that what is sent to it backs up into the
+/// proxy at once. Dropping it resets every connection it holds.
+pub struct Stalled {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn stalled() -> Stalled {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.set_recv_buffer_size(4096).unwrap();
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    s.listen(1024).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let l = tokio::net::TcpListener::from_std(s.into()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = l.accept().await {
+            // Bounded by the proxy's own bound on this cluster.
+            if held.len() < 10_000 {
+                held.push(c);
+            }
+        }
+    });
+    Stalled { addr, task }
+}
+
 /// Writes `data`, reads the same number of bytes back, returns them.
 pub async fn roundtrip<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     s: &mut S,

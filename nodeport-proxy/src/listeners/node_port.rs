@@ -204,11 +204,11 @@ async fn handle(client: TcpStream, port: u16, shared: Arc<Shared>, listener: Lis
         listener.reject("source_denied");
         return;
     }
-    let upstream = match session.connect().await {
+    let upstream = match session.connect(early.len()).await {
         Ok(u) => u,
         Err(e) => {
-            conn.set_close(e.cause(), "upstream_unavailable");
-            listener.reject("upstream_unavailable");
+            conn.set_close(e.cause(), e.reason());
+            listener.reject(e.reason());
             tracing::warn!(port, error = %e, "NodePort connection closed");
             return;
         }

@@ -64,7 +64,7 @@ impl SniError {
             SniError::NoRoute(_) => "no_route",
             SniError::ProxyHeader(e) => e.reason(),
             SniError::Denied(..) => "source_denied",
-            SniError::Upstream(_) => "upstream_unavailable",
+            SniError::Upstream(e) => e.reason(),
         }
     }
 }
@@ -171,7 +171,7 @@ async fn proxy(
     );
     session.access.sni(host.as_str());
     session.conn.set_state("connecting");
-    let upstream = session.connect().await?;
+    let upstream = session.connect(hello.len()).await?;
     session
         .relay(link::duplex::Plain(client), hello.into(), upstream)
         .await;

@@ -74,7 +74,7 @@ impl TunnelError {
             TunnelError::NoRoute(_) => "no_route",
             TunnelError::Overloaded => "overloaded",
             TunnelError::Denied(..) => "source_denied",
-            TunnelError::Upstream(_) => "upstream_unavailable",
+            TunnelError::Upstream(e) => e.reason(),
         }
     }
 }
@@ -120,7 +120,7 @@ pub(crate) async fn open<'a>(
     if !session.admitted() {
         return Err(TunnelError::Denied(downstream.source, authority.clone()));
     }
-    let upstream = session.connect().await?;
+    let upstream = session.connect(0).await?;
     Ok((session, upstream, permit))
 }
 

@@ -3,6 +3,7 @@
 //! (ClientHello, CONNECT head, PROXY header).
 
 pub mod access_log;
+pub mod admission;
 pub mod client_hello;
 pub mod connect_request;
 pub(crate) mod first_bytes;

@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 
 use crate::config::ProxyConfig;
 use crate::relay::access_log::Access;
+use crate::relay::admission::Metered;
 use crate::relay::upstream::{ConnectOptions, UpstreamError};
 use crate::routing::store::TableStore;
 use crate::routing::table::Route;
@@ -138,6 +139,8 @@ impl Listener {
 pub struct Upstream {
     pub stream: TcpStream,
     pub endpoint: SocketAddr,
+    /// Its place in the cluster's circuit breakers, held until it closes.
+    pub slot: crate::relay::admission::Slot,
 }
 
 /// One routed connection (or CONNECT stream): what its listener gathered
@@ -175,30 +178,51 @@ impl Session<'_> {
         false
     }
 
-    /// Connects to the route's cluster. A tunnel counts the request and its
-    /// connect time; a plain TCP connection that finds no upstream has its
-    /// access-log line say so.
-    pub async fn connect(&mut self) -> Result<Upstream, UpstreamError> {
+    /// Connects to the route's cluster if its circuit breakers admit one
+    /// more connection holding `early` bytes meanwhile. A tunnel counts the
+    /// request and its connect time; a plain TCP connection that finds no
+    /// upstream has its access-log line say so.
+    pub async fn connect(&mut self, early: usize) -> Result<Upstream, UpstreamError> {
         let cluster = &self.route.cluster;
         let tunnel = self.listener == Listener::Tunnel;
         if tunnel {
             cluster.stats.upstream_rq_total().increment(1);
         }
         let started = std::time::Instant::now();
-        match crate::relay::upstream::connect(cluster, &self.shared.connect).await {
-            Ok((stream, endpoint)) => {
+        let limits = &self.shared.config.cluster_limits;
+        let admitted =
+            crate::relay::admission::admit(&cluster.stats, limits, early).map_err(|bound| {
+                UpstreamError::Overflow {
+                    cluster: cluster.name.to_string(),
+                    bound,
+                }
+            });
+        let connected = match admitted {
+            Ok(mut slot) => {
+                let c = crate::relay::upstream::connect(cluster, &self.shared.connect).await;
+                slot.connected();
+                c.map(|c| (c, slot))
+            }
+            Err(e) => Err(e),
+        };
+        match connected {
+            Ok(((stream, endpoint), slot)) => {
                 if tunnel {
                     cluster
                         .stats
                         .upstream_rq_time()
                         .record(started.elapsed().as_secs_f64() * 1000.0);
                 }
-                Ok(Upstream { stream, endpoint })
+                Ok(Upstream {
+                    stream,
+                    endpoint,
+                    slot,
+                })
             }
             Err(e) => {
                 if !tunnel {
                     self.access.cluster(cluster.name.as_str());
-                    self.access.answer(0, e.flags(), "upstream_unavailable");
+                    self.access.answer(0, e.flags(), e.reason());
                 }
                 Err(e)
             }
@@ -244,6 +268,7 @@ impl Session<'_> {
         let Upstream {
             stream: mut upstream,
             endpoint,
+            slot,
         } = upstream;
         let access = &mut *self.access;
         let _active = Active::new(&stats.upstream_cx_active());
@@ -286,7 +311,12 @@ impl Session<'_> {
                 _ = shared.drain.stopping() => {}
             }
         };
-        let (end, moved) = relay(client, Plain(upstream), options, &Both(&bytes, conn), stop).await;
+        let meter = slot.meter();
+        let (client, upstream) = (
+            Metered::client(client, &meter),
+            Metered::upstream(Plain(upstream), &meter),
+        );
+        let (end, moved) = relay(client, upstream, options, &Both(&bytes, conn), stop).await;
         conn.set_close((&end).into(), end.reason());
         tracing::debug!(
             route = %route.key,

@@ -31,6 +31,11 @@ pub enum UpstreamError {
         addr: std::net::SocketAddr,
         source: io::Error,
     },
+    #[error("upstream cluster {cluster} refused by its circuit breaker: {bound}")]
+    Overflow {
+        cluster: String,
+        bound: crate::relay::admission::Overflow,
+    },
 }
 
 impl UpstreamError {
@@ -40,6 +45,7 @@ impl UpstreamError {
             UpstreamError::NoEndpoints(_) => CloseReason::DialRefused,
             UpstreamError::Timeout { .. } => CloseReason::DialTimeout,
             UpstreamError::Connect { .. } => CloseReason::DialFailed,
+            UpstreamError::Overflow { .. } => CloseReason::Overloaded,
         }
     }
 
@@ -48,6 +54,15 @@ impl UpstreamError {
         match self {
             UpstreamError::NoEndpoints(_) => "UH",
             UpstreamError::Timeout { .. } | UpstreamError::Connect { .. } => "UF",
+            UpstreamError::Overflow { .. } => "UO",
+        }
+    }
+
+    /// The close reason of a connection that ended here.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            UpstreamError::Overflow { bound, .. } => bound.reason(),
+            _ => "upstream_unavailable",
         }
     }
 }

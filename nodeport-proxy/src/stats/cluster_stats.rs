@@ -30,7 +30,9 @@ const CX_NONE_HEALTHY: usize = 3;
 const CX_RX_BYTES: usize = 4;
 const CX_TX_BYTES: usize = 5;
 const RQ_TOTAL: usize = 6;
-const COUNTERS: [(&str, &str); 7] = [
+const CX_OVERFLOW: usize = 7;
+const RQ_PENDING_OVERFLOW: usize = 8;
+const COUNTERS: [(&str, &str); 9] = [
     (
         envoy::CLUSTER_UPSTREAM_CX_TOTAL,
         "Upstream connections opened.",
@@ -59,6 +61,14 @@ const COUNTERS: [(&str, &str); 7] = [
         envoy::CLUSTER_UPSTREAM_RQ_TOTAL,
         "CONNECT tunnels routed to the cluster.",
     ),
+    (
+        "envoy_cluster_upstream_cx_overflow",
+        "Connections refused because the cluster had -max-connections-per-cluster open or held -max-buffered-bytes-per-cluster.",
+    ),
+    (
+        "envoy_cluster_upstream_rq_pending_overflow",
+        "Connections refused because the cluster had -max-pending-connects-per-cluster connects pending.",
+    ),
 ];
 
 /// Gauges, in the order of [`GAUGES`]; the membership ones are rendered for
@@ -67,7 +77,14 @@ const CX_ACTIVE: usize = 0;
 const RQ_ACTIVE: usize = 1;
 const MEMBERSHIP_HEALTHY: usize = 2;
 const MEMBERSHIP_TOTAL: usize = 3;
-const GAUGES: [(&str, &str); 4] = [
+const RQ_PENDING_ACTIVE: usize = 4;
+const TX_BUFFERED: usize = 5;
+const RX_BUFFERED: usize = 6;
+const CB_CX_OPEN: usize = 7;
+const CB_RQ_PENDING_OPEN: usize = 8;
+const CB_REMAINING_CX: usize = 9;
+const CB_REMAINING_PENDING: usize = 10;
+const GAUGES: [(&str, &str); 11] = [
     (
         envoy::CLUSTER_UPSTREAM_CX_ACTIVE,
         "Open upstream connections.",
@@ -84,6 +101,34 @@ const GAUGES: [(&str, &str); 4] = [
         "envoy_cluster_membership_total",
         "Endpoints of the cluster.",
     ),
+    (
+        "envoy_cluster_upstream_rq_pending_active",
+        "Upstream connects not yet answered.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_tx_bytes_buffered",
+        "Bytes read from clients (or held while connecting) not yet written to upstreams.",
+    ),
+    (
+        "envoy_cluster_upstream_cx_rx_bytes_buffered",
+        "Bytes read from upstreams not yet written to clients.",
+    ),
+    (
+        "envoy_cluster_circuit_breakers_default_cx_open",
+        "1 while the cluster has -max-connections-per-cluster connections open.",
+    ),
+    (
+        "envoy_cluster_circuit_breakers_default_rq_pending_open",
+        "1 while the cluster has -max-pending-connects-per-cluster connects pending.",
+    ),
+    (
+        "envoy_cluster_circuit_breakers_default_remaining_cx",
+        "Connections the cluster may still open (0 when the bound is off).",
+    ),
+    (
+        "envoy_cluster_circuit_breakers_default_remaining_pending",
+        "Connects the cluster may still have pending (0 when the bound is off).",
+    ),
 ];
 
 const CONNECT_MS: usize = 0;
@@ -99,27 +144,79 @@ const HISTOGRAMS: [(&str, &str); 2] = [
     ),
 ];
 
+/// Counters and gauges before these indices live in [`Cells`], the
+/// circuit breakers' ones after them in [`Breakers`].
+const BASE_COUNTERS: usize = CX_OVERFLOW;
+const BASE_GAUGES: usize = RQ_PENDING_ACTIVE;
+
 /// One cluster's values.
 #[derive(Default)]
 struct Cells {
-    counters: [AtomicU64; COUNTERS.len()],
+    counters: [AtomicU64; BASE_COUNTERS],
     /// f64 bits.
-    gauges: [AtomicU64; GAUGES.len()],
+    gauges: [AtomicU64; BASE_GAUGES],
     /// Both histograms, allocated together on first use: one cell for
     /// both keeps a cluster's values in a 128-byte allocation (issue 21).
     hists: OnceLock<Box<[MsHistogram; HISTOGRAMS.len()]>>,
+    /// Allocated on the cluster's first connection, for the same reason.
+    breakers: OnceLock<Box<Breakers>>,
     /// Anything but membership was ever updated.
     used: AtomicBool,
+}
+
+/// A cluster's circuit breakers: their series and counts.
+#[derive(Default)]
+struct Breakers {
+    counters: [AtomicU64; COUNTERS.len() - BASE_COUNTERS],
+    gauges: [AtomicU64; GAUGES.len() - BASE_GAUGES],
+    gate: crate::relay::admission::Gate,
+}
+
+impl Cells {
+    fn breakers(&self) -> &Breakers {
+        self.breakers.get_or_init(Box::default)
+    }
+
+    fn counter(&self, i: usize) -> &AtomicU64 {
+        match self.counters.get(i) {
+            Some(c) => c,
+            None => &self.breakers().counters[i - BASE_COUNTERS],
+        }
+    }
+
+    fn gauge(&self, i: usize) -> &AtomicU64 {
+        match self.gauges.get(i) {
+            Some(g) => g,
+            None => &self.breakers().gauges[i - BASE_GAUGES],
+        }
+    }
+
+    /// Counter `i` without allocating the breakers (0 until they are).
+    fn counter_value(&self, i: usize) -> u64 {
+        let b = self.breakers.get();
+        self.counters
+            .get(i)
+            .or_else(|| b.and_then(|b| b.counters.get(i - BASE_COUNTERS)))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    fn gauge_value(&self, i: usize) -> f64 {
+        let b = self.breakers.get();
+        self.gauges
+            .get(i)
+            .or_else(|| b.and_then(|b| b.gauges.get(i - BASE_GAUGES)))
+            .map_or(0.0, |g| f64::from_bits(g.load(Ordering::Relaxed)))
+    }
 }
 
 struct CounterCell(Arc<Cells>, usize);
 impl CounterFn for CounterCell {
     fn increment(&self, value: u64) {
-        self.0.counters[self.1].fetch_add(value, Ordering::Relaxed);
+        self.0.counter(self.1).fetch_add(value, Ordering::Relaxed);
         self.0.used.store(true, Ordering::Relaxed);
     }
     fn absolute(&self, value: u64) {
-        self.0.counters[self.1].fetch_max(value, Ordering::Relaxed);
+        self.0.counter(self.1).fetch_max(value, Ordering::Relaxed);
         self.0.used.store(true, Ordering::Relaxed);
     }
 }
@@ -134,15 +231,17 @@ impl GaugeCell {
 }
 impl GaugeFn for GaugeCell {
     fn increment(&self, value: f64) {
-        add_f64(&self.0.gauges[self.1], value);
+        add_f64(self.0.gauge(self.1), value);
         self.touch();
     }
     fn decrement(&self, value: f64) {
-        add_f64(&self.0.gauges[self.1], -value);
+        add_f64(self.0.gauge(self.1), -value);
         self.touch();
     }
     fn set(&self, value: f64) {
-        self.0.gauges[self.1].store(value.to_bits(), Ordering::Relaxed);
+        self.0
+            .gauge(self.1)
+            .store(value.to_bits(), Ordering::Relaxed);
         self.touch();
     }
 }
@@ -213,6 +312,37 @@ impl ClusterStats {
     pub fn membership_total(&self) -> Gauge {
         self.gauge(MEMBERSHIP_TOTAL)
     }
+    /// The cluster's circuit-breaker counts (`relay::admission`).
+    pub fn gate(&self) -> &crate::relay::admission::Gate {
+        &self.0.breakers().gate
+    }
+    pub fn upstream_cx_overflow(&self) -> Counter {
+        self.counter(CX_OVERFLOW)
+    }
+    pub fn upstream_rq_pending_overflow(&self) -> Counter {
+        self.counter(RQ_PENDING_OVERFLOW)
+    }
+    pub fn upstream_rq_pending_active(&self) -> Gauge {
+        self.gauge(RQ_PENDING_ACTIVE)
+    }
+    pub fn upstream_cx_tx_bytes_buffered(&self) -> Gauge {
+        self.gauge(TX_BUFFERED)
+    }
+    pub fn upstream_cx_rx_bytes_buffered(&self) -> Gauge {
+        self.gauge(RX_BUFFERED)
+    }
+    pub fn cx_open(&self) -> Gauge {
+        self.gauge(CB_CX_OPEN)
+    }
+    pub fn rq_pending_open(&self) -> Gauge {
+        self.gauge(CB_RQ_PENDING_OPEN)
+    }
+    pub fn remaining_cx(&self) -> Gauge {
+        self.gauge(CB_REMAINING_CX)
+    }
+    pub fn remaining_pending(&self) -> Gauge {
+        self.gauge(CB_REMAINING_PENDING)
+    }
 }
 
 /// Every live cluster's values, for rendering.
@@ -251,7 +381,7 @@ impl ClusterSet {
         for (i, (name, help)) in COUNTERS.iter().enumerate() {
             header(out, name, Some(help), Kind::Counter)?;
             for (cluster, c) in list.iter().filter(|(_, c)| shown(c)) {
-                let v = c.counters[i].load(Ordering::Relaxed);
+                let v = c.counter_value(i);
                 sample(out, name, "", &label(cluster), None, v)?;
             }
         }
@@ -259,7 +389,7 @@ impl ClusterSet {
             header(out, name, Some(help), Kind::Gauge)?;
             let always = i == MEMBERSHIP_HEALTHY || i == MEMBERSHIP_TOTAL;
             for (cluster, c) in list.iter().filter(|(_, c)| always || shown(c)) {
-                let v = f64::from_bits(c.gauges[i].load(Ordering::Relaxed));
+                let v = c.gauge_value(i);
                 sample(out, name, "", &label(cluster), None, v)?;
             }
         }

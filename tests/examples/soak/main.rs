@@ -18,12 +18,15 @@
 //! floods on the agent port and PINGs on the gRPC frontend, from a process
 //! pinned to its own CPU, with legitimate tunnels timed through them, and
 //! an agent without flow control sending 4 MiB packets to stalled tunnels;
-//! issue 33). Limits that
+//! issue 33), `isolation` (10,000 connections each to a blackholed and a
+//! stalled cluster of nodeport-proxy while a third is timed; issue 38).
+//! Limits that
 //! are not wall-clock figures (memory, counts, "still serving") make the run
 //! fail; times are reported beside their aims.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod floods;
+mod isolation;
 mod nodeport;
 
 use std::collections::HashMap;
@@ -876,6 +879,10 @@ fn header(quick: bool) -> String {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--isolation-flood") {
+        isolation::flooder(&args[1..]).await;
+        return;
+    }
     if args.first().is_some_and(|a| a == "--flood") {
         floods::flooder_process(&args[1..]).await;
         return;
@@ -937,6 +944,12 @@ async fn main() {
     }
     if run("kkp") {
         nodeport::idle_agent(&mut report, scale.nodeport(), None).await;
+    }
+    if run("isolation") {
+        // SOAK_BINS: where a release nodeport-proxy is when this driver
+        // is not itself a release build.
+        let bins = std::env::var_os("SOAK_BINS").map(PathBuf::from);
+        isolation::run(&mut report, scale.nodeport(), bins.as_deref()).await;
     }
     println!("soak took {:.0} s", started.elapsed().as_secs_f64());
     if let Some(path) = out {

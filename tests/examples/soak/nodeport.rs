@@ -91,17 +91,56 @@ fn write_table(file: &Path, text: &str) {
     std::fs::rename(&tmp, file).unwrap();
 }
 
-async fn wait_healthy(stats: SocketAddr, what: &str, path: &str) {
+/// Waits until `proc` answers 200 on `path`. `Err` with its log if it exited
+/// first (a port picked for it was taken meanwhile, say).
+async fn wait_healthy(
+    proc: &mut Proc,
+    stats: SocketAddr,
+    what: &str,
+    path: &str,
+) -> Result<(), String> {
     let end = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok((200, _)) =
             tokio::time::timeout(Duration::from_secs(2), http_get_safe(stats, path)).await
         {
-            return;
+            return Ok(());
         }
-        assert!(Instant::now() < end, "{what} not ready within 60 s");
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            return Err(format!(
+                "{what} exited ({status}) before it was ready:\n{}",
+                proc.lines_so_far().join("\n")
+            ));
+        }
+        assert!(
+            Instant::now() < end,
+            "{what} not ready within 60 s:\n{}",
+            proc.lines_so_far().join("\n")
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Starts `name` with ports picked by `args` (called again for each
+/// attempt): the ports are picked free but bound by the child later, so
+/// another process may take one meanwhile; then the child exits and the
+/// start is retried with new ports.
+async fn start_healthy<T>(
+    bins: Option<&Path>,
+    name: &str,
+    path: &str,
+    mut args: impl FnMut() -> (Vec<String>, SocketAddr, T),
+) -> (Proc, T) {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let (a, stats, picked) = args();
+        let mut p = spawn(bins, name, &a);
+        match wait_healthy(&mut p, stats, name, path).await {
+            Ok(()) => return (p, picked),
+            Err(e) => last = e,
+        }
+    }
+    panic!("{name} did not start in 5 attempts; the last: {last}");
 }
 
 /// `http_get` that reports a refused connection instead of panicking.
@@ -116,19 +155,22 @@ impl Rig {
     async fn start(bins: Option<&Path>, echo: SocketAddr, extra: &[String], agent: bool) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("table.json");
-        let node_port = free_port();
-        std::fs::write(&file, table(echo, node_port, &[]).to_string()).unwrap();
-        let (sni, tunnel, stats) = (free_port(), free_port(), free_port());
-        let mut args: Vec<String> = vec![
-            format!("-config={}", file.display()),
-            "-bind-address=127.0.0.1".into(),
-            format!("-envoy-sni-port={sni}"),
-            format!("-envoy-tunneling-port={tunnel}"),
-            format!("-envoy-stats-port={stats}"),
-        ];
-        args.extend(extra.iter().cloned());
-        let proxy = spawn(bins, "nodeport-proxy", &args);
-        wait_healthy(loopback(stats), "nodeport-proxy", "/healthz").await;
+        let (proxy, (node_port, sni, tunnel, stats)) =
+            start_healthy(bins, "nodeport-proxy", "/healthz", || {
+                let node_port = free_port();
+                std::fs::write(&file, table(echo, node_port, &[]).to_string()).unwrap();
+                let (sni, tunnel, stats) = (free_port(), free_port(), free_port());
+                let mut args: Vec<String> = vec![
+                    format!("-config={}", file.display()),
+                    "-bind-address=127.0.0.1".into(),
+                    format!("-envoy-sni-port={sni}"),
+                    format!("-envoy-tunneling-port={tunnel}"),
+                    format!("-envoy-stats-port={stats}"),
+                ];
+                args.extend(extra.iter().cloned());
+                (args, loopback(stats), (node_port, sni, tunnel, stats))
+            })
+            .await;
         let mut addrs = Addrs {
             sni: loopback(sni),
             tunnel: loopback(tunnel),
@@ -138,19 +180,18 @@ impl Rig {
             agent_stats: None,
         };
         let agent = if agent {
-            let (listen, astats) = (free_port(), free_port());
-            let p = spawn(
-                bins,
-                "tunnel-agent",
-                &[
+            let (p, (listen, astats)) = start_healthy(bins, "tunnel-agent", "/ready", || {
+                let (listen, astats) = (free_port(), free_port());
+                let args = vec![
                     "-proxy-host=127.0.0.1".into(),
                     format!("-proxy-port={tunnel}"),
                     format!("-listener=127.0.0.1:{listen}={AUTHORITY}"),
                     "-stats-address=127.0.0.1".into(),
                     format!("-stats-port={astats}"),
-                ],
-            );
-            wait_healthy(loopback(astats), "tunnel-agent", "/ready").await;
+                ];
+                (args, loopback(astats), (listen, astats))
+            })
+            .await;
             addrs.agent = Some(loopback(listen));
             addrs.agent_stats = Some(loopback(astats));
             Some(p)

@@ -1,0 +1,509 @@
+//! The soak's per-cluster fault isolation section (issue 38, KKP #15962):
+//! one nodeport-proxy with three SNI clusters; 10,000 connections each are
+//! sent to a blackholed cluster (connects never answered) and to a stalled
+//! one (accepts, never reads) while the third is used normally: its
+//! connection times and throughput against its quiet figures, the faulty
+//! clusters' circuit breakers, the process's RSS.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use integration_tests::dest;
+use integration_tests::http_get;
+use integration_tests::k8s::free_port;
+use integration_tests::konnectivity::metric;
+use integration_tests::nodeport::{client_hello, inventory, service, slices, with_mapping};
+use integration_tests::procs::{Proc, status_kib};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{PeakWatch, Report, Scale, lowest, mib, spawn};
+
+const HOLE: &str = "hole.seed.example.com";
+const STALL: &str = "stall.seed.example.com";
+const ECHO: &str = "echo.seed.example.com";
+const HOLE_CLUSTER: &str = "cluster-b/hole-https";
+const STALL_CLUSTER: &str = "cluster-c/stall-https";
+const ECHO_CLUSTER: &str = "cluster-a/echo-https";
+/// The connection bounds this section sets: Envoy's defaults, the bounds
+/// KKP's Envoy has (ours allows 4,096 connections); the quick run (CI)
+/// sets a quarter of them and sends a tenth of the connections.
+const MAX_CONNECTIONS: f64 = 1024.0;
+const MAX_BUFFERED_MIB: u64 = 16;
+const BUFFER_KIB: u64 = 16;
+
+fn table(hole: SocketAddr, stall: SocketAddr, echo: SocketAddr) -> serde_json::Value {
+    let svc = |ns: &str, name: &str, host: &str| {
+        with_mapping(
+            service(ns, name, "SNI", "ClusterIP", &[("https", 6443, 0)]),
+            &[("https", host)],
+        )
+    };
+    inventory(
+        vec![
+            svc("cluster-b", "hole", HOLE),
+            svc("cluster-c", "stall", STALL),
+            svc("cluster-a", "echo", ECHO),
+        ],
+        vec![
+            slices("cluster-b", "hole", "https", &[(hole, true)]),
+            slices("cluster-c", "stall", "https", &[(stall, true)]),
+            slices("cluster-a", "echo", "https", &[(echo, true)]),
+        ],
+    )
+}
+
+fn series(text: &str, name: &str, cluster: &str) -> f64 {
+    metric(text, &format!("{name}{{envoy_cluster_name=\"{cluster}\"}}"))
+}
+
+/// One connection to the working cluster: connect, ClientHello, the same
+/// bytes echoed back.
+async fn one(sni: SocketAddr, hello: &[u8]) -> Option<Duration> {
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(sni).await.ok()?;
+    s.write_all(hello).await.ok()?;
+    let mut back = vec![0u8; hello.len()];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back))
+        .await
+        .ok()?
+        .ok()?;
+    Some(t0.elapsed())
+}
+
+/// What the working cluster did over a window: connection times (one after
+/// another), failures, and the bytes echoed on one streaming connection.
+struct Use {
+    times: Vec<Duration>,
+    failed: usize,
+    bytes: u64,
+    window: Duration,
+}
+
+async fn use_working_cluster(sni: SocketAddr, until: impl Fn() -> bool) -> Use {
+    let hello = client_hello(ECHO);
+    let start = Instant::now();
+    let echoed = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    // One connection streaming 64 KiB writes, the echo read back.
+    let stream = {
+        let (echoed, stop, hello) = (echoed.clone(), stop.clone(), hello.clone());
+        tokio::spawn(async move {
+            let Ok(mut s) = TcpStream::connect(sni).await else {
+                return;
+            };
+            if s.write_all(&hello).await.is_err() {
+                return;
+            }
+            let (mut r, mut w) = s.into_split();
+            let writer = tokio::spawn(async move {
+                let block = vec![7u8; 64 << 10];
+                while w.write_all(&block).await.is_ok() {}
+            });
+            let mut buf = vec![0u8; 64 << 10];
+            let mut skip = hello.len() as u64;
+            while !stop.load(Ordering::Relaxed) {
+                match tokio::time::timeout(Duration::from_millis(200), r.read(&mut buf)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => break,
+                    Ok(Ok(n)) => {
+                        let n = n as u64;
+                        let counted = n.saturating_sub(skip);
+                        skip = skip.saturating_sub(n);
+                        echoed.fetch_add(counted, Ordering::Relaxed);
+                    }
+                    Err(_) => {}
+                }
+            }
+            writer.abort();
+        })
+    };
+    let mut times = Vec::new();
+    let mut failed = 0;
+    while until() || start.elapsed() < Duration::from_secs(1) {
+        match one(sni, &hello).await {
+            Some(t) => times.push(t),
+            None => failed += 1,
+        }
+    }
+    let window = start.elapsed();
+    let bytes = echoed.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    let _ = stream.await;
+    times.sort();
+    Use {
+        times,
+        failed,
+        bytes,
+        window,
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn mb_s(u: &Use) -> f64 {
+    u.bytes as f64 / u.window.as_secs_f64() / 1e6
+}
+
+/// `n` SNI connections to `host`, at most 256 connecting at once; each
+/// sends its ClientHello and is held until the proxy closes it or the
+/// flood is dropped.
+struct Flood {
+    made: Arc<AtomicUsize>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Flood {
+    fn start(sni: SocketAddr, host: &str, n: usize) -> Flood {
+        let made = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(256));
+        let hello = Arc::new(client_hello(host));
+        let tasks = (0..n)
+            .map(|_| {
+                let (made, gate, hello) = (made.clone(), gate.clone(), hello.clone());
+                tokio::spawn(async move {
+                    let Ok(permit) = gate.acquire_owned().await else {
+                        return;
+                    };
+                    let Ok(mut s) = TcpStream::connect(sni).await else {
+                        made.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    };
+                    let _ = s.write_all(&hello).await;
+                    made.fetch_add(1, Ordering::Relaxed);
+                    drop(permit);
+                    let mut b = [0u8; 256];
+                    while let Ok(1..) = s.read(&mut b).await {}
+                })
+            })
+            .collect();
+        Flood { made, tasks }
+    }
+
+    fn made(&self) -> usize {
+        self.made.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// `--isolation-flood SNI N HOST...`: N connections to each HOST through
+/// the SNI listener at SNI; says `flood made` once all are made, then holds
+/// what the proxy keeps open until it is killed.
+pub async fn flooder(args: &[String]) {
+    daemon::process::raise_open_files_limit();
+    let sni: SocketAddr = args[0].parse().unwrap();
+    let n: usize = args[1].parse().unwrap();
+    let floods: Vec<Flood> = args[2..].iter().map(|h| Flood::start(sni, h, n)).collect();
+    while floods.iter().map(Flood::made).sum::<usize>() < n * floods.len() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("flood made {}", n * floods.len());
+    std::future::pending::<()>().await;
+}
+
+pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
+    let section = "isolation";
+    let (flood_n, bound) = if scale.quick {
+        (1_000, MAX_CONNECTIONS / 4.0)
+    } else {
+        (10_000, MAX_CONNECTIONS)
+    };
+    let quiet_window = Duration::from_secs(if scale.quick { 2 } else { 8 });
+    let hole = dest::blackhole().await;
+    let stall = dest::stalled().await;
+    let echo = dest::echo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("table.json");
+    std::fs::write(&file, table(hole.addr, stall.addr, echo).to_string()).unwrap();
+    let (sni_port, stats_port) = (free_port(), free_port());
+    let proxy = spawn(
+        bins,
+        "nodeport-proxy",
+        &[
+            format!("-config={}", file.display()),
+            "-bind-address=127.0.0.1".into(),
+            format!("-envoy-sni-port={sni_port}"),
+            format!("-envoy-stats-port={stats_port}"),
+            "-envoy-admin-port=0".into(),
+            format!("-max-connections-per-cluster={bound}"),
+            format!("-max-pending-connects-per-cluster={bound}"),
+        ],
+    );
+    let sni = SocketAddr::from(([127, 0, 0, 1], sni_port));
+    let stats = SocketAddr::from(([127, 0, 0, 1], stats_port));
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        if TcpStream::connect(stats).await.is_ok() {
+            let (_, m) = http_get(stats, "/stats/prometheus").await;
+            if metric(&m, "nodeport_proxy_routes{kind=\"sni\"}") == 3.0 {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "nodeport-proxy not serving within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = proxy.child.id().unwrap();
+    let idle = lowest(&[pid], Duration::from_secs(1)).await[0];
+
+    let t = Instant::now();
+    let quiet = use_working_cluster(sni, || t.elapsed() < quiet_window).await;
+
+    let watch = PeakWatch::start(&[pid]);
+    // The floods come from a process of their own, so that the timed
+    // client does not share a runtime with 20,000 flooding tasks.
+    let mut flooder = Proc::spawn_path(
+        &std::env::current_exe().unwrap(),
+        &[
+            "--isolation-flood".into(),
+            sni.to_string(),
+            flood_n.to_string(),
+            HOLE.into(),
+            STALL.into(),
+        ],
+    );
+    let flooding = Arc::new(AtomicBool::new(true));
+    let waiter = {
+        let flooding = flooding.clone();
+        tokio::spawn(async move {
+            flooder
+                .wait_line_within("flood made", Duration::from_secs(600))
+                .await;
+            flooding.store(false, Ordering::Relaxed);
+            flooder
+        })
+    };
+    // Samples the faulty clusters' gauges while the floods run.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        tokio::spawn(async move {
+            let (mut pending, mut open, mut buffered) = (0f64, 0f64, 0f64);
+            while sampling.load(Ordering::Relaxed) {
+                let (_, m) = http_get(stats, "/stats/prometheus").await;
+                pending = pending.max(series(
+                    &m,
+                    "envoy_cluster_upstream_rq_pending_active",
+                    HOLE_CLUSTER,
+                ));
+                open = open.max(series(
+                    &m,
+                    "envoy_cluster_upstream_cx_active",
+                    STALL_CLUSTER,
+                ));
+                buffered = buffered.max(
+                    series(
+                        &m,
+                        "envoy_cluster_upstream_cx_tx_bytes_buffered",
+                        STALL_CLUSTER,
+                    ) + series(
+                        &m,
+                        "envoy_cluster_upstream_cx_tx_bytes_buffered",
+                        HOLE_CLUSTER,
+                    ),
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (pending, open, buffered)
+        })
+    };
+    let t = Instant::now();
+    let flooded_started = Instant::now();
+    let flooded = use_working_cluster(sni, || {
+        flooding.load(Ordering::Relaxed) || t.elapsed() < quiet_window
+    })
+    .await;
+    let flooder = waiter.await.unwrap();
+    let flood_time = flooded_started.elapsed();
+    // The blackholed cluster's last pending connects end at the 1 s
+    // connect timeout.
+    let end = Instant::now() + Duration::from_secs(30);
+    let (_, mut m) = http_get(stats, "/stats/prometheus").await;
+    while Instant::now() < end
+        && series(&m, "envoy_cluster_upstream_rq_pending_active", HOLE_CLUSTER) > 0.0
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        m = http_get(stats, "/stats/prometheus").await.1;
+    }
+    // The storm is over; the stalled cluster's connections stay held at
+    // its bound while the working cluster is used again.
+    let t = Instant::now();
+    let held = use_working_cluster(sni, || t.elapsed() < quiet_window).await;
+    sampling.store(false, Ordering::Relaxed);
+    let (max_pending, max_open, max_buffered) = sampler.await.unwrap();
+    let held_rss = status_kib(pid, "VmRSS");
+    let peak = watch.finish().await[0];
+    drop(flooder);
+    drop(stall);
+    let low = lowest(&[pid], scale.settle).await[0];
+
+    let s = |name| series(&m, name, HOLE_CLUSTER);
+    let hole_overflow = s("envoy_cluster_upstream_rq_pending_overflow");
+    let hole_timeouts = s("envoy_cluster_upstream_cx_connect_timeout");
+    let s = |name| series(&m, name, STALL_CLUSTER);
+    let stall_overflow = s("envoy_cluster_upstream_cx_overflow");
+    let stall_pending_overflow = s("envoy_cluster_upstream_rq_pending_overflow");
+    let e = |name| series(&m, name, ECHO_CLUSTER);
+    let echo_refused =
+        e("envoy_cluster_upstream_cx_overflow") + e("envoy_cluster_upstream_rq_pending_overflow");
+
+    let p = |u: &Use, q| percentile(&u.times, q);
+    report.figure(
+        section,
+        format!(
+            "working cluster, SNI connection (connect, ClientHello echoed), p50 / p99 (count), quiet → {flood_n} connections each to a blackholed and a stalled cluster"
+        ),
+        format!(
+            "{} / {} ({}) → {} / {} ({})",
+            ms(p(&quiet, 0.5)),
+            ms(p(&quiet, 0.99)),
+            quiet.times.len(),
+            ms(p(&flooded, 0.5)),
+            ms(p(&flooded, 0.99)),
+            flooded.times.len()
+        ),
+        "p99 ≤ 1.10 × quiet (issue 38)".into(),
+    );
+    report.figure(
+        section,
+        "working cluster: p99 flooded / quiet".into(),
+        format!(
+            "{:.2}",
+            p(&flooded, 0.99).as_secs_f64() / p(&quiet, 0.99).as_secs_f64().max(1e-9)
+        ),
+        "≤ 1.10".into(),
+    );
+    report.figure(
+        section,
+        "working cluster: echo throughput on one connection, quiet → flooded".into(),
+        format!("{:.0} → {:.0} MB/s", mb_s(&quiet), mb_s(&flooded)),
+        "≥ 0.90 × quiet (issue 38)".into(),
+    );
+    report.figure(
+        section,
+        "working cluster: throughput flooded / quiet".into(),
+        format!("{:.2}", mb_s(&flooded) / mb_s(&quiet).max(1e-9)),
+        "≥ 0.90".into(),
+    );
+    report.figure(
+        section,
+        format!(
+            "working cluster, after the storm with the stalled cluster's {max_open} connections held: p50 / p99 (count); throughput"
+        ),
+        format!(
+            "{} / {} ({}); {:.0} MB/s",
+            ms(p(&held, 0.5)),
+            ms(p(&held, 0.99)),
+            held.times.len(),
+            mb_s(&held)
+        ),
+        String::new(),
+    );
+    report.figure(
+        section,
+        "working cluster, held: p99 / quiet; throughput / quiet".into(),
+        format!(
+            "{:.2}; {:.2}",
+            p(&held, 0.99).as_secs_f64() / p(&quiet, 0.99).as_secs_f64().max(1e-9),
+            mb_s(&held) / mb_s(&quiet).max(1e-9)
+        ),
+        "≤ 1.10; ≥ 0.90".into(),
+    );
+    let failed = quiet.failed + flooded.failed + held.failed;
+    report.limit(
+        section,
+        "working cluster: connections failed or refused, quiet, flooded and held".into(),
+        format!("{}", failed + echo_refused as usize),
+        "0".into(),
+        failed == 0 && echo_refused == 0.0,
+    );
+    report.figure(
+        section,
+        format!("the floods: {} connections made in", 2 * flood_n),
+        format!("{:.1} s", flood_time.as_secs_f64()),
+        String::new(),
+    );
+    report.limit(
+        section,
+        "blackholed cluster: most connects pending at once (sampled every 100 ms)".into(),
+        format!("{max_pending}"),
+        format!("≤ {bound} (-max-pending-connects-per-cluster)"),
+        max_pending <= bound,
+    );
+    report.figure(
+        section,
+        format!(
+            "blackholed cluster: of {flood_n}, refused at once (upstream_rq_pending_overflow) / connect timed out after 1 s"
+        ),
+        format!("{hole_overflow} / {hole_timeouts}"),
+        "Envoy: 1,024 pending, the rest UO".into(),
+    );
+    report.limit(
+        section,
+        "stalled cluster: most connections open at once (sampled)".into(),
+        format!("{max_open}"),
+        format!("≤ {bound} (-max-connections-per-cluster)"),
+        max_open <= bound,
+    );
+    report.figure(
+        section,
+        format!(
+            "stalled cluster: of {flood_n}, refused at once (upstream_cx_overflow / upstream_rq_pending_overflow)"
+        ),
+        format!("{stall_overflow} / {stall_pending_overflow}"),
+        "Envoy: 1,024 open, then 1,024 queued as pending for ever, the rest UO".into(),
+    );
+    report.figure(
+        section,
+        "faulty clusters: most bytes held in the relay's buffers (sampled)".into(),
+        format!("{:.1} KiB", max_buffered / 1024.0),
+        format!("≤ {MAX_BUFFERED_MIB} MiB each (-max-buffered-bytes-per-cluster)"),
+    );
+    // Both faulty clusters at their byte budgets, and every connection they
+    // admit at once (open and pending) with a full buffer each way and an
+    // SNI connection's own state (9.6 KiB, BENCHMARKS.md NPM; 10 here).
+    let admitted = 2 * bound as u64;
+    let rss_bound = idle + 2 * MAX_BUFFERED_MIB * 1024 + admitted * (2 * BUFFER_KIB + 10);
+    report.limit(
+        section,
+        "nodeport-proxy RSS: idle / peak during the floods / with the stalled cluster's connections held".into(),
+        format!("{} / {} / {}", mib(idle), mib(peak), mib(held_rss)),
+        format!(
+            "peak ≤ idle + 2 × 16 MiB + {admitted} × (32 + 10) KiB = {} (Envoy, KKP #15962: 400 Mi → 1.5 Gi, OOM-killed)",
+            mib(rss_bound)
+        ),
+        peak <= rss_bound,
+    );
+    report.limit(
+        section,
+        format!(
+            "nodeport-proxy: lowest RSS within {:?} after the floods end",
+            scale.settle
+        ),
+        mib(low),
+        format!("≤ idle ({}) + 10 % + 16 MiB", mib(idle)),
+        low <= idle + idle / 10 + 16 * 1024,
+    );
+    drop(proxy);
+}
