@@ -211,7 +211,7 @@ impl Session<'_> {
     /// or the process stops.
     pub async fn relay<C>(&mut self, client: C, early: Bytes, upstream: Upstream) -> RelayEnd
     where
-        C: Duplex,
+        C: Duplex + 'static,
     {
         let shared = self.shared;
         let route = &*self.route;
@@ -286,7 +286,22 @@ impl Session<'_> {
                 _ = shared.drain.stopping() => {}
             }
         };
-        let (end, moved) = relay(client, Plain(upstream), options, &Both(&bytes, conn), stop).await;
+        let tally = Both(&bytes, conn);
+        // NodePort and SNI bytes go kernel to kernel when both ends are
+        // plain TCP; tunnels (HTTP/2 streams, TLS) keep the copying relay.
+        let mut client = Some(client);
+        let spliced = (shared.config.splice && !tunnel)
+            .then(|| link::splice::take_tcp(&mut client))
+            .flatten();
+        let (end, moved) = match (spliced, client) {
+            (Some(tcp), _) => {
+                let pipes = &link::splice::PIPES;
+                link::splice::relay(tcp, upstream, options, &tally, pipes, stop).await
+            }
+            (None, Some(client)) => relay(client, Plain(upstream), options, &tally, stop).await,
+            // take_tcp empties `client` only when it returns the stream.
+            (None, None) => (RelayEnd::Closed, RelayBytes::default()),
+        };
         conn.set_close_reason(end.reason());
         tracing::debug!(
             route = %route.key,
