@@ -11,11 +11,14 @@
 //! pages taken only while they hold data) and a slow reader stalls its
 //! writer's socket as in the copying relay.
 //!
-//! Idle cost: a direction creates its pipe (two descriptors) when data first
-//! moves and the relay gives both pipes back once nothing has moved for
-//! [`PIPE_IDLE`], so a quiet connection holds its two sockets and no pipe.
-//! When no pipe can be made (descriptor limit), a direction copies that
-//! chunk through user space instead of failing the connection.
+//! Small exchanges and idle cost: a direction copies through a per-thread
+//! buffer until one read fills it ([`COPY_CHUNK`]); only then does it make
+//! its pipe (two descriptors), so a request and its answer cost no pipe.
+//! The relay gives both pipes back once nothing has moved for
+//! [`PIPE_IDLE`] (the direction copies again until the next bulk read), so
+//! a quiet connection holds its two sockets and no pipe. When no pipe can
+//! be made (descriptor limit), a direction copies instead of failing the
+//! connection.
 //!
 //! Why our own code: no well-kept crate splices between tokio sockets;
 //! `rustix` gives safe `splice`/`pipe2` (this workspace forbids `unsafe`)
@@ -24,7 +27,7 @@
 use std::future::Future;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -42,6 +45,16 @@ pub const PIPE_IDLE: Duration = Duration::from_secs(2);
 
 /// Most bytes one `splice` call moves into a pipe (its default capacity).
 const PIPE_CHUNK: usize = 64 << 10;
+
+/// A direction copies through a per-thread buffer of this size until one
+/// read fills it: a request and its answer then cost no pipe (making and
+/// closing two pipes is most of a short connection's CPU), bulk data moves
+/// kernel to kernel.
+const COPY_CHUNK: usize = 16 << 10;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Counts the pipes relays hold right now (two descriptors each).
 #[derive(Debug, Default)]
@@ -118,6 +131,7 @@ pub async fn relay(
         parked: [Mutex::new(None), Mutex::new(None)],
         moved: [AtomicU64::new(0), AtomicU64::new(0)],
         alive: AtomicUsize::new(0),
+        bulk: [AtomicBool::new(false), AtomicBool::new(false)],
         made: Notify::new(),
         activity: Activity::new(),
         pipes,
@@ -148,6 +162,9 @@ struct Link<'a> {
     moved: [AtomicU64; 2],
     /// Pipes this relay holds, parked or busy.
     alive: AtomicUsize,
+    /// Per direction: a read filled [`COPY_CHUNK`], so it splices (until
+    /// its pipe is given back for idleness); until then it copies.
+    bulk: [AtomicBool; 2],
     /// Told when a pipe is made, so the watch starts its release timer.
     made: Notify,
     activity: Activity,
@@ -176,9 +193,10 @@ impl Link<'_> {
             } else {
                 let due = release_at.map_or(last + PIPE_IDLE, |r| r.max(last + PIPE_IDLE));
                 if now >= due {
-                    for p in &self.parked {
+                    for (p, bulk) in self.parked.iter().zip(&self.bulk) {
                         if p.lock().take().is_some() {
                             self.alive.fetch_sub(1, Ordering::Relaxed);
+                            bulk.store(false, Ordering::Relaxed);
                         }
                     }
                     // A pipe still alive is busy with a stalled writer.
@@ -212,19 +230,37 @@ impl Link<'_> {
             src.readable().await.map_err(read_err)?;
             let taken = parked.lock().take();
             let fresh = taken.is_none();
-            let mut pipe = match taken {
-                Some(p) => p,
-                None => match Pipe::new(self.pipes) {
-                    Ok(p) => p,
-                    Err(e) => {
+            let made = match taken {
+                Some(p) => Ok(p),
+                None if !self.bulk[i].load(Ordering::Relaxed) => Err(None),
+                None => Pipe::new(self.pipes).map_err(Some),
+            };
+            let mut pipe = match made {
+                Ok(p) => p,
+                Err(no_pipe) => {
+                    if let Some(e) = no_pipe {
                         tracing::debug!(error = %e, "no pipe for splicing; copying this chunk");
-                        // Boxed: a rare path, kept out of every relay's future.
-                        if Box::pin(self.copy_once(i, read_err, write_err)).await? {
+                    }
+                    match self.copy(i, read_err, write_err)? {
+                        Copied::Eof => {
+                            finish(dst);
                             return Ok(());
                         }
-                        continue;
+                        Copied::Nothing => {}
+                        Copied::Moved { full, rest } => {
+                            if full {
+                                self.bulk[i].store(true, Ordering::Relaxed);
+                            }
+                            if !rest.is_empty() {
+                                // Boxed: only a write the peer did not take
+                                // whole waits here; kept out of every relay's
+                                // future.
+                                Box::pin(self.send_rest(i, rest, write_err)).await?;
+                            }
+                        }
                     }
-                },
+                    continue;
+                }
             };
             let got = src.try_io(Interest::READABLE, || {
                 rustix::pipe::splice(
@@ -298,28 +334,43 @@ impl Link<'_> {
         }
     }
 
-    /// Moves one chunk from side `i` through user space; true at EOF.
-    async fn copy_once(
-        &self,
-        i: usize,
-        read_err: ErrorOf,
-        write_err: ErrorOf,
-    ) -> Result<bool, RelayEnd> {
+    /// Reads what side `i` has into the thread's scratch buffer and writes
+    /// it on at once; what the peer does not take is handed back to send.
+    fn copy(&self, i: usize, read_err: ErrorOf, write_err: ErrorOf) -> Result<Copied, RelayEnd> {
         let (src, dst) = (&self.sockets[i], &self.sockets[1 - i]);
-        let mut buf = vec![0u8; 16 << 10];
-        let n = match src.try_read(&mut buf) {
-            Ok(0) => {
-                finish(dst);
-                return Ok(true);
+        SCRATCH.with(|scratch| {
+            let mut buf = scratch.borrow_mut();
+            if buf.len() < COPY_CHUNK {
+                buf.resize(COPY_CHUNK, 0);
             }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) => return Err(read_err(e)),
-        };
+            let n = match src.try_read(&mut buf[..COPY_CHUNK]) {
+                Ok(0) => return Ok(Copied::Eof),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Copied::Nothing),
+                Err(e) => return Err(read_err(e)),
+            };
+            let sent = match dst.try_write(&buf[..n]) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => return Err(write_err(e)),
+            };
+            if sent > 0 {
+                self.moved(i, sent);
+            }
+            Ok(Copied::Moved {
+                full: n == COPY_CHUNK,
+                rest: buf[sent..n].to_vec(),
+            })
+        })
+    }
+
+    /// Sends the rest of a copied chunk as the peer takes it.
+    async fn send_rest(&self, i: usize, rest: Vec<u8>, write_err: ErrorOf) -> Result<(), RelayEnd> {
+        let dst = &self.sockets[1 - i];
         let mut sent = 0;
-        while sent < n {
+        while sent < rest.len() {
             dst.writable().await.map_err(write_err)?;
-            match dst.try_write(&buf[sent..n]) {
+            match dst.try_write(&rest[sent..]) {
                 Ok(0) => return Err(write_err(io::ErrorKind::WriteZero.into())),
                 Ok(m) => {
                     sent += m;
@@ -329,8 +380,21 @@ impl Link<'_> {
                 Err(e) => return Err(write_err(e)),
             }
         }
-        Ok(false)
+        Ok(())
     }
+}
+
+/// What one copy did.
+enum Copied {
+    Eof,
+    /// The source had nothing after all.
+    Nothing,
+    /// `full`: the read filled the scratch buffer (bulk data: splice from
+    /// now on); `rest`: what the peer has not taken yet.
+    Moved {
+        full: bool,
+        rest: Vec<u8>,
+    },
 }
 
 /// Half-close: the peer sees EOF, the other direction goes on.
@@ -582,10 +646,11 @@ mod tests {
         }
     }
 
-    /// Pipes exist only while data moves: none before the first byte, one
-    /// per direction used, none again once the connection idles.
+    /// Pipes exist only while bulk data moves: none before the first byte
+    /// or for small exchanges, one per direction with a read that filled
+    /// the copy buffer, none again once the connection idles.
     #[tokio::test(start_paused = true)]
-    async fn pipes_are_made_when_data_moves_and_given_back_when_idle() {
+    async fn pipes_are_made_for_bulk_data_and_given_back_when_idle() {
         let (client, mut client_peer) = pair().await;
         let (upstream, mut upstream_peer) = pair().await;
         let pipes = leaked_count();
@@ -595,6 +660,8 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert_eq!(pipes.open(), 0);
+        let bulk = vec![5u8; 1 << 20];
+        let mut moved = 0;
         for round in 0..2 {
             client_peer
                 .write_all(b"ping")
@@ -608,8 +675,22 @@ mod tests {
             assert_eq!(&got, b"ping");
             assert_eq!(
                 pipes.open(),
+                0,
+                "round {round}: a small exchange makes no pipe"
+            );
+            let mut got = vec![0u8; bulk.len()];
+            let (w, r) = tokio::join!(
+                client_peer.write_all(&bulk),
+                upstream_peer.read_exact(&mut got)
+            );
+            w.unwrap_or_else(|e| panic!("{e}"));
+            r.unwrap_or_else(|e| panic!("{e}"));
+            assert!(got == bulk);
+            moved += 4 + bulk.len() as u64;
+            assert_eq!(
+                pipes.open(),
                 1,
-                "round {round}: the client's direction holds one"
+                "round {round}: the client's direction splices"
             );
             tokio::time::sleep(PIPE_IDLE * 2).await;
             assert_eq!(
@@ -622,7 +703,7 @@ mod tests {
         drop(upstream_peer);
         let (end, bytes) = task.await.unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(end, RelayEnd::Closed), "{end:?}");
-        assert_eq!(bytes.from_client, 8);
+        assert_eq!(bytes.from_client, moved);
     }
 
     #[test]
