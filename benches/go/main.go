@@ -841,6 +841,20 @@ func nodeportGroup() []*row {
 		return []*row{errRow(row{id: "P7", workload: "nginx"}, err)}
 	}
 	defer n.stop()
+	// Issue 39: HAProxy with `option splice-auto`, and ours copying
+	// through user space (-splice=false), beside the defaults.
+	hss, hsp := pickPort(), pickPort()
+	hsplice, err := startHAProxyWith([]haproxyFrontend{{name: "sni", port: hss, backend: dest.tlsAddr(), sni: true}, {name: "plain", port: hsp, backend: dest.plainAddr()}}, true)
+	if err != nil {
+		return []*row{errRow(row{id: "P7", workload: "HAProxy splice-auto"}, err)}
+	}
+	defer hsplice.stop()
+	npCopy, cp, err := startNodeportProxy(dest.tlsAddr(), dest.plainAddr(), "-splice=false")
+	if err != nil {
+		return []*row{errRow(row{id: "P7", workload: "nodeport-proxy -splice=false"}, err)}
+	}
+	defer npCopy.stop()
+	const hSpliceName, oursCopyName = "HAProxy splice-auto", "ours -splice=false"
 	tp := pickPort()
 	t, err := startTinyproxy(tp)
 	if err != nil {
@@ -857,10 +871,27 @@ func nodeportGroup() []*row {
 	sniOurs := via(np, "ours", withTLS(tcpTo(goharness.Loopback(pp.sni)), ctls))
 	sniH := via(h, "HAProxy", withTLS(tcpTo(goharness.Loopback(hs)), ctls))
 	sniN := via(n, "nginx", withTLS(tcpTo(goharness.Loopback(ns)), ctls))
-	sni := []*subject{sniOurs, sniH, sniN}
+	sni := []*subject{sniOurs, sniH, sniN,
+		via(hsplice, hSpliceName, withTLS(tcpTo(goharness.Loopback(hss)), ctls)),
+		via(npCopy, oursCopyName, withTLS(tcpTo(goharness.Loopback(cp.sni)), ctls))}
+	// Issue 39's CPU aims on the relays: at most 0.7x HAProxy's and nginx's
+	// defaults, at most HAProxy with splicing.
+	splAims := func(rs []*row) []*row {
+		for _, r := range rs {
+			switch r.anchorName {
+			case "HAProxy", "nginx":
+				r.cpuAim, r.cpuRatioMax = "CPU ≤ 0.7×", 0.7
+			case hSpliceName:
+				r.cpuAim, r.cpuRatioMax = "CPU ≤ 1.0×", 1
+			default:
+				r.cpuAim, r.cpuRatioMax = "", 0
+			}
+		}
+		return rs
+	}
 	td := dest.tlsAddr()
-	// Debugging aids: BENCH_NP_ROWS=P7,NP (of P7, P7-rate, NP, NP-rate,
-	// P8) runs only those rows; BENCH_NP_BASE=<dir> adds the nodeport-proxy
+	// Debugging aids: BENCH_NP_ROWS=P7,NP (of P7, P7-64, P7-rate, NP,
+	// NP-64, NP-rate, P8) runs only those rows; BENCH_NP_BASE=<dir> adds the nodeport-proxy
 	// in <dir> (an older build) as one more anchor of the P7 and NP rows, and
 	// its tunnel-agent and nodeport-proxy of the P8 HTTP/2 rows, interleaved
 	// with the others: a before/after in one run.
@@ -883,8 +914,15 @@ func nodeportGroup() []*row {
 		if !want("P7") {
 			break
 		}
-		rows = append(rows, run(row{id: "P7", workload: "SNI passthrough, 1 TLS stream, " + dirName(dir), unit: "MiB/s", aim: "≥ 1.0×", ratioMin: 1, aimFor: "HAProxy", cpuAim: "CPU ≤ 1.0×", cpuRatioMax: 1},
-			sni, warmBulk(td, 1, cfg.bulk, dir), bulkFn(td, 1, cfg.bulk, dir), true)...)
+		rows = append(rows, splAims(run(row{id: "P7", workload: "SNI passthrough, 1 TLS stream, " + dirName(dir), unit: "MiB/s", aim: "≥ 1.0×", ratioMin: 1, aimFor: "HAProxy", cpuAim: "CPU ≤ 1.0×", cpuRatioMax: 1},
+			sni, warmBulk(td, 1, cfg.bulk, dir), bulkFn(td, 1, cfg.bulk, dir), true))...)
+	}
+	for _, dir := range []byte{opDownload, opUpload} {
+		if !want("P7-64") {
+			break
+		}
+		rows = append(rows, splAims(run(row{id: "P7", workload: fmt.Sprintf("SNI passthrough, %d TLS streams, aggregate %s", cfg.aggConns, dirName(dir)), unit: "MiB/s"},
+			sni, warmBulk(td, cfg.aggConns, cfg.agg, dir), bulkFn(td, cfg.aggConns, cfg.agg, dir), true))...)
 	}
 	rate := func(s *subject) (float64, int64, error) {
 		return dialRate(s, td, cfg.rateWorkers, cfg.rateDur, cfg.rateMax, 64)
@@ -898,7 +936,8 @@ func nodeportGroup() []*row {
 	}
 
 	pd := dest.plainAddr()
-	plain := []*subject{via(np, "ours", tcpTo(goharness.Loopback(pp.nodePort))), via(h, "HAProxy", tcpTo(goharness.Loopback(hp))), via(n, "nginx", tcpTo(goharness.Loopback(npl)))}
+	plain := []*subject{via(np, "ours", tcpTo(goharness.Loopback(pp.nodePort))), via(h, "HAProxy", tcpTo(goharness.Loopback(hp))), via(n, "nginx", tcpTo(goharness.Loopback(npl))),
+		via(hsplice, hSpliceName, tcpTo(goharness.Loopback(hsp))), via(npCopy, oursCopyName, tcpTo(goharness.Loopback(cp.nodePort)))}
 	if base != nil {
 		plain = append(plain, via(base, "nodeport-proxy base", tcpTo(goharness.Loopback(bp.nodePort))))
 	}
@@ -906,8 +945,15 @@ func nodeportGroup() []*row {
 		if !want("NP") {
 			break
 		}
-		rows = append(rows, run(row{id: "NP", workload: "NodePort plain TCP relay, 1 stream, " + dirName(dir), unit: "MiB/s", cpuAim: "CPU ≤ 1.0×", cpuRatioMax: 1},
-			plain, warmBulk(pd, 1, cfg.bulk, dir), bulkFn(pd, 1, cfg.bulk, dir), true)...)
+		rows = append(rows, splAims(run(row{id: "NP", workload: "NodePort plain TCP relay, 1 stream, " + dirName(dir), unit: "MiB/s"},
+			plain, warmBulk(pd, 1, cfg.bulk, dir), bulkFn(pd, 1, cfg.bulk, dir), true))...)
+	}
+	for _, dir := range []byte{opDownload, opUpload} {
+		if !want("NP-64") {
+			break
+		}
+		rows = append(rows, splAims(run(row{id: "NP", workload: fmt.Sprintf("NodePort plain TCP relay, %d streams, aggregate %s", cfg.aggConns, dirName(dir)), unit: "MiB/s"},
+			plain, warmBulk(pd, cfg.aggConns, cfg.agg, dir), bulkFn(pd, cfg.aggConns, cfg.agg, dir), true))...)
 	}
 	prate := func(s *subject) (float64, int64, error) {
 		return dialRate(s, pd, cfg.rateWorkers, cfg.rateDur, cfg.rateMax, 64)

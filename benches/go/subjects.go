@@ -283,9 +283,20 @@ func sbin(name string) string {
 }
 
 func startHAProxy(fronts []haproxyFrontend) (*subject, error) {
+	return startHAProxyWith(fronts, false)
+}
+
+// startHAProxyWith is startHAProxy with `option splice-auto` in the
+// defaults when splice is set (issue 39's anchor: HAProxy relaying kernel to
+// kernel where it judges it worth it).
+func startHAProxyWith(fronts []haproxyFrontend, splice bool) (*subject, error) {
 	var b strings.Builder
 	b.WriteString("global\n  # nbthread: one per core (default); no log target\n\n")
-	b.WriteString("defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n\n")
+	b.WriteString("defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n")
+	if splice {
+		b.WriteString("  option splice-auto\n")
+	}
+	b.WriteString("\n")
 	for _, f := range fronts {
 		bind := fmt.Sprintf("127.0.0.1:%d", f.port)
 		if f.unix != "" {

@@ -20,4 +20,5 @@ pub mod h2io;
 pub mod h2window;
 pub mod limits;
 pub mod relay;
+pub mod splice;
 pub mod stream_metrics;

@@ -75,25 +75,32 @@ pub struct RelayBytes {
     pub from_upstream: u64,
 }
 
-struct Activity {
+pub(crate) struct Activity {
     start: Instant,
     last_ms: AtomicU64,
 }
 
 impl Activity {
-    fn touch(&self) {
+    pub(crate) fn new() -> Self {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn touch(&self) {
         let ms = self.start.elapsed().as_millis() as u64;
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
-    fn last(&self) -> Instant {
+    pub(crate) fn last(&self) -> Instant {
         self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
     }
 }
 
-type ErrorOf = fn(io::Error) -> RelayEnd;
+pub(crate) type ErrorOf = fn(io::Error) -> RelayEnd;
 
-enum Side {
+pub(crate) enum Side {
     Client,
     Upstream,
 }
@@ -111,10 +118,7 @@ where
     C: Duplex,
     U: Duplex,
 {
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        last_ms: AtomicU64::new(0),
-    });
+    let activity = Arc::new(Activity::new());
     let from_client = AtomicU64::new(0);
     let from_upstream = AtomicU64::new(0);
     let size = options.buffer_size.max(1024);
@@ -146,7 +150,7 @@ where
     (end, bytes)
 }
 
-async fn idle_watch(activity: &Activity, idle: Option<Duration>) {
+pub(crate) async fn idle_watch(activity: &Activity, idle: Option<Duration>) {
     let Some(idle) = idle.filter(|d| !d.is_zero()) else {
         return std::future::pending().await;
     };

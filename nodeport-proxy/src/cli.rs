@@ -107,6 +107,8 @@ go_compat::typed_flags! {
         max_pending_connections_per_ip: i64,
         #[flag("buffer-size", defaults().buffer_size as i64, "bytes per direction buffered for each proxied connection")]
         buffer_size: Given<i64>,
+        #[flag("splice", defaults().splice, "relay NodePort and SNI connections kernel to kernel with splice(2), a pipe (2 file descriptors) per direction while data moves; false: copy through a -buffer-size buffer as the tunnels do")]
+        splice: bool,
         #[flag("tunneling-max-concurrent-streams", i64::from(defaults().max_streams_per_connection), "CONNECT streams per HTTP/2 connection")]
         tunneling_max_concurrent_streams: Given<i64>,
         #[flag("access-log", "", "write one access-log line per connection (per CONNECT stream) to this file; /dev/stdout or - for standard output; empty: off")]
@@ -309,6 +311,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         max_pending_connections_per_ip: usize::try_from(f.max_pending_connections_per_ip)
             .map_err(|_| "-max-pending-connections-per-ip must not be negative".to_string())?,
         buffer_size: positive(&f.buffer_size)?.clamp(1024, 1 << 20),
+        splice: f.splice,
         max_streams_per_connection: u32::try_from(positive(&f.tunneling_max_concurrent_streams)?)
             .unwrap_or(u32::MAX),
         accept_proxy_protocol: f

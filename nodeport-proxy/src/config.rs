@@ -137,6 +137,9 @@ pub struct ProxyConfig {
     pub max_pending_connections_per_ip: usize,
     /// Each direction of each proxied connection has one buffer of this size.
     pub buffer_size: usize,
+    /// `-splice`: NodePort and SNI connections relay kernel to kernel
+    /// (splice(2) through a pipe per direction) instead of copying.
+    pub splice: bool,
     /// `-access-log`: one line per connection or stream; `None`: off.
     pub access_log: Option<crate::relay::access_log::AccessLogConfig>,
     /// Concurrent CONNECT streams per HTTP/2 connection.
@@ -176,6 +179,7 @@ impl Default for ProxyConfig {
             max_connections_per_listener: 10_000,
             max_pending_connections_per_ip: 0,
             buffer_size: 16 * 1024,
+            splice: true,
             access_log: None,
             max_streams_per_connection: 1024,
             accept_proxy_protocol: AcceptProxyProtocol::default(),

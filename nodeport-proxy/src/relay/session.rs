@@ -235,7 +235,7 @@ impl Session<'_> {
     /// or the process stops.
     pub async fn relay<C>(&mut self, client: C, early: Bytes, upstream: Upstream) -> RelayEnd
     where
-        C: Duplex,
+        C: Duplex + 'static,
     {
         let shared = self.shared;
         let route = &*self.route;
@@ -311,12 +311,33 @@ impl Session<'_> {
                 _ = shared.drain.stopping() => {}
             }
         };
-        let meter = slot.meter();
-        let (client, upstream) = (
-            Metered::client(client, &meter),
-            Metered::upstream(Plain(upstream), &meter),
-        );
-        let (end, moved) = relay(client, upstream, options, &Both(&bytes, conn), stop).await;
+        let tally = Both(&bytes, conn);
+        // NodePort and SNI bytes go kernel to kernel when both ends are
+        // plain TCP; tunnels (HTTP/2 streams, TLS) keep the copying relay.
+        // A spliced connection holds its bytes in its pipes (at most one
+        // pipe's worth a direction, in the kernel), not in buffers of ours:
+        // only the copying relay's count against the cluster's byte budget.
+        let mut client = Some(client);
+        let spliced = (shared.config.splice && !tunnel)
+            .then(|| link::splice::take_tcp(&mut client))
+            .flatten();
+        let (end, moved) = match (spliced, client) {
+            (Some(tcp), _) => {
+                let pipes = &link::splice::PIPES;
+                link::splice::relay(tcp, upstream, options, &tally, pipes, stop).await
+            }
+            (None, Some(client)) => {
+                let meter = slot.meter();
+                let (client, upstream) = (
+                    Metered::client(client, &meter),
+                    Metered::upstream(Plain(upstream), &meter),
+                );
+                relay(client, upstream, options, &tally, stop).await
+            }
+            // take_tcp empties `client` only when it returns the stream.
+            (None, None) => (RelayEnd::Closed, RelayBytes::default()),
+        };
+        drop(slot);
         conn.set_close((&end).into(), end.reason());
         tracing::debug!(
             route = %route.key,
