@@ -86,13 +86,7 @@ impl DialSpan {
                 IntValue(d.as_nanos() as i64),
             ));
         }
-        let failed = !matches!(
-            cause,
-            CloseReason::Closed
-                | CloseReason::ClientClosed
-                | CloseReason::UpstreamClosed
-                | CloseReason::Other
-        );
+        let failed = cause.is_failure();
         Span {
             trace_id: rand::random::<u128>().max(1).to_be_bytes().to_vec(),
             span_id: rand::random::<u64>().max(1).to_be_bytes().to_vec(),

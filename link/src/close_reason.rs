@@ -50,6 +50,18 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
+    /// Whether the close was a failure (a trace span's ERROR status): not
+    /// one of the sides ending it normally, nor an unknown cause.
+    pub fn is_failure(self) -> bool {
+        !matches!(
+            self,
+            CloseReason::Closed
+                | CloseReason::ClientClosed
+                | CloseReason::UpstreamClosed
+                | CloseReason::Other
+        )
+    }
+
     pub const ALL: [CloseReason; 15] = [
         CloseReason::Closed,
         CloseReason::ClientClosed,

@@ -132,13 +132,7 @@ impl DialTrace {
         if let Some(n) = since(&self.first_byte) {
             attributes.push(attr("konnectivity.first_byte_ns", IntValue(n)));
         }
-        let failed = !matches!(
-            cause,
-            CloseReason::Closed
-                | CloseReason::ClientClosed
-                | CloseReason::UpstreamClosed
-                | CloseReason::Other
-        );
+        let failed = cause.is_failure();
         Span {
             trace_id: self.trace_id.to_vec(),
             span_id: self.span_id.to_vec(),
