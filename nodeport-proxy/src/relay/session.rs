@@ -332,7 +332,10 @@ impl Session<'_> {
                     Metered::client(client, &meter),
                     Metered::upstream(Plain(upstream), &meter),
                 );
-                relay(client, upstream, options, &tally, stop).await
+                // Boxed: the task keeps one relay's state for its life, and
+                // NodePort's default path is the spliced one (its task size
+                // is asserted in listeners/node_port.rs).
+                Box::pin(relay(client, upstream, options, &tally, stop)).await
             }
             // take_tcp empties `client` only when it returns the stream.
             (None, None) => (RelayEnd::Closed, RelayBytes::default()),
