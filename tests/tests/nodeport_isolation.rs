@@ -78,17 +78,16 @@ async fn cluster_metric(p: &Proxy, name: &str, cluster: &str) -> f64 {
 /// Polls a cluster's series until `want` holds (bounded: a hang guard, not
 /// a timing assertion).
 async fn wait_metric(p: &Proxy, name: &str, cluster: &str, want: impl Fn(f64) -> bool) -> f64 {
-    let mut v = 0.0;
-    for _ in 0..600 {
-        v = cluster_metric(p, name, cluster).await;
-        if want(v) {
-            return v;
+    let what = format!("{name}{{{cluster}}} to reach the expected value");
+    integration_tests::eventually_some(&what, Duration::from_secs(30), || {
+        let v = cluster_metric(p, name, cluster);
+        let want = &want;
+        async move {
+            let v = v.await;
+            want(v).then_some(v)
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (_, text) = p.stats_get("/stats/prometheus").await;
-    let series: Vec<&str> = text.lines().filter(|l| l.contains(cluster)).collect();
-    panic!("{name}{{{cluster}}} stayed at {v}: {series:#?}");
+    })
+    .await
 }
 
 /// An SNI client for `host` that sends its ClientHello (and `extra` bytes
@@ -132,13 +131,11 @@ fn flood_one(
 }
 
 async fn wait_count(c: &AtomicUsize, want: usize) {
-    for _ in 0..600 {
-        if c.load(Ordering::Relaxed) >= want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{} of {want}", c.load(Ordering::Relaxed));
+    integration_tests::eventually(&format!("{want} counted"), Duration::from_secs(30), || {
+        let n = c.load(Ordering::Relaxed);
+        async move { n >= want }
+    })
+    .await
 }
 
 /// The working cluster answers, through a fresh connection.
@@ -155,19 +152,16 @@ async fn echo_works(p: &Proxy) {
 }
 
 async fn access_log_lines(path: &std::path::Path, want: usize) -> Vec<serde_json::Value> {
-    let mut lines = Vec::new();
-    for _ in 0..200 {
+    let what = format!("{want} access-log lines");
+    integration_tests::eventually_some(&what, Duration::from_secs(10), || {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        lines = text
+        let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        if lines.len() >= want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    lines
+        async move { (lines.len() >= want).then_some(lines) }
+    })
+    .await
 }
 
 /// The blackholed cluster holds at most its pending connects, the stalled
@@ -254,24 +248,28 @@ async fn a_blackholed_and_a_stalled_cluster_stop_at_their_bounds() {
     let refused = STALL_FLOOD - OPEN;
     for round in 1..=STALL_FLOOD / ROUND {
         clients.extend((0..ROUND).map(|_| flood_one(p.sni, STALL, 0, &closed_stall, &bytes)));
-        let (_, text) = p.stats_get("/stats/prometheus").await;
-        let mut decided = 0.0;
-        for _ in 0..600 {
-            let (_, text) = p.stats_get("/stats/prometheus").await;
-            let m = |name: &str| {
-                metric(
-                    &text,
-                    &format!("{name}{{envoy_cluster_name=\"{stall_cluster}\"}}"),
-                )
-            };
-            decided =
-                m("envoy_cluster_upstream_cx_total") + m("envoy_cluster_upstream_cx_overflow");
-            if decided >= (round * ROUND) as f64 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(decided, (round * ROUND) as f64, "{text}");
+        let target = (round * ROUND) as f64;
+        let (decided, text) = integration_tests::eventually_some(
+            "each connection admitted or refused",
+            Duration::from_secs(30),
+            || {
+                let p = &p;
+                async move {
+                    let (_, text) = p.stats_get("/stats/prometheus").await;
+                    let m = |name: &str| {
+                        metric(
+                            &text,
+                            &format!("{name}{{envoy_cluster_name=\"{stall_cluster}\"}}"),
+                        )
+                    };
+                    let decided = m("envoy_cluster_upstream_cx_total")
+                        + m("envoy_cluster_upstream_cx_overflow");
+                    (decided >= target).then_some((decided, text))
+                }
+            },
+        )
+        .await;
+        assert_eq!(decided, target, "{text}");
     }
     wait_count(&closed_stall, refused).await;
     echo_works(&p).await;
