@@ -692,7 +692,11 @@ mod tests {
                 1,
                 "round {round}: the client's direction splices"
             );
-            tokio::time::sleep(PIPE_IDLE * 2).await;
+            // Given back once idle for PIPE_IDLE: watched, not slept through.
+            let deadline = Instant::now() + PIPE_IDLE * 10;
+            while pipes.open() != 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             assert_eq!(
                 pipes.open(),
                 0,
