@@ -211,6 +211,18 @@ impl PacketRx {
             .map(|p| p.map(|pkt| inner.split(pkt, max, None)))
     }
 
+    /// The next piece if one is queued now, without waiting and whatever
+    /// the task's cooperative budget: `None` means the queue is empty.
+    pub fn try_piece(&self, max: usize) -> Option<Piece> {
+        let mut inner = self.0.lock();
+        if let Some((id, rest, whole)) = inner.rest.take() {
+            let pkt = Packet::data(id, rest);
+            return Some(inner.split(pkt, max, Some(whole)));
+        }
+        let pkt = inner.rx.try_recv().ok()?;
+        Some(inner.split(pkt, max, None))
+    }
+
     /// Closes the queue and drops what it holds.
     fn clear(&self) {
         let mut inner = self.0.lock();

@@ -88,12 +88,57 @@ impl Stream for FrontendStream {
             Poll::Pending => {}
         }
         if self.finished.as_mut().poll(cx).is_ready() {
-            // Finished after the last packet was queued: hand out what is left.
-            return match self.queue.rx.poll_piece(cx, MAX_FRONTEND_PIECE, None) {
-                Poll::Ready(Some(piece)) => self.item(piece),
-                _ => self.end(),
+            // Finished after the last packet was queued. `Pending` above does
+            // not mean the queue is empty: tokio's cooperative budget makes
+            // `poll_recv` answer `Pending` to a task that has used its share,
+            // with packets still queued. Only an empty `try_recv` says the
+            // stream may end; otherwise hand out what is left.
+            return match self.queue.rx.try_piece(MAX_FRONTEND_PIECE) {
+                Some(piece) => self.item(piece),
+                None => self.end(),
             };
         }
         Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use konnectivity_proto::{PacketExt, PacketType};
+
+    /// A tunnel whose agent closed with many packets still queued hands
+    /// every one of them, then the CLOSE_RSP, to a frontend that reads them
+    /// all in one go: the task runs out of tokio's cooperative budget on the
+    /// way, which must not end the stream early (it did, and the client got
+    /// a clean end-of-stream short of the data).
+    #[tokio::test]
+    async fn a_finished_tunnel_hands_out_everything_queued_past_the_coop_budget() {
+        const PACKETS: usize = 1_000;
+        let (tunnel, queue) = Tunnel::tracked(None);
+        for i in 0..PACKETS {
+            let pkt = Packet::data(1, bytes::Bytes::from(vec![(i % 251) as u8; 100]));
+            assert_eq!(tunnel.enqueue(pkt), crate::tunnel::Delivery::Queued);
+        }
+        tunnel.deliver_last(Packet::close_response(1, String::new()));
+        let stream = FrontendStream::new(queue, None, tunnel, Arc::new(Metrics::new()));
+        let got: Vec<Result<Packet, Status>> = stream.collect().await;
+        let got: Vec<Packet> = got.into_iter().filter_map(Result::ok).collect();
+        assert_eq!(
+            got.len(),
+            PACKETS + 1,
+            "every DATA packet and the CLOSE_RSP"
+        );
+        for (i, pkt) in got[..PACKETS].iter().enumerate() {
+            assert_eq!(pkt.r#type, PacketType::Data as i32);
+            match &pkt.payload {
+                Some(konnectivity_proto::packet::Payload::Data(d)) => {
+                    assert_eq!(d.data[0], (i % 251) as u8, "packet {i} in order")
+                }
+                other => panic!("packet {i} is not DATA: {other:?}"),
+            }
+        }
+        assert_eq!(got[PACKETS].r#type, PacketType::CloseRsp as i32);
     }
 }

@@ -302,6 +302,26 @@ func pattern(seed, n int) []byte {
 	return b
 }
 
+// divergence says where got first differs from want: equal, a clean
+// prefix (bytes lost at the end) or a difference at an offset (bytes lost
+// or changed in the middle), so a failure tells truncation from reordering.
+func divergence(got, want []byte) string {
+	n := min(len(got), len(want))
+	for i := 0; i < n; i++ {
+		if got[i] != want[i] {
+			return fmt.Sprintf("first difference at byte %d", i)
+		}
+	}
+	switch {
+	case len(got) == len(want):
+		return "equal"
+	case len(got) < len(want):
+		return fmt.Sprintf("a clean prefix: the last %d bytes are missing", len(want)-len(got))
+	default:
+		return fmt.Sprintf("%d bytes too many after the expected end", len(got)-len(want))
+	}
+}
+
 // echoRoundTrip writes data in 64 KiB writes while reading it back, and
 // reports each read's size to progress (may be nil).
 func echoRoundTrip(c net.Conn, data []byte, progress *atomic.Int64) error {

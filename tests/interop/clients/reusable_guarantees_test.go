@@ -97,7 +97,7 @@ func TestReusableStalledReaderDoesNotStallOthers(t *testing.T) {
 			}
 			got, err := io.ReadAll(stalled)
 			if err != nil || !bytes.Equal(got, pattern(7, total)) {
-				t.Errorf("%s the stalled stream, read at last: %d of %d bytes (equal: %v), %v", describeReusable(f), len(got), total, bytes.Equal(got, pattern(7, total)), err)
+				t.Errorf("%s the stalled stream, read at last: %d of %d bytes (%s), %v", describeReusable(f), len(got), total, divergence(got, pattern(7, total)), err)
 			}
 			if got := s.dialsSeen.Load(); got != 1 {
 				t.Errorf("%s the client opened %d connections to the server; want 1", describeReusable(f), got)
@@ -357,7 +357,7 @@ func TestReusableStalledStreamsStayInBudget(t *testing.T) {
 					defer wg.Done()
 					got, err := io.ReadAll(c)
 					if err != nil || !bytes.Equal(got, pattern(7, total)) {
-						t.Errorf("%s stalled stream %d, read at last: %d of %d bytes (equal: %v), %v", describeReusable(f), i, len(got), total, bytes.Equal(got, pattern(7, total)), err)
+						t.Errorf("%s stalled stream %d, read at last: %d of %d bytes (%s), %v", describeReusable(f), i, len(got), total, divergence(got, pattern(7, total)), err)
 					}
 				}()
 			}
