@@ -9,6 +9,7 @@
 //! metrics for the TLS reload counters) and knows nothing of the data path
 //! (`link`) or of any protocol the binaries speak.
 
+pub mod accept_rate;
 pub mod authority;
 pub mod drain;
 pub mod egress_proxy;

@@ -2,7 +2,8 @@
 //! task and a `tracing` span per connection, tracked by the drain, with back-off
 //! on accept errors (EMFILE must not spin) and an optional connection limit:
 //! either newcomers wait while the listener is full, or the oldest connection
-//! not yet settled (routed, past its request head) is shed for each newcomer.
+//! not yet settled (routed, past its request head) is shed for each newcomer;
+//! and an optional cap on new connections a second ([`crate::accept_rate`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
@@ -223,6 +224,9 @@ pub struct AcceptOptions {
     /// `shed_oldest` counts a connection only once [`attribute`] names its
     /// source, not the peer address.
     pub source_named_later: bool,
+    /// At most this many new connections a second; past it the loop holds
+    /// the newcomer it accepted, and those behind it wait in the backlog.
+    pub rate: Option<Arc<crate::accept_rate::AcceptRate>>,
 }
 
 /// The connections of one listener, oldest first, for [`AcceptOptions::shed_oldest`].
@@ -483,6 +487,15 @@ pub async fn accept_loop<L, F, Fut>(
             _ = drain.draining() => break,
             r = listener.accept() => r,
         };
+        // Taken after the accept, so that only a connection that is there
+        // waits (and is counted): the loop holds it, and the rest queue in
+        // the backlog behind it.
+        if let (Some(rate), Ok(_)) = (&options.rate, &accepted) {
+            tokio::select! {
+                _ = drain.draining() => break,
+                _ = rate.take() => {}
+            }
+        }
         match accepted {
             Ok((io, peer)) => {
                 backoff = Duration::from_millis(5);

@@ -75,6 +75,9 @@ pub struct Config {
     pub keepalive_timeout: Duration,
     pub frontend_keepalive_time: Duration,
     pub graceful_shutdown_timeout: Duration,
+    /// New agent connections a second at most (`--agent-accept-rate`); 0
+    /// for no limit.
+    pub agent_accept_rate: f64,
 }
 
 /// The frontend listener.
@@ -385,6 +388,9 @@ async fn finish(drain: &Drain, grace: Duration) {
     }
 }
 
+/// The burst `--agent-accept-rate` allows, in seconds of its rate.
+const AGENT_ACCEPT_BURST_SECONDS: f64 = 4.0;
+
 fn serve_agents(
     listener: TcpListener,
     config: &Config,
@@ -393,6 +399,7 @@ fn serve_agents(
     drain: Drain,
 ) -> impl Future<Output = ()> + Send + use<> {
     let settings = transport::agent_h2(config.keepalive_time, config.keepalive_timeout, &core);
+    let metrics = core.metrics.clone();
     let svc = AgentServiceServer::new(AgentSvc {
         core,
         drain: drain.clone(),
@@ -403,26 +410,38 @@ fn serve_agents(
     .max_decoding_message_size(limits::MAX_GRPC_MESSAGE);
     let tls = config.agent_tls.clone();
     let d = drain.clone();
-    accept_loop(
-        listener,
-        "agent",
-        drain,
-        AcceptOptions::default(),
-        move |io, _, _| {
-            // Each handshake takes the material in use now (it may have been reloaded).
-            let (svc, settings, tls, d) = (
-                svc.clone(),
-                settings.clone(),
-                acceptor(tls.current()),
-                d.clone(),
-            );
-            async move {
-                if let Some(io) = tls_handshake(&tls, daemon::tls::read_buffered(io)).await {
-                    link::h2grpc::serve(io, svc, &settings, &d).await;
-                }
+    let rate = config.agent_accept_rate;
+    let options = AcceptOptions {
+        rate: (rate > 0.0).then(|| {
+            Arc::new(
+                daemon::accept_rate::AcceptRate::new(rate, rate * AGENT_ACCEPT_BURST_SECONDS)
+                    .on_wait(move |spell| {
+                        metrics.agent_accept_delayed();
+                        if spell {
+                            tracing::warn!(
+                                limit = rate,
+                                "new agent connections past --agent-accept-rate wait in the listen backlog"
+                            )
+                        }
+                    }),
+            )
+        }),
+        ..AcceptOptions::default()
+    };
+    accept_loop(listener, "agent", drain, options, move |io, _, _| {
+        // Each handshake takes the material in use now (it may have been reloaded).
+        let (svc, settings, tls, d) = (
+            svc.clone(),
+            settings.clone(),
+            acceptor(tls.current()),
+            d.clone(),
+        );
+        async move {
+            if let Some(io) = tls_handshake(&tls, daemon::tls::read_buffered(io)).await {
+                link::h2grpc::serve(io, svc, &settings, &d).await;
             }
-        },
-    )
+        }
+    })
 }
 
 fn serve_frontend<L: Listener>(

@@ -34,6 +34,8 @@ const DIAL_FAILURES: &str = "konnectivity_network_proxy_server_dial_failure_coun
 const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_count";
 /// Ours (issue 38.1): dials moved to another agent.
 const DIALS_RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
+/// Ours (issue 33): agent connections that waited for `--agent-accept-rate`.
+const AGENT_ACCEPTS_DELAYED: &str = "konnectivity_network_proxy_server_agent_accepts_delayed_total";
 /// Ours (issue 38.4): tunnels closed, by frontend kind and [`CloseReason`].
 const CONNECTIONS_CLOSED: &str = "konnectivity_network_proxy_server_connections_closed_total";
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
@@ -142,6 +144,7 @@ pub struct Metrics {
     pub culled_leases: Counter,
     dial_failures: Vec<Counter>,
     dials_resent: Counter,
+    agent_accepts_delayed: Counter,
     /// Segment × packet type: the data path counts every packet.
     stream: StreamStats,
 }
@@ -211,6 +214,10 @@ impl Metrics {
             "Ours: dials sent to another agent because the agent they were sent to disconnected or started draining before answering.",
         );
         r.describe_counter(
+            AGENT_ACCEPTS_DELAYED,
+            "Ours: new agent connections that waited in the listen backlog because --agent-accept-rate was reached.",
+        );
+        r.describe_counter(
             CONNECTIONS_CLOSED,
             "Ours: frontend connections (tunnels) closed, by frontend (grpc, http-connect) and reason; the reasons /debug/connections gives as close_cause.",
         );
@@ -253,6 +260,7 @@ impl Metrics {
                 .map(|f| r.counter(DIAL_FAILURES, &[("reason", f.label())]))
                 .collect(),
             dials_resent: r.counter(DIALS_RESENT, &[]),
+            agent_accepts_delayed: r.counter(AGENT_ACCEPTS_DELAYED, &[]),
             stream: StreamStats::new(
                 &r,
                 link::stream_metric_names!("konnectivity_network_proxy_server"),
@@ -291,6 +299,10 @@ impl Metrics {
 
     pub fn dial_resent(&self) {
         self.dials_resent.increment(1);
+    }
+
+    pub fn agent_accept_delayed(&self) {
+        self.agent_accepts_delayed.increment(1);
     }
 
     pub fn grpc_connections(&self, service: Service) -> &Gauge {

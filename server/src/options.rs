@@ -23,6 +23,12 @@ pub const MAX_BACKEND_DIAL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A frozen agent (stopped process, dead NAT path) is noticed within
 /// `KEEPALIVE_TIME + KEEPALIVE_TIMEOUT` (upstream: 1 h + 20 s).
+/// `--agent-accept-rate`: well above what agents need (a rollout of 1,000
+/// agents is taken in one burst), well below what one core spends on a
+/// flooder that reconnects as fast as it can (1,256-1,537 a second,
+/// RELIABILITY.md "Floods").
+pub const DEFAULT_AGENT_ACCEPT_RATE: f64 = 250.0;
+
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(15);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -57,6 +63,8 @@ go_compat::typed_flags! {
         agent_port: Given<i64>,
         #[flag("agent-bind-address", "", "Bind address for agent connections. If empty, we will bind to all interfaces.")]
         agent_bind_address: String,
+        #[flag("agent-accept-rate", DEFAULT_AGENT_ACCEPT_RATE, "Ours: new agent connections accepted per second at most, after a burst of four seconds' worth; newcomers past it wait in the listen backlog, so an agent that floods and reconnects costs the server little. 0 means no limit.")]
+        agent_accept_rate: f64,
         #[flag("admin-port", 8095, "Port we listen for admin connections on.")]
         admin_port: Given<i64>,
         #[flag("admin-bind-address", "127.0.0.1", "Bind address for admin connections. If empty, we will bind to localhost.")]
@@ -477,6 +485,13 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         );
     }
 
+    if !(f.agent_accept_rate >= 0.0 && f.agent_accept_rate.is_finite()) {
+        return Err(format!(
+            "--agent-accept-rate must be a number of connections per second, 0 or more, got {}",
+            f.agent_accept_rate
+        ));
+    }
+
     let config = Config {
         mode,
         frontend_tls,
@@ -501,6 +516,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         keepalive_timeout: f.keepalive_timeout,
         frontend_keepalive_time: grpc_server_keepalive(f.frontend_keepalive_time),
         graceful_shutdown_timeout: f.graceful_shutdown_timeout,
+        agent_accept_rate: f.agent_accept_rate,
     };
     let addrs = Addresses {
         frontend,

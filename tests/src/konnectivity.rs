@@ -50,6 +50,8 @@ pub struct ServerOpts {
     pub flow_control: bool,
     /// `--otlp-traces-endpoint`.
     pub otlp_traces: Option<String>,
+    /// `--agent-accept-rate`.
+    pub agent_accept_rate: f64,
 }
 
 impl ServerOpts {
@@ -79,6 +81,7 @@ impl Default for ServerOpts {
             agent_host: "127.0.0.1",
             flow_control: true,
             otlp_traces: None,
+            agent_accept_rate: proxy_server::options::DEFAULT_AGENT_ACCEPT_RATE,
         }
     }
 }
@@ -210,6 +213,7 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
         frontend_keepalive_time: Duration::from_secs(3600),
         graceful_shutdown_timeout: opts.grace,
+        agent_accept_rate: opts.agent_accept_rate,
     };
     let server = Server::new(config).with_otlp_traces(
         opts.otlp_traces

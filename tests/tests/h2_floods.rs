@@ -187,3 +187,65 @@ async fn control_frame_floods_end_in_enhance_your_calm_on_the_tunneling_listener
     assert_eq!(code, 200);
     assert_eq!(dest::roundtrip(&mut stream.unwrap(), b"new").await, b"new");
 }
+
+/// `--agent-accept-rate` (issue 33): past its burst a new agent-port
+/// connection waits before its TLS handshake, counted in
+/// `agent_accepts_delayed_total`, while tunnels already open keep working.
+/// (That it is taken on once the rate allows is the token bucket's own unit
+/// test, `daemon::accept_rate`.)
+#[tokio::test]
+async fn agent_connections_past_the_accept_rate_wait_before_their_handshake() {
+    // 0.01 a second: the burst (one) goes to the stack's own agent, and the
+    // next newcomer waits 100 s, far longer than this test.
+    let stack = Stack::start(ServerOpts {
+        agent_accept_rate: 0.01,
+        ..Default::default()
+    })
+    .await;
+    let echo = dest::echo().await;
+    let frontend = stack.server.frontend.clone();
+    let mut before = grpc_dial(&frontend, &echo.to_string()).await.unwrap();
+    before.write(b"before").await;
+    assert_eq!(before.read_exact(6).await, b"before");
+
+    let identity = stack.pki.client("newcomer");
+    let tls = Arc::new(
+        daemon::tls::client_config(
+            &stack.pki.ca(),
+            Some((&identity.cert, &identity.key)),
+            &[b"h2".to_vec()],
+        )
+        .unwrap(),
+    );
+    let agent_addr = stack.server.agent_addr;
+    let handshake = tokio::spawn(async move {
+        let tcp = tokio::net::TcpStream::connect(agent_addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+    });
+    let metrics = stack.server.health_addr;
+    integration_tests::eventually(
+        "the newcomer counted as waiting for the accept rate",
+        Duration::from_secs(30),
+        || async {
+            let (_, body) = integration_tests::http_get(metrics, "/metrics").await;
+            body.lines()
+                .any(|l| l == "konnectivity_network_proxy_server_agent_accepts_delayed_total 1")
+        },
+    )
+    .await;
+    assert!(
+        !handshake.is_finished(),
+        "the newcomer's TLS handshake must wait for the accept rate"
+    );
+    // The tunnel opened before, and a new one through the connected agent,
+    // are not held up.
+    before.write(b"after").await;
+    assert_eq!(before.read_exact(5).await, b"after");
+    let mut after = grpc_dial(&frontend, &echo.to_string()).await.unwrap();
+    after.write(b"new").await;
+    assert_eq!(after.read_exact(3).await, b"new");
+    handshake.abort();
+}
