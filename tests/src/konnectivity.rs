@@ -50,6 +50,9 @@ pub struct ServerOpts {
     pub flow_control: bool,
     /// `--otlp-traces-endpoint`.
     pub otlp_traces: Option<String>,
+    /// `--max-pending-dials-per-agent`, `--max-pending-dials-per-destination`.
+    pub max_pending_per_agent: usize,
+    pub max_pending_per_destination: usize,
 }
 
 impl ServerOpts {
@@ -79,6 +82,9 @@ impl Default for ServerOpts {
             agent_host: "127.0.0.1",
             flow_control: true,
             otlp_traces: None,
+            max_pending_per_agent: proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_AGENT,
+            max_pending_per_destination:
+                proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_DESTINATION,
         }
     }
 }
@@ -205,6 +211,8 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
                 enabled: opts.flow_control,
                 ..Default::default()
             },
+            max_pending_per_agent: opts.max_pending_per_agent,
+            max_pending_per_destination: opts.max_pending_per_destination,
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,
