@@ -52,7 +52,7 @@ func churnCfg() churnSizes {
 
 type churnResult struct {
 	dials, failed, broken, skipped int64
-	firstErr                       string
+	firstErr, firstBroken          string
 }
 
 func churnGroup() []*row {
@@ -84,6 +84,11 @@ func churnGroup() []*row {
 							return ""
 						}
 						return "; first error: " + x.firstErr
+					}()+func() string {
+						if x.firstBroken == "" {
+							return ""
+						}
+						return "; first broken connection: " + x.firstBroken
 					}())
 			}
 			if failed {
@@ -97,6 +102,11 @@ func churnGroup() []*row {
 			}
 			if e := res[0].firstErr; e != "" {
 				r.note += "; ours: " + e
+			}
+			for i, who := range []string{"ours", "upstream"} {
+				if e := res[i].firstBroken; e != "" {
+					r.note += "; " + who + "'s first broken connection: " + e
+				}
 			}
 			rows = append(rows, r)
 		}
@@ -221,7 +231,7 @@ type churnLoad struct {
 	done                           sync.WaitGroup
 	once                           sync.Once
 	dials, failed, broken, skipped atomic.Int64
-	firstErr                       atomic.Pointer[string]
+	firstErr, firstBroken          atomic.Pointer[string]
 	result                         churnResult
 }
 
@@ -274,6 +284,8 @@ func (l *churnLoad) one(dial dialFunc, d string) {
 	_ = c.SetDeadline(time.Now().Add(churnDialBudget))
 	if err := clientEcho(c, 64); err != nil {
 		l.broken.Add(1)
+		s := err.Error()
+		l.firstBroken.CompareAndSwap(nil, &s)
 	}
 }
 
@@ -286,6 +298,9 @@ func (l *churnLoad) finish() churnResult {
 		l.result = churnResult{dials: l.dials.Load(), failed: l.failed.Load(), broken: l.broken.Load(), skipped: l.skipped.Load()}
 		if p := l.firstErr.Load(); p != nil {
 			l.result.firstErr = *p
+		}
+		if p := l.firstBroken.Load(); p != nil {
+			l.result.firstBroken = *p
 		}
 	})
 	return l.result
