@@ -25,7 +25,7 @@ import (
 
 var (
 	flagQuick     = flag.Bool("quick", false, "tiny sizes (a smoke run of every workload, about 5 minutes on 2 cores)")
-	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P10, nodeport, P9, konn-scale, np-mem, reusable (default: all)")
+	flagOnly      = flag.String("only", "", "comma list of workload groups to run: konn-grpc, konn-connect, P5, P6, P10, nodeport, P9, konn-scale, np-mem, reusable, churn (default: all)")
 	flagRepeats   = flag.Int("repeats", 0, "timed repeats per workload (default 5, quick 3)")
 	flagOurs      = flag.String("ours-bin", "target/release", "directory with proxy-server, proxy-agent, nodeport-proxy, tunnel-agent")
 	flagUpstream  = flag.String("upstream-bin", "target/bench/bin", "directory with upstream-proxy-server and upstream-proxy-agent")
@@ -174,6 +174,7 @@ func main() {
 		{"konn-scale", scaleGroup},
 		{"np-mem", npMemGroup},
 		{"reusable", reusableGroup},
+		{"churn", churnGroup},
 	}
 	only := onlyGroups()
 	for _, g := range groups {
@@ -237,7 +238,25 @@ func preflight() {
 		}
 		return
 	}
-	for _, n := range []string{"proxy-server", "proxy-agent", "nodeport-proxy", "tunnel-agent"} {
+	konnOnly := []string{"proxy-server", "proxy-agent"}
+	if only := onlyGroups(); len(only) == 1 && only["churn"] {
+		// Konnectivity against upstream alone: no nodeport-proxy, no anchors.
+		for _, n := range konnOnly {
+			if _, err := os.Stat(filepath.Join(oursBinDir, n)); err != nil {
+				missing = append(missing, filepath.Join(oursBinDir, n)+" (cargo build --release -p proxy-server -p proxy-agent)")
+			}
+		}
+		for _, n := range []string{"upstream-proxy-server", "upstream-proxy-agent"} {
+			if _, err := os.Stat(filepath.Join(upstreamBinDir, n)); err != nil {
+				missing = append(missing, filepath.Join(upstreamBinDir, n)+" (go build ./cmd/... in tests/interop)")
+			}
+		}
+		if len(missing) > 0 {
+			fatalf("missing:\n  %s", strings.Join(missing, "\n  "))
+		}
+		return
+	}
+	for _, n := range append(konnOnly, "nodeport-proxy", "tunnel-agent") {
 		if _, err := os.Stat(filepath.Join(oursBinDir, n)); err != nil {
 			missing = append(missing, filepath.Join(oursBinDir, n)+" (cargo build --release --bins)")
 		}

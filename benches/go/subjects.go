@@ -128,6 +128,9 @@ func bin(impl, name string) string {
 
 var udsSeq int
 
+// agentExtra: more flags for the next agents started (see startAgentWith).
+var agentExtra []string
+
 // startServer starts a proxy-server and waits until /healthz answers and
 // its agent port and Unix socket accept connections.
 func startServer(impl, mode string) (*proc, string, map[string]string, error) {
@@ -195,6 +198,7 @@ func startAgentID(impl string, serverAddrs map[string]string, id string) (*proc,
 			args[i] = "--agent-id=" + id
 		}
 	}
+	args = append(args, agentExtra...)
 	p, err := startProc(impl+" proxy-agent "+id, bin(impl, "proxy-agent"), args)
 	if err != nil {
 		return nil, "", "", err

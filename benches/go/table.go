@@ -22,6 +22,8 @@ type row struct {
 	// or on ours alone (oursMin).
 	aim                                  string
 	ratioMin, ratioMax, oursMin, oursMax float64
+	// oursZero: the aim is ours exactly 0 (a count of failures).
+	oursZero bool
 	// aimFor: the aim applies to the row against this anchor only.
 	aimFor string
 	// CPU aims (issue 18.2), checked besides the aim above: ours / anchor
@@ -123,6 +125,11 @@ func (r *row) metAim() string {
 		return "no"
 	}
 	switch {
+	case r.oursZero:
+		if len(r.ours) > 0 && median(r.ours) == 0 {
+			return "yes"
+		}
+		return "no"
 	case r.ratioMin > 0:
 		if q := r.ratio(); !math.IsNaN(q) && q >= r.ratioMin {
 			return "yes"

@@ -171,6 +171,9 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             frontend_queue: 10,
             agent_queue: 64,
             flow: link::flow::FlowSettings::default(),
+            max_pending_per_agent: proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_AGENT,
+            max_pending_per_destination:
+                proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_DESTINATION,
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,

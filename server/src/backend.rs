@@ -452,6 +452,12 @@ impl<C> Backends<C> {
         self.pick_where(address, |_| true, true)
     }
 
+    /// Picks an agent stream as [`Backends::pick`] does, leaving out the
+    /// streams in `except` (by id).
+    pub fn pick_except(&self, address: &str, except: &[u64]) -> Option<Arc<Backend<C>>> {
+        self.pick_where(address, |b| !except.contains(&b.id), true)
+    }
+
     /// Picks another agent stream than `instead_of` for a dial it was sent
     /// to and will not answer (its stream ended, or it is draining), as
     /// [`Backends::pick`] would; a draining one only if `draining_ok`.

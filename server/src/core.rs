@@ -31,11 +31,19 @@ pub struct CoreConfig {
     /// Per-connection flow control offered to agents that ask for it (when
     /// not enabled, every agent is treated as upstream's), and the budgets.
     pub flow: FlowSettings,
+    /// `--max-pending-dials-per-agent`: unanswered dials one agent stream
+    /// may hold; 0 for no bound.
+    pub max_pending_per_agent: usize,
+    /// `--max-pending-dials-per-destination`: unanswered dials one agent
+    /// stream may hold to one address; 0 for no bound.
+    pub max_pending_per_destination: usize,
 }
 
 struct Pending {
     tunnel: Arc<Tunnel>,
     backend: Arc<Backend<Tunnel>>,
+    /// The address dialled (what the per-destination bound counts).
+    address: Arc<str>,
     started: Instant,
     deadline: Instant,
     /// Admission of the agent's DATA, set up with the dial (its initial
@@ -48,6 +56,132 @@ struct Pending {
     /// The stream the dial was first sent to, once it has been sent to
     /// another: a late answer from it is closed without a word.
     superseded: Option<u64>,
+}
+
+/// The pending dials, with how many each agent stream holds, in all and
+/// per address (for the pending-dial bounds). Every change goes through
+/// `insert`, `remove` and `update`, which keep the counts.
+#[derive(Default)]
+struct PendingSet {
+    dials: HashMap<DialId, Pending>,
+    per_agent: HashMap<u64, usize>,
+    /// address -> agent stream id -> dials
+    per_destination: HashMap<Arc<str>, HashMap<u64, usize>>,
+}
+
+impl PendingSet {
+    fn len(&self) -> usize {
+        self.dials.len()
+    }
+
+    fn get(&self, dial: &DialId) -> Option<&Pending> {
+        self.dials.get(dial)
+    }
+
+    fn contains_key(&self, dial: &DialId) -> bool {
+        self.dials.contains_key(dial)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&DialId, &Pending)> {
+        self.dials.iter()
+    }
+
+    fn insert(&mut self, dial: DialId, p: Pending) {
+        self.count(p.backend.id, &p.address, true);
+        if let Some(old) = self.dials.insert(dial, p) {
+            self.count(old.backend.id, &old.address, false);
+        }
+    }
+
+    fn remove(&mut self, dial: &DialId) -> Option<Pending> {
+        let p = self.dials.remove(dial)?;
+        self.count(p.backend.id, &p.address, false);
+        Some(p)
+    }
+
+    /// Runs `f` on a pending dial, moving its counts if `f` gave it to
+    /// another agent stream.
+    fn update<R>(&mut self, dial: &DialId, f: impl FnOnce(&mut Pending) -> R) -> Option<R> {
+        let p = self.dials.get_mut(dial)?;
+        let before = p.backend.id;
+        let r = f(p);
+        let (after, address) = (p.backend.id, p.address.clone());
+        if before != after {
+            self.count(before, &address, false);
+            self.count(after, &address, true);
+        }
+        Some(r)
+    }
+
+    fn count(&mut self, agent: u64, address: &Arc<str>, up: bool) {
+        fn step(n: &mut usize, up: bool) -> bool {
+            if up {
+                *n += 1;
+            } else {
+                *n = n.saturating_sub(1);
+            }
+            *n == 0
+        }
+        let n = self.per_agent.entry(agent).or_default();
+        if step(n, up) {
+            self.per_agent.remove(&agent);
+        }
+        let per = self.per_destination.entry(address.clone()).or_default();
+        let n = per.entry(agent).or_default();
+        if step(n, up) {
+            per.remove(&agent);
+            if per.is_empty() {
+                self.per_destination.remove(address);
+            }
+        }
+    }
+
+    /// The bound `agent` has reached for a new dial to `address`, if any.
+    fn full(&self, agent: u64, address: &str, cfg: &CoreConfig) -> Option<PendingBound> {
+        let at = |n: usize, max: usize| max > 0 && n >= max;
+        let to_dest = self
+            .per_destination
+            .get(address)
+            .and_then(|m| m.get(&agent))
+            .copied()
+            .unwrap_or(0);
+        if at(to_dest, cfg.max_pending_per_destination) {
+            return Some(PendingBound::Destination(cfg.max_pending_per_destination));
+        }
+        let all = self.per_agent.get(&agent).copied().unwrap_or(0);
+        at(all, cfg.max_pending_per_agent).then_some(PendingBound::Agent(cfg.max_pending_per_agent))
+    }
+
+    /// The agent streams that have reached a bound for a new dial to
+    /// `address`.
+    fn full_agents(&self, address: &str, cfg: &CoreConfig) -> Vec<u64> {
+        let mut full: Vec<u64> = Vec::new();
+        if cfg.max_pending_per_agent > 0 {
+            full.extend(
+                self.per_agent
+                    .iter()
+                    .filter(|(_, n)| **n >= cfg.max_pending_per_agent)
+                    .map(|(id, _)| *id),
+            );
+        }
+        if cfg.max_pending_per_destination > 0
+            && let Some(m) = self.per_destination.get(address)
+        {
+            full.extend(
+                m.iter()
+                    .filter(|(_, n)| **n >= cfg.max_pending_per_destination)
+                    .map(|(id, _)| *id),
+            );
+        }
+        full
+    }
+}
+
+/// Which pending-dial bound refused a dial, and its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingBound {
+    Agent(usize),
+    Destination(usize),
 }
 
 /// What became of a dial whose agent will not answer it.
@@ -69,7 +203,7 @@ pub struct Core {
     pub debug: link::debug_connections::Connections,
     /// `--otlp-traces-endpoint`: spans of dials go there.
     pub otlp: std::sync::OnceLock<Arc<crate::otlp::Exporter>>,
-    pending: Mutex<HashMap<DialId, Pending>>,
+    pending: Mutex<PendingSet>,
     pub metrics: Arc<Metrics>,
     /// The process budget and totals of every agent stream's windows.
     pub flow: Arc<FlowPool>,
@@ -91,6 +225,25 @@ pub enum DialRefused {
     Malformed,
     #[error("dial id is already in use by another pending dial")]
     DuplicateDialId,
+    /// Every agent serving the address holds as many unanswered dials as a
+    /// pending-dial bound allows.
+    #[error("{}", too_many_pending(agent, address, *bound))]
+    TooManyPending {
+        agent: String,
+        address: String,
+        bound: PendingBound,
+    },
+}
+
+fn too_many_pending(agent: &str, address: &str, bound: PendingBound) -> String {
+    match bound {
+        PendingBound::Agent(n) => format!(
+            "too many dials pending on agent {agent}: {n} unanswered (--max-pending-dials-per-agent)"
+        ),
+        PendingBound::Destination(n) => format!(
+            "too many dials pending on agent {agent} to {address}: {n} unanswered (--max-pending-dials-per-destination)"
+        ),
+    }
 }
 
 /// Whether the frontend loop goes on after a packet.
@@ -120,7 +273,7 @@ impl Core {
             backends,
             debug,
             otlp: std::sync::OnceLock::new(),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(PendingSet::default()),
             metrics,
             flow,
             cfg,
@@ -227,6 +380,7 @@ impl Core {
         if let Err(e) = &r {
             let cause = match e {
                 DialRefused::NoAgent => CloseReason::DialRefused,
+                DialRefused::TooManyPending { .. } => CloseReason::Overloaded,
                 DialRefused::TimedOut => CloseReason::DialTimeout,
                 DialRefused::AgentGone => CloseReason::UpstreamLost,
                 DialRefused::AlreadyDialed
@@ -243,12 +397,26 @@ impl Core {
             return Err(DialRefused::Malformed);
         };
         let dial = DialId(req.random);
+        let address: Arc<str> = req.address.as_str().into();
         if !matches!(tunnel.state(), TunnelState::Idle) {
             return Err(DialRefused::AlreadyDialed);
         }
-        let Some(backend) = self.backends.pick(&req.address) else {
-            self.metrics.dial_failure(DialFailure::NoAgent);
-            return Err(DialRefused::NoAgent);
+        // Agents at a pending-dial bound are passed over; when every agent
+        // serving the address is, the dial fails now rather than waiting
+        // for its deadline behind the others.
+        let full = self.pending.lock().full_agents(&req.address, &self.cfg);
+        let backend = match self.backends.pick_except(&req.address, &full) {
+            Some(b) => b,
+            None => {
+                let Some(b) = self.backends.pick(&req.address) else {
+                    self.metrics.dial_failure(DialFailure::NoAgent);
+                    return Err(DialRefused::NoAgent);
+                };
+                if let Some(bound) = self.pending.lock().full(b.id, &req.address, &self.cfg) {
+                    return Err(self.too_many_pending(&b, &req.address, bound));
+                }
+                b
+            }
         };
         tracing::debug!(dial_id = %dial, address = %req.address, agent_id = %backend.agent_id, "DIAL_REQ");
         if let Some(t) = tunnel.trace() {
@@ -271,11 +439,17 @@ impl Core {
             if pending.contains_key(&dial) {
                 return Err(DialRefused::DuplicateDialId);
             }
+            // Others may have filled it since it was picked.
+            if let Some(bound) = pending.full(backend.id, &address, &self.cfg) {
+                drop(pending);
+                return Err(self.too_many_pending(&backend, &address, bound));
+            }
             pending.insert(
                 dial,
                 Pending {
                     tunnel: tunnel.clone(),
                     backend: backend.clone(),
+                    address,
                     started,
                     deadline,
                     recv,
@@ -336,6 +510,20 @@ impl Core {
         }
     }
 
+    fn too_many_pending(
+        &self,
+        backend: &Backend<Tunnel>,
+        address: &str,
+        bound: PendingBound,
+    ) -> DialRefused {
+        tracing::debug!(agent_id = %backend.agent_id, address, ?bound, "dial refused: pending-dial bound reached");
+        DialRefused::TooManyPending {
+            agent: backend.agent_id.to_string(),
+            address: address.to_string(),
+            bound,
+        }
+    }
+
     /// Admission of the agent's DATA for a dial to `backend`.
     fn recv_gate(&self, backend: &Backend<Tunnel>, tunnel: &Arc<Tunnel>) -> RecvGate {
         match backend.flow() {
@@ -389,19 +577,19 @@ impl Core {
         // Moved in place, so that the dial is never missing from the list
         // (an answer or a cancel meanwhile finds it).
         let (mut pkt, old) = {
-            let mut pending = self.pending.lock();
-            let Some(p) = pending
-                .get_mut(&dial)
-                .filter(|p| p.backend.id == from.id && p.request.is_some())
-            else {
+            let moved = self.pending.lock().update(&dial, |p| {
+                if p.backend.id != from.id {
+                    return None;
+                }
+                let pkt = p.request.take()?;
+                p.backend = next.clone();
+                p.superseded = Some(from.id);
+                Some((pkt, std::mem::replace(&mut p.recv, recv)))
+            });
+            let Some(Some(moved)) = moved else {
                 return Redial::Elsewhere;
             };
-            let Some(pkt) = p.request.take() else {
-                return Redial::Elsewhere;
-            };
-            p.backend = next.clone();
-            p.superseded = Some(from.id);
-            (pkt, std::mem::replace(&mut p.recv, recv))
+            moved
         };
         drop(old);
         pkt.set_flow_window(window);

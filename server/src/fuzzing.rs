@@ -194,6 +194,9 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             frontend_queue: 2,
             agent_queue: 2,
             flow: link::flow::FlowSettings::default(),
+            // Small, so that inputs reach both bounds.
+            max_pending_per_agent: 6,
+            max_pending_per_destination: 3,
         },
     ));
     let mut agents: Vec<Agent> = (0..AGENTS).map(|i| agent(&core, i)).collect();

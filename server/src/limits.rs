@@ -62,3 +62,16 @@ pub const MAX_EARLY_DATA: usize = 64 << 10;
 /// Bytes read and dropped from a client whose TLS handshake we refused, so
 /// closing does not reset the connection before it read our alert.
 pub const MAX_ALERT_DRAIN: usize = 64 << 10;
+
+/// `--max-pending-dials-per-agent` by default: unanswered dials (DIAL_REQ
+/// sent, no DIAL_RSP yet) one agent stream may hold. A dial to a reachable
+/// destination is pending for about one TCP handshake, so only destinations
+/// that never answer (blackholed, a partitioned node) fill it; past it a
+/// new dial goes to another agent, or fails at once. Upstream has no bound:
+/// such dials pile up until `--backend-dial-timeout`.
+pub const DEFAULT_MAX_PENDING_DIALS_PER_AGENT: usize = 2048;
+
+/// `--max-pending-dials-per-destination` by default: unanswered dials one
+/// agent stream may hold to one address, so that one blackholed
+/// destination cannot fill the agent's bound for every other one.
+pub const DEFAULT_MAX_PENDING_DIALS_PER_DESTINATION: usize = 512;

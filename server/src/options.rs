@@ -125,6 +125,10 @@ go_compat::typed_flags! {
         graceful_shutdown_timeout: Duration,
         #[flag("backend-dial-timeout", DEFAULT_BACKEND_DIAL_TIMEOUT, "Deadline for sending DIAL_REQ to an agent and receiving its DIAL_RSP. 0 means the 60s maximum.")]
         backend_dial_timeout: Duration,
+        #[flag("max-pending-dials-per-agent", crate::limits::DEFAULT_MAX_PENDING_DIALS_PER_AGENT as i64, "Ours: unanswered dials one agent stream may hold; past it a new dial goes to another agent that serves its address, or fails at once (HTTP 503, or a DIAL_RSP error). 0 for no bound (upstream).")]
+        max_pending_dials_per_agent: i64,
+        #[flag("max-pending-dials-per-destination", crate::limits::DEFAULT_MAX_PENDING_DIALS_PER_DESTINATION as i64, "Ours: unanswered dials one agent stream may hold to one address (host:port), so one destination that never answers cannot take the whole --max-pending-dials-per-agent. 0 for no bound (upstream).")]
+        max_pending_dials_per_destination: i64,
         #[flag("frontend-stall-timeout", Duration::from_secs(10), "How long a frontend may leave its queue full before only its connection is closed (protects the shared agent stream).")]
         frontend_stall_timeout: Duration,
         #[flag("flow-control-window", link::flow::DEFAULT_INITIAL_WINDOW, "Ours: initial per-connection flow-control window (bytes) with agents of this project; windows grow with the link up to --flow-control-max-window. 0 turns flow control off. Upstream agents never ask for it.")]
@@ -464,6 +468,16 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         );
         dial_timeout = MAX_BACKEND_DIAL_TIMEOUT;
     }
+    let pending_bound = |name: &str, v: i64| {
+        usize::try_from(v)
+            .map_err(|_| format!("--{name} must be a non-negative count (0 for no bound), got {v}"))
+    };
+    let max_pending_per_agent =
+        pending_bound("max-pending-dials-per-agent", f.max_pending_dials_per_agent)?;
+    let max_pending_per_destination = pending_bound(
+        "max-pending-dials-per-destination",
+        f.max_pending_dials_per_destination,
+    )?;
     let server_id = match f.server_id.clone() {
         s if !s.is_empty() => s,
         _ => std::env::var("PROXY_SERVER_ID")
@@ -511,6 +525,8 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             },
             agent_queue: xfr.max(16),
             flow: flow_settings(&f)?,
+            max_pending_per_agent,
+            max_pending_per_destination,
         },
         keepalive_time: grpc_server_keepalive(f.keepalive_time),
         keepalive_timeout: f.keepalive_timeout,

@@ -52,6 +52,9 @@ pub struct ServerOpts {
     pub otlp_traces: Option<String>,
     /// `--agent-accept-rate`.
     pub agent_accept_rate: f64,
+    /// `--max-pending-dials-per-agent`, `--max-pending-dials-per-destination`.
+    pub max_pending_per_agent: usize,
+    pub max_pending_per_destination: usize,
 }
 
 impl ServerOpts {
@@ -82,6 +85,9 @@ impl Default for ServerOpts {
             flow_control: true,
             otlp_traces: None,
             agent_accept_rate: proxy_server::options::DEFAULT_AGENT_ACCEPT_RATE,
+            max_pending_per_agent: proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_AGENT,
+            max_pending_per_destination:
+                proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_DESTINATION,
         }
     }
 }
@@ -208,6 +214,8 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
                 enabled: opts.flow_control,
                 ..Default::default()
             },
+            max_pending_per_agent: opts.max_pending_per_agent,
+            max_pending_per_destination: opts.max_pending_per_destination,
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,

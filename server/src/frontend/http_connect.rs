@@ -79,6 +79,10 @@ fn refused_response(why: &DialRefused) -> Vec<u8> {
             "HTTP/1.1 504 Gateway Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nFailed to tunnel dial request: {why}\r\n"
         )
         .into_bytes(),
+        DialRefused::TooManyPending { .. } => format!(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nFailed to tunnel dial request: {why}\r\n"
+        )
+        .into_bytes(),
         other => format!(
             "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nFailed to tunnel dial request: {other}\r\n"
         )
