@@ -389,7 +389,7 @@ async fn finish(drain: &Drain, grace: Duration) {
 }
 
 /// The burst `--agent-accept-rate` allows, in seconds of its rate.
-const AGENT_ACCEPT_BURST_SECONDS: f64 = 4.0;
+const AGENT_ACCEPT_BURST_SECONDS: f64 = 1.0;
 
 fn serve_agents(
     listener: TcpListener,

@@ -23,8 +23,8 @@ pub const MAX_BACKEND_DIAL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A frozen agent (stopped process, dead NAT path) is noticed within
 /// `KEEPALIVE_TIME + KEEPALIVE_TIMEOUT` (upstream: 1 h + 20 s).
-/// `--agent-accept-rate`: well above what agents need (a rollout of 1,000
-/// agents is taken in one burst), well below what one core spends on a
+/// `--agent-accept-rate`: well above what agents need (1,000 agents that
+/// reconnect at once are all taken on within 4 s), well below what one core spends on a
 /// flooder that reconnects as fast as it can (1,256-1,537 a second,
 /// RELIABILITY.md "Floods").
 pub const DEFAULT_AGENT_ACCEPT_RATE: f64 = 250.0;
@@ -63,7 +63,7 @@ go_compat::typed_flags! {
         agent_port: Given<i64>,
         #[flag("agent-bind-address", "", "Bind address for agent connections. If empty, we will bind to all interfaces.")]
         agent_bind_address: String,
-        #[flag("agent-accept-rate", DEFAULT_AGENT_ACCEPT_RATE, "Ours: new agent connections accepted per second at most, after a burst of four seconds' worth; newcomers past it wait in the listen backlog, so an agent that floods and reconnects costs the server little. 0 means no limit.")]
+        #[flag("agent-accept-rate", DEFAULT_AGENT_ACCEPT_RATE, "Ours: new agent connections accepted per second at most, after a burst of one second's worth; newcomers past it wait in the listen backlog, so an agent that floods and reconnects costs the server little. 0 means no limit.")]
         agent_accept_rate: f64,
         #[flag("admin-port", 8095, "Port we listen for admin connections on.")]
         admin_port: Given<i64>,
