@@ -1,8 +1,11 @@
 //! `--otlp-traces-endpoint` (issue 38.4): one span per dial on the server
 //! and one on the agent, the agent's a child of the server's, sent over
-//! OTLP/HTTP to a real receiver built from the protocol's generated Go
-//! types (tests/otlpreceiver, go.opentelemetry.io/proto/otlp), which decodes
-//! each export request as a collector's receiver does and prints its spans.
+//! OTLP/HTTP to two real receivers, each test run against both: the
+//! OpenTelemetry collector's own OTLP receiver
+//! (tests/otlpcollector, go.opentelemetry.io/collector/receiver/otlpreceiver,
+//! with a consumer that prints the spans it is handed) and one built from
+//! the protocol's generated Go types (tests/otlpreceiver,
+//! go.opentelemetry.io/proto/otlp). Both print each span as a JSON line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -19,10 +22,13 @@ use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
 use serde_json::Value;
 
-/// Builds tests/otlpreceiver and starts it; returns it and its address.
-async fn receiver(dir: &std::path::Path) -> (Proc, String) {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("otlpreceiver");
-    let bin = dir.join("otlpreceiver");
+/// The receivers (Go programs under tests/) every test runs against.
+const RECEIVERS: [&str; 2] = ["otlpcollector", "otlpreceiver"];
+
+/// Builds tests/`name` and starts it; returns it and its address.
+async fn receiver(dir: &std::path::Path, name: &str) -> (Proc, String) {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name);
+    let bin = dir.join(name);
     let out = tokio::process::Command::new("go")
         .args(["build", "-o"])
         .arg(&bin)
@@ -33,7 +39,7 @@ async fn receiver(dir: &std::path::Path) -> (Proc, String) {
         .expect("go is needed (scripts/test requires it)");
     assert!(
         out.status.success(),
-        "go build otlpreceiver: {}",
+        "go build {name}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let mut p = Proc::spawn_path(&bin, &[]);
@@ -67,8 +73,14 @@ fn span<'a>(got: &'a HashMap<(String, String), Value>, service: &str, cause: &st
 
 #[tokio::test]
 async fn each_dial_is_a_span_that_joins_the_callers_trace() {
+    for name in RECEIVERS {
+        one_trace_from_frontend_to_agent(name).await;
+    }
+}
+
+async fn one_trace_from_frontend_to_agent(name: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut rx, addr) = receiver(dir.path()).await;
+    let (mut rx, addr) = receiver(dir.path(), name).await;
     init_logging();
     let pki = Pki::new();
     let server = start_server(
@@ -208,8 +220,14 @@ async fn each_dial_is_a_span_that_joins_the_callers_trace() {
 /// without it, and the agent's span starts a trace of its own.
 #[tokio::test]
 async fn only_a_tracing_server_gives_the_agent_a_parent() {
+    for name in RECEIVERS {
+        no_parent_from_a_server_not_tracing(name).await;
+    }
+}
+
+async fn no_parent_from_a_server_not_tracing(name: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut rx, addr) = receiver(dir.path()).await;
+    let (mut rx, addr) = receiver(dir.path(), name).await;
     init_logging();
     let pki = Pki::new();
     let server = start_server(&pki, ServerOpts::default()).await;
