@@ -120,7 +120,13 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             ),
             flow: link::flow::FlowPool::new(link::flow::FlowSettings::default()),
             dialer,
-            otlp: None,
+            // Spans are made (with the DIAL_REQ's traceparent as parent)
+            // but never exported: no export task runs.
+            otlp: Some(Arc::new(daemon::otlp::Exporter::new(
+                daemon::otlp::Endpoint::parse("http://127.0.0.1:9")
+                    .unwrap_or_else(|e| panic!("{e}")),
+                "proxy-agent",
+            ))),
         },
         drain.clone(),
     );
@@ -139,11 +145,15 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
                     _ => "no-such-host.invalid:80".to_string(),
                 };
                 let protocol = if arg & 0x80 != 0 { "udp" } else { "tcp" };
-                Some(Packet::dial_request(
-                    protocol,
-                    &address,
-                    i64::from(arg >> 4),
-                ))
+                let mut pkt = Packet::dial_request(protocol, &address, i64::from(arg >> 4));
+                if op & 0x08 != 0 {
+                    // A traceparent (our server's extension): a length byte
+                    // (times 2, so the bound is crossed), then its bytes.
+                    let n = usize::from(ops.next().unwrap_or(0)) * 2;
+                    let text: Vec<u8> = ops.by_ref().take(n).collect();
+                    pkt.set_traceparent(String::from_utf8_lossy(&text).into_owned());
+                }
+                Some(pkt)
             }
             1 => Some(Packet::data_copy(id, &vec![b'd'; usize::from(arg) * 97])),
             2 => Some(Packet::close_request(id)),

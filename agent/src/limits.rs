@@ -18,6 +18,11 @@ pub const MAX_FRAME_SIZE: u32 = 64 << 10;
 /// longer one is refused without a lookup, and error texts never echo more.
 pub const MAX_DIAL_ADDRESS: usize = 1024;
 
+/// Longest DIAL_REQ `traceparent` (our server's extension field; a
+/// version-00 value is 55 bytes) read; a longer one is ignored, as a
+/// malformed one is, and the dial's span starts a trace of its own.
+pub const MAX_TRACEPARENT: usize = 256;
+
 /// Largest error body read from kube-apiserver for a failed lease call's
 /// reason.
 pub const MAX_STATUS_BODY: usize = 64 << 10;

@@ -359,9 +359,14 @@ impl Session {
     ) {
         let started = Instant::now();
         let debug = self.debug.open("tunnel", None);
+        let parent = crate::otlp::parent_of(&req.traceparent);
+        if let Some(p) = &parent {
+            p.record(&debug);
+        }
         let mut span = self.cfg.otlp.as_ref().map(|e| {
             crate::otlp::DialSpan::new(
                 e.clone(),
+                parent,
                 dial_id.0,
                 &self.server_id.to_string(),
                 &req.address,

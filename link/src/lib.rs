@@ -22,3 +22,4 @@ pub mod limits;
 pub mod relay;
 pub mod splice;
 pub mod stream_metrics;
+pub mod traceparent;

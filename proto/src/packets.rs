@@ -24,6 +24,10 @@ pub trait PacketExt {
     fn set_flow_window(&mut self, window: i64);
     /// The initial flow-control window a DIAL_REQ or DIAL_RSP carries (0: none).
     fn flow_window(&self) -> i64;
+    /// Sets the `traceparent` a DIAL_REQ carries to the agent (empty clears
+    /// it, and then nothing of it is on the wire); other packets are left
+    /// alone.
+    fn set_traceparent(&mut self, traceparent: String);
     /// The `type` as the enum, or `None` for a value this build does not know.
     fn kind(&self) -> Option<PacketType>;
     /// Upstream's label for a packet type in metrics (`DIAL_REQ`, …).
@@ -39,6 +43,7 @@ impl PacketExt for Packet {
                 address: address.to_string(),
                 random,
                 flow_window: 0,
+                traceparent: String::new(),
             })),
         }
     }
@@ -129,6 +134,12 @@ impl PacketExt for Packet {
             Some(Payload::DialRequest(r)) => r.flow_window,
             Some(Payload::DialResponse(r)) => r.flow_window,
             _ => 0,
+        }
+    }
+
+    fn set_traceparent(&mut self, traceparent: String) {
+        if let Some(Payload::DialRequest(r)) = &mut self.payload {
+            r.traceparent = traceparent;
         }
     }
 

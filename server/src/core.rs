@@ -431,6 +431,7 @@ impl Core {
         let recv = self.recv_gate(&backend, tunnel);
         // Whatever a frontend put there is not its to say.
         pkt.set_flow_window(recv.initial().unwrap_or(0));
+        pkt.set_traceparent(tunnel.trace().map(|t| t.traceparent()).unwrap_or_default());
         let started = Instant::now();
         let deadline = started + self.cfg.dial_timeout;
         {

@@ -21,7 +21,7 @@ pub mod limits;
 pub mod metrics;
 pub mod options;
 pub mod otlp;
-mod traceparent;
+use link::traceparent;
 mod transport;
 mod tunnel;
 

@@ -62,6 +62,17 @@ impl DialTrace {
         }
     }
 
+    /// The `traceparent` the agent is given: this span as its parent
+    /// (sampled, since it is recorded).
+    pub fn traceparent(&self) -> String {
+        TraceParent {
+            trace_id: self.trace_id,
+            parent_id: self.span_id,
+            flags: 1,
+        }
+        .header()
+    }
+
     /// The DIAL_REQ went to `agent`.
     pub fn dialing(&self, agent: &str, target: &str, dial_id: i64) {
         let mut t = self.text.lock();
@@ -172,6 +183,11 @@ mod tests {
         );
         t.closing(CloseReason::ClientClosed, "later, ignored");
         let s = t.span(SystemTime::now());
+        // The agent is handed this span as its parent.
+        assert_eq!(
+            t.traceparent(),
+            format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{}-01", hex(&s.span_id))
+        );
         assert_eq!(hex(&s.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(hex(&s.parent_span_id), "00f067aa0ba902b7");
         assert_eq!(s.span_id.len(), 8);

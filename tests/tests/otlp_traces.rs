@@ -1,26 +1,34 @@
 //! `--otlp-traces-endpoint` (issue 38.4): one span per dial on the server
-//! and one on the agent, sent over
-//! OTLP/HTTP to a real receiver built from the protocol's generated Go
-//! types (tests/otlpreceiver, go.opentelemetry.io/proto/otlp), which decodes
-//! each export request as a collector's receiver does and prints its spans.
+//! and one on the agent, the agent's a child of the server's, sent over
+//! OTLP/HTTP to two real receivers, each test run against both: the
+//! OpenTelemetry collector's own OTLP receiver
+//! (tests/otlpcollector, go.opentelemetry.io/collector/receiver/otlpreceiver,
+//! with a consumer that prints the spans it is handed) and one built from
+//! the protocol's generated Go types (tests/otlpreceiver,
+//! go.opentelemetry.io/proto/otlp). Both print each span as a JSON line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use integration_tests::certs::Pki;
-use integration_tests::client::{grpc_dial, grpc_dial_with};
+use integration_tests::client::{grpc_dial, grpc_dial_with, open_stream};
 use integration_tests::dest;
 use integration_tests::konnectivity::{
     AgentOpts, ServerOpts, http_get, init_logging, start_agent, start_server,
 };
 use integration_tests::procs::Proc;
+use konnectivity_proto::packet::Payload;
+use konnectivity_proto::{Packet, PacketExt};
 use serde_json::Value;
 
-/// Builds tests/otlpreceiver and starts it; returns it and its address.
-async fn receiver(dir: &std::path::Path) -> (Proc, String) {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("otlpreceiver");
-    let bin = dir.join("otlpreceiver");
+/// The receivers (Go programs under tests/) every test runs against.
+const RECEIVERS: [&str; 2] = ["otlpcollector", "otlpreceiver"];
+
+/// Builds tests/`name` and starts it; returns it and its address.
+async fn receiver(dir: &std::path::Path, name: &str) -> (Proc, String) {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name);
+    let bin = dir.join(name);
     let out = tokio::process::Command::new("go")
         .args(["build", "-o"])
         .arg(&bin)
@@ -31,7 +39,7 @@ async fn receiver(dir: &std::path::Path) -> (Proc, String) {
         .expect("go is needed (scripts/test requires it)");
     assert!(
         out.status.success(),
-        "go build otlpreceiver: {}",
+        "go build {name}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let mut p = Proc::spawn_path(&bin, &[]);
@@ -65,8 +73,14 @@ fn span<'a>(got: &'a HashMap<(String, String), Value>, service: &str, cause: &st
 
 #[tokio::test]
 async fn each_dial_is_a_span_that_joins_the_callers_trace() {
+    for name in RECEIVERS {
+        one_trace_from_frontend_to_agent(name).await;
+    }
+}
+
+async fn one_trace_from_frontend_to_agent(name: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut rx, addr) = receiver(dir.path()).await;
+    let (mut rx, addr) = receiver(dir.path(), name).await;
     init_logging();
     let pki = Pki::new();
     let server = start_server(
@@ -160,10 +174,17 @@ async fn each_dial_is_a_span_that_joins_the_callers_trace() {
             .is_none()
     );
 
-    // The agent's spans: their own traces (the DIAL_REQ carries none),
-    // joined to the server's by the dial id.
+    // The agent's spans: children of the server's (its DIAL_REQ carries
+    // the server span's traceparent), so with the frontend's traceparent
+    // all three are one trace; the dial id names them too.
     let a_ok = span(&got, "proxy-agent", "client_closed");
     assert_eq!(a_ok["name"], "konnectivity.agent.dial");
+    assert_eq!(
+        a_ok["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+        "{a_ok:#}"
+    );
+    assert_eq!(a_ok["parent_span_id"], ok["span_id"], "{a_ok:#}");
+    assert_ne!(a_ok["span_id"], ok["span_id"]);
     assert_eq!(
         a_ok["attributes"]["konnectivity.dial_id"],
         dial_id.as_str(),
@@ -180,9 +201,65 @@ async fn each_dial_is_a_span_that_joins_the_callers_trace() {
     );
     let a_failed = span(&got, "proxy-agent", "dial_failed");
     assert_eq!(a_failed["status"], "STATUS_CODE_ERROR");
+    // Without a frontend's traceparent: the server's new trace.
+    assert_eq!(a_failed["trace_id"], failed["trace_id"], "{a_failed:#}");
+    assert_eq!(
+        a_failed["parent_span_id"], failed["span_id"],
+        "{a_failed:#}"
+    );
     assert_eq!(
         a_failed["attributes"]["konnectivity.dial_id"],
         failed["attributes"]["konnectivity.dial_id"]
     );
+    drop(agent);
+}
+
+/// The trace context goes to the agent only when the server traces the
+/// dial, and a frontend cannot set it: with tracing off on the server, a
+/// DIAL_REQ whose frontend filled the extension field in reaches the agent
+/// without it, and the agent's span starts a trace of its own.
+#[tokio::test]
+async fn only_a_tracing_server_gives_the_agent_a_parent() {
+    for name in RECEIVERS {
+        no_parent_from_a_server_not_tracing(name).await;
+    }
+}
+
+async fn no_parent_from_a_server_not_tracing(name: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut rx, addr) = receiver(dir.path(), name).await;
+    init_logging();
+    let pki = Pki::new();
+    let server = start_server(&pki, ServerOpts::default()).await;
+    let agent = start_agent(
+        &pki,
+        server.agent_addr,
+        AgentOpts {
+            otlp_traces: Some(format!("http://{addr}")),
+            ..Default::default()
+        },
+    )
+    .await;
+    agent.handle.wait_connected(1).await;
+    server.handle.wait_for_agents(1).await;
+    let echo = dest::echo().await;
+    let (tx, mut inbound) = open_stream(&server.frontend).await;
+    let mut dial = Packet::dial_request("tcp", &echo.to_string(), 77);
+    let forged = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    dial.set_traceparent(forged.into());
+    tx.send(dial).await.unwrap();
+    let connect = match inbound.message().await.unwrap() {
+        Some(Packet {
+            payload: Some(Payload::DialResponse(r)),
+            ..
+        }) if r.error.is_empty() => r.connect_id,
+        other => panic!("want a DIAL_RSP: {other:?}"),
+    };
+    tx.send(Packet::close_request(connect)).await.unwrap();
+    let got = spans(&mut rx, 1).await;
+    let a = span(&got, "proxy-agent", "client_closed");
+    assert_eq!(a["attributes"]["konnectivity.dial_id"], "77", "{a:#}");
+    assert_eq!(a["parent_span_id"], "", "{a:#}");
+    assert_ne!(a["trace_id"], "0af7651916cd43dd8448eb211c80319c", "{a:#}");
     drop(agent);
 }

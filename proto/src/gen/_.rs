@@ -48,6 +48,12 @@ pub struct DialRequest {
     /// request; upstream agents ignore it.
     #[prost(int64, tag = "100")]
     pub flow_window: i64,
+    /// Not upstream: the W3C traceparent of the server's span of this dial
+    /// (version 00), so that the agent's span joins the same trace. Set only
+    /// when the server traces the dial (--otlp-traces-endpoint); the server
+    /// clears what a frontend put there. Upstream agents ignore it.
+    #[prost(string, tag = "101")]
+    pub traceparent: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DialResponse {

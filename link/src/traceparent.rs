@@ -1,9 +1,10 @@
-//! The W3C Trace Context `traceparent` a frontend may send (an HTTP CONNECT
-//! header, or gRPC metadata on the `Proxy` stream): which trace the dial
-//! belongs to and the caller's span. It names the tunnel in
-//! `/debug/connections` and its log lines, so that one `kubectl exec` can be
-//! found on the server; nothing of it goes on the wire to the agent (the
-//! DIAL_REQ has no field for it; the dial id ties the agent's record to ours).
+//! The W3C Trace Context `traceparent`: which trace a dial belongs to and the
+//! span that made it. proxy-server reads it from a frontend (an HTTP CONNECT
+//! header, or gRPC metadata on the `Proxy` stream); when it traces the dial
+//! it sends its own span's to the agent in the DIAL_REQ (a field upstream's
+//! agents ignore), so the agent's span joins the same trace. It names the
+//! tunnel in `/debug/connections` on both, so that one `kubectl exec` can be
+//! found on the server and on the agent.
 //!
 //! Parsed as the recommendation says a receiver must: version `00` is
 //! exactly `00-<32 hex>-<16 hex>-<2 hex>`, lowercase, with neither id all
@@ -77,8 +78,18 @@ impl TraceParent {
         self.parent_id.iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// The version-00 header value, for a callee.
+    pub fn header(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            self.trace_id_hex(),
+            self.parent_id_hex(),
+            self.flags
+        )
+    }
+
     /// Lists it on the tunnel's `/debug/connections` entry.
-    pub fn record(&self, debug: &link::debug_connections::Tracked) {
+    pub fn record(&self, debug: &crate::debug_connections::Tracked) {
         debug.set("trace_id", self.trace_id_hex());
         debug.set("parent_span_id", self.parent_id_hex());
     }
@@ -98,6 +109,8 @@ mod tests {
         assert_eq!(t.flags, 1);
         // Surrounding blanks (optional whitespace of an HTTP field).
         assert_eq!(TraceParent::parse(format!(" {GOOD}\t").as_bytes()), Some(t));
+        // What a callee is given reads back the same.
+        assert_eq!(t.header(), GOOD);
     }
 
     #[test]
