@@ -58,6 +58,31 @@ fn floods(open: &[u8]) -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
     ]
 }
 
+/// TLS to the agent port with an agent's certificate named `name`.
+fn agent_tls(stack: &Stack, name: &str) -> Arc<rustls::ClientConfig> {
+    let identity = stack.pki.client(name);
+    Arc::new(
+        daemon::tls::client_config(
+            &stack.pki.ca(),
+            Some((&identity.cert, &identity.key)),
+            &[b"h2".to_vec()],
+        )
+        .unwrap(),
+    )
+}
+
+/// A TLS connection to the agent port at `addr`.
+async fn agent_port(
+    addr: std::net::SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+}
+
 /// Sends `open` and then `one` over and over on a new connection; returns
 /// the error code of the GOAWAY the server ends it with.
 async fn flood<S>(mut s: S, open: &[u8], one: &[u8]) -> u32
@@ -101,15 +126,7 @@ async fn control_frame_floods_end_in_enhance_your_calm_on_the_konnectivity_liste
     assert_eq!(before.read_exact(6).await, b"before");
 
     // The agent port, over TLS with an agent's certificate.
-    let identity = stack.pki.client("flooder");
-    let tls = Arc::new(
-        daemon::tls::client_config(
-            &stack.pki.ca(),
-            Some((&identity.cert, &identity.key)),
-            &[b"h2".to_vec()],
-        )
-        .unwrap(),
-    );
+    let tls = agent_tls(&stack, "flooder");
     let agent_open = headers(
         1,
         &[
@@ -123,12 +140,7 @@ async fn control_frame_floods_end_in_enhance_your_calm_on_the_konnectivity_liste
         ],
     );
     for (name, open, one) in floods(&agent_open) {
-        let tcp = tokio::net::TcpStream::connect(stack.server.agent_addr)
-            .await
-            .unwrap();
-        let name_ = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let s = tokio_rustls::TlsConnector::from(tls.clone())
-            .connect(name_, tcp)
+        let s = agent_port(stack.server.agent_addr, tls.clone())
             .await
             .unwrap();
         let code = flood(s, &open, &one).await;
@@ -208,23 +220,8 @@ async fn agent_connections_past_the_accept_rate_wait_before_their_handshake() {
     before.write(b"before").await;
     assert_eq!(before.read_exact(6).await, b"before");
 
-    let identity = stack.pki.client("newcomer");
-    let tls = Arc::new(
-        daemon::tls::client_config(
-            &stack.pki.ca(),
-            Some((&identity.cert, &identity.key)),
-            &[b"h2".to_vec()],
-        )
-        .unwrap(),
-    );
-    let agent_addr = stack.server.agent_addr;
-    let handshake = tokio::spawn(async move {
-        let tcp = tokio::net::TcpStream::connect(agent_addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        tokio_rustls::TlsConnector::from(tls)
-            .connect(name, tcp)
-            .await
-    });
+    let tls = agent_tls(&stack, "newcomer");
+    let handshake = tokio::spawn(agent_port(stack.server.agent_addr, tls));
     let metrics = stack.server.health_addr;
     integration_tests::eventually(
         "the newcomer counted as waiting for the accept rate",
