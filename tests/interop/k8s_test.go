@@ -34,12 +34,18 @@ var (
 	kubeOne  *kube
 	// kubeProcs live as long as the test binary; killAllProcs ends them.
 	kubeProcs []*goharness.Proc
+	// kubeDir holds etcd's data and the cluster's files (about 120 MB).
+	kubeDir string
 )
 
-// stopKube ends the shared cluster (TestMain, before it counts leaks).
+// stopKube ends the shared cluster and removes its files (TestMain, before
+// it counts leaks).
 func stopKube() {
 	for _, p := range kubeProcs {
 		p.Kill()
+	}
+	if kubeDir != "" {
+		os.RemoveAll(kubeDir)
 	}
 }
 
@@ -71,6 +77,7 @@ func startKube() (*kube, error) {
 	if err != nil {
 		return nil, err
 	}
+	kubeDir = dir
 	etcd, err := goharness.Start("etcd", filepath.Join(bin, "etcd"), []string{"--data-dir=" + filepath.Join(dir, "etcd")}, goharness.Options{})
 	if err != nil {
 		return nil, err
