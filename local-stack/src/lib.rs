@@ -174,6 +174,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             max_pending_per_agent: proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_AGENT,
             max_pending_per_destination:
                 proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_DESTINATION,
+            resend_dials: true,
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,

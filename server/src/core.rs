@@ -37,6 +37,9 @@ pub struct CoreConfig {
     /// `--max-pending-dials-per-destination`: unanswered dials one agent
     /// stream may hold to one address; 0 for no bound.
     pub max_pending_per_destination: usize,
+    /// `--resend-unanswered-dials`: a dial its agent leaves unanswered goes
+    /// to another agent once ([`Core::redial`]).
+    pub resend_dials: bool,
 }
 
 struct Pending {
@@ -553,6 +556,9 @@ impl Core {
     /// has reached the destination before a DIAL_RSP, so the frontend sees
     /// one dial. Upstream fails such dials (#566, #126).
     async fn redial(&self, dial: DialId, from: &Arc<Backend<Tunnel>>, draining_ok: bool) -> Redial {
+        if !self.cfg.resend_dials {
+            return Redial::No;
+        }
         let (tunnel, address, deadline) = {
             let pending = self.pending.lock();
             match pending.get(&dial) {

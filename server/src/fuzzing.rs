@@ -197,6 +197,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             // Small, so that inputs reach both bounds.
             max_pending_per_agent: 6,
             max_pending_per_destination: 3,
+            resend_dials: true,
         },
     ));
     let mut agents: Vec<Agent> = (0..AGENTS).map(|i| agent(&core, i)).collect();

@@ -127,6 +127,8 @@ go_compat::typed_flags! {
         backend_dial_timeout: Duration,
         #[flag("max-pending-dials-per-agent", crate::limits::DEFAULT_MAX_PENDING_DIALS_PER_AGENT as i64, "Ours: unanswered dials one agent stream may hold; past it a new dial goes to another agent that serves its address, or fails at once (HTTP 503, or a DIAL_RSP error). 0 for no bound (upstream).")]
         max_pending_dials_per_agent: i64,
+        #[flag("resend-unanswered-dials", true, "Ours: a dial not yet answered whose agent disconnects or starts draining is sent once to another agent that serves its address, within its deadline. false fails it (agent lost) or leaves it with the draining agent, as upstream does.")]
+        resend_unanswered_dials: bool,
         #[flag("max-pending-dials-per-destination", crate::limits::DEFAULT_MAX_PENDING_DIALS_PER_DESTINATION as i64, "Ours: unanswered dials one agent stream may hold to one address (host:port), so one destination that never answers cannot take the whole --max-pending-dials-per-agent. 0 for no bound (upstream).")]
         max_pending_dials_per_destination: i64,
         #[flag("frontend-stall-timeout", Duration::from_secs(10), "How long a frontend may leave its queue full before only its connection is closed (protects the shared agent stream).")]
@@ -527,6 +529,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
             flow: flow_settings(&f)?,
             max_pending_per_agent,
             max_pending_per_destination,
+            resend_dials: f.resend_unanswered_dials,
         },
         keepalive_time: grpc_server_keepalive(f.keepalive_time),
         keepalive_timeout: f.keepalive_timeout,

@@ -52,6 +52,8 @@ pub struct ServerOpts {
     pub otlp_traces: Option<String>,
     /// `--agent-accept-rate`.
     pub agent_accept_rate: f64,
+    /// `--resend-unanswered-dials`.
+    pub resend_dials: bool,
     /// `--max-pending-dials-per-agent`, `--max-pending-dials-per-destination`.
     pub max_pending_per_agent: usize,
     pub max_pending_per_destination: usize,
@@ -85,6 +87,7 @@ impl Default for ServerOpts {
             flow_control: true,
             otlp_traces: None,
             agent_accept_rate: proxy_server::options::DEFAULT_AGENT_ACCEPT_RATE,
+            resend_dials: true,
             max_pending_per_agent: proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_AGENT,
             max_pending_per_destination:
                 proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_DESTINATION,
@@ -216,6 +219,7 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
             },
             max_pending_per_agent: opts.max_pending_per_agent,
             max_pending_per_destination: opts.max_pending_per_destination,
+            resend_dials: opts.resend_dials,
         },
         keepalive_time: proxy_server::options::KEEPALIVE_TIME,
         keepalive_timeout: proxy_server::options::KEEPALIVE_TIMEOUT,

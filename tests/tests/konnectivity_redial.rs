@@ -316,3 +316,45 @@ async fn a_dial_pending_on_a_draining_agent_goes_to_another() {
     );
     drop(tunnel);
 }
+
+/// `--resend-unanswered-dials=false` turns the re-send off: a dial pending
+/// on an agent whose stream ends fails at once, as upstream's does, although
+/// another agent serves its address; nothing is counted as re-sent.
+#[tokio::test]
+async fn with_the_resend_off_a_dial_pending_on_a_lost_agent_fails() {
+    init_logging();
+    let pki = Pki::new();
+    let server = start_server(
+        &pki,
+        ServerOpts {
+            resend_dials: false,
+            ..Default::default()
+        },
+    )
+    .await;
+    let one = raw_agent(&pki, server.agent_addr, "agent-one", "").await;
+    let two = raw_agent(&pki, server.agent_addr, "agent-two", "").await;
+    server.handle.wait_until(|h| h.agent_streams() == 2).await;
+    let mut tunnel = start_dial(&server.frontend, "127.0.0.1:9").await;
+    let (mut one, mut two) = (one, two);
+    // Whichever agent it reached goes away without answering.
+    let first_got_it = tokio::select! {
+        p = one.rx.message() => { p.unwrap().unwrap(); true }
+        p = two.rx.message() => { p.unwrap().unwrap(); false }
+    };
+    let _survivor = if first_got_it {
+        drop(one);
+        two
+    } else {
+        drop(two);
+        one
+    };
+    let rsp = tunnel.rx.message().await.unwrap().unwrap();
+    assert!(
+        matches!(&rsp.payload, Some(Payload::DialResponse(r))
+            if r.random == tunnel.dial_id && r.error == "agent stream closed before the dial completed"),
+        "{rsp:?}"
+    );
+    let m = server.handle.metrics();
+    assert!(!m.contains(RESENT), "nothing re-sent: {m}");
+}
