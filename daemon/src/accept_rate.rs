@@ -75,7 +75,10 @@ impl AcceptRate {
                     f(!b.dry);
                 }
                 b.dry = true;
-                Duration::from_secs_f64((1.0 - b.tokens) / self.per_second)
+                // A rate so low that the wait overflows a Duration waits
+                // for ever rather than panicking.
+                Duration::try_from_secs_f64((1.0 - b.tokens) / self.per_second)
+                    .unwrap_or(Duration::MAX)
             };
             waited = true;
             tokio::time::sleep(wait).await;
@@ -130,5 +133,15 @@ mod tests {
         assert_eq!(again.elapsed(), Duration::ZERO);
         rate.take().await;
         assert_eq!(dry.load(Ordering::Relaxed), 2, "a second dry spell");
+    }
+
+    /// A rate whose wait does not fit a `Duration` (a flag such as
+    /// `--agent-accept-rate=1e-300`) waits instead of panicking.
+    #[tokio::test(start_paused = true)]
+    async fn an_absurdly_low_rate_waits_without_panicking() {
+        let rate = AcceptRate::new(1e-300, 1.0);
+        rate.take().await;
+        let next = tokio::time::timeout(Duration::from_secs(3600), rate.take()).await;
+        assert!(next.is_err(), "the second connection still waits");
     }
 }
