@@ -283,6 +283,8 @@ impl Connector {
             max_send_buffer: 1 << 20,
             process_budget: self.flow.budget.clone(),
             stats: self.flow.http2.clone(),
+            // A client: the server's control frames are not budgeted.
+            control_frames: link::h2flood::Limits::default(),
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct H2Config {
     pub max_send_buffer: usize,
     pub process_budget: Arc<Budget>,
     pub stats: Arc<WindowStats>,
+    /// Server only: the control-frame budget of each client connection
+    /// ([`crate::h2flood`]).
+    pub control_frames: crate::h2flood::Limits,
 }
 
 /// A received HTTP/2 body: DATA frames (their window released as they are
@@ -196,7 +199,10 @@ where
     let meter = Meter::new();
     // h2 bounds reset and CONTINUATION floods itself; the guard bounds the
     // other control frames.
-    let io = meter.counted(crate::h2flood::FloodGuard::server(io));
+    let io = meter.counted(crate::h2flood::FloodGuard::with_limits(
+        io,
+        cfg.control_frames,
+    ));
     let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, builder.handshake(io)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {

@@ -62,6 +62,7 @@ fn config(max: u32, process_budget: i64, keepalive: Option<Keepalive>) -> H2Conf
         max_send_buffer: 1 << 20,
         process_budget: Budget::new(process_budget, None),
         stats: Arc::default(),
+        control_frames: Default::default(),
     }
 }
 

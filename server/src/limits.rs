@@ -15,6 +15,17 @@ pub const MAX_HEADER_LIST_SIZE: usize = 64 << 10;
 /// most a client's HPACK dynamic table may hold.
 pub const HEADER_TABLE_SIZE: usize = 4096;
 
+/// HTTP/2 control frames (SETTINGS weigh 10, see `link::limits`) an agent
+/// connection may send at once before the rate and the credit its data
+/// earns refill the budget; past it the connection ends with GOAWAY
+/// ENHANCE_YOUR_CALM. A fifth of the frontends' 1,000: `--agent-accept-rate`
+/// bounds how fast a flooding agent comes back, so what a flood costs is
+/// this burst times that rate (RELIABILITY.md, `floods`: PING flood p99
+/// 3.12 → 1.46 × quiet). On the frontends, which have no accept rate, a
+/// lower burst only makes a flooder reconnect sooner (5.80 × at 200). An
+/// agent sends a handful of control frames beyond what its data earns.
+pub const AGENT_H2_CONTROL_BURST: f64 = 200.0;
+
 /// SETTINGS_MAX_FRAME_SIZE we advertise: the largest frame a peer may send.
 pub const MAX_FRAME_SIZE: u32 = 64 << 10;
 

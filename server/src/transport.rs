@@ -84,6 +84,10 @@ pub fn agent_h2(
         max_send_buffer: 1 << 20,
         process_budget: core.flow.budget.clone(),
         stats: core.flow.http2.clone(),
+        control_frames: link::h2flood::Limits {
+            burst: limits::AGENT_H2_CONTROL_BURST,
+            ..link::h2flood::Limits::default()
+        },
     }
 }
 

@@ -246,3 +246,62 @@ async fn agent_connections_past_the_accept_rate_wait_before_their_handshake() {
     assert_eq!(after.read_exact(3).await, b"new");
     handshake.abort();
 }
+
+/// PING ACKs the server answers to `pings` PINGs written at once on a new
+/// connection, and the error code of its GOAWAY if it sends one first.
+async fn answers_to_pings<S>(mut s: S, pings: usize) -> (usize, Option<u32>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    h2raw::start(&mut s).await.unwrap();
+    s.write_all(&frame(PING, 0, 0, &[7; 8]).repeat(pings))
+        .await
+        .unwrap();
+    let mut acks = 0;
+    while acks < pings {
+        let read = tokio::time::timeout(Duration::from_secs(60), h2raw::read_frame(&mut s));
+        match read.await.expect("server silent").unwrap() {
+            (h2raw::GOAWAY, _, _, p) => {
+                return (acks, Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]])));
+            }
+            (PING, flags, _, _) if flags & 0x1 != 0 => acks += 1,
+            _ => {}
+        }
+    }
+    (acks, None)
+}
+
+/// The agent port's control-frame burst is a fifth of the frontends'
+/// (`proxy_server::limits::AGENT_H2_CONTROL_BURST`; `--agent-accept-rate`
+/// bounds how often a flooding agent comes back, so a flood costs the burst
+/// times that rate): PINGs written at once, between the two bursts, end an
+/// agent connection with GOAWAY ENHANCE_YOUR_CALM and are all answered on
+/// the gRPC frontend.
+#[tokio::test]
+async fn the_agent_port_sends_a_control_frame_burst_away_that_a_frontend_takes() {
+    let agent_burst = proxy_server::limits::AGENT_H2_CONTROL_BURST;
+    let frontend_burst = link::h2flood::Limits::default().burst;
+    assert!(agent_burst < frontend_burst);
+    let pings = ((agent_burst + frontend_burst) / 2.0) as usize;
+    let stack = Stack::start(ServerOpts::default()).await;
+
+    let tls = agent_tls(&stack, "bursty");
+    let s = agent_port(stack.server.agent_addr, tls).await.unwrap();
+    let (acks, goaway) = answers_to_pings(s, pings).await;
+    assert_eq!(
+        goaway,
+        Some(0xb),
+        "agent port: {pings} PINGs at once end in ENHANCE_YOUR_CALM"
+    );
+    assert!(
+        acks <= agent_burst as usize,
+        "agent port answered {acks} PINGs"
+    );
+
+    let s = stack.server.frontend.connect().await.unwrap();
+    assert_eq!(
+        answers_to_pings(s, pings).await,
+        (pings, None),
+        "gRPC frontend: {pings} PINGs at once are all answered"
+    );
+}
