@@ -118,14 +118,23 @@ pub fn take_tcp<C: 'static>(io: &mut Option<C>) -> Option<TcpStream> {
 /// Relays two TCP sockets through pipes until both directions end, one
 /// side fails, the idle timeout passes or `stop` resolves.
 /// `options.buffer_size` is not used: the pipe is the buffer.
-pub async fn relay(
+///
+/// Not an `async fn`: one would keep its arguments beside the `Link` they
+/// are moved into for the connection's whole life, and a held idle
+/// connection's task is mostly this future (BENCHMARKS.md, "Idle held
+/// connections"). Pass `stop` pinned where it lives (`pin!(fut)`, then
+/// `stop.as_mut()`) so that it is not kept twice either.
+pub fn relay<'a, S>(
     client: TcpStream,
     upstream: TcpStream,
     options: RelayOptions,
-    tally: &dyn Tally,
+    tally: &'a dyn Tally,
     pipes: &'static PipeCount,
-    stop: impl Future<Output = ()>,
-) -> (RelayEnd, RelayBytes) {
+    stop: S,
+) -> impl Future<Output = (RelayEnd, RelayBytes)> + 'a
+where
+    S: Future<Output = ()> + 'a,
+{
     let link = Link {
         sockets: [client, upstream],
         parked: [Mutex::new(None), Mutex::new(None)],
@@ -137,21 +146,26 @@ pub async fn relay(
         pipes,
         tally,
     };
-    let end = tokio::select! {
-        r = async { tokio::try_join!(link.pump(Side::Client), link.pump(Side::Upstream)) } => {
-            match r {
-                Ok(_) => RelayEnd::Closed,
-                Err(e) => e,
+    let idle = options.idle_timeout;
+    // A block, not an `async fn`, for the same reason: a function's
+    // parameters are moved into locals and kept twice.
+    async move {
+        let end = tokio::select! {
+            r = async { tokio::try_join!(link.pump(Side::Client), link.pump(Side::Upstream)) } => {
+                match r {
+                    Ok(_) => RelayEnd::Closed,
+                    Err(e) => e,
+                }
             }
-        }
-        _ = link.watch(options.idle_timeout) => RelayEnd::Idle,
-        _ = stop => RelayEnd::Stopped,
-    };
-    let bytes = RelayBytes {
-        from_client: link.moved[0].load(Ordering::Relaxed),
-        from_upstream: link.moved[1].load(Ordering::Relaxed),
-    };
-    (end, bytes)
+            _ = link.watch(idle) => RelayEnd::Idle,
+            _ = stop => RelayEnd::Stopped,
+        };
+        let bytes = RelayBytes {
+            from_client: link.moved[0].load(Ordering::Relaxed),
+            from_upstream: link.moved[1].load(Ordering::Relaxed),
+        };
+        (end, bytes)
+    }
 }
 
 /// What both directions and the watch share; index 0 is the client's
@@ -227,7 +241,13 @@ impl Link<'_> {
         let (src, dst) = (&self.sockets[i], &self.sockets[1 - i]);
         let parked = &self.parked[i];
         loop {
-            src.readable().await.map_err(read_err)?;
+            // poll_*_ready, not readable()/writable(): each socket has one
+            // reader (this pump) and one writer (the other), so the slot
+            // tokio keeps per direction is enough, and an idle pump holds
+            // no 150-byte waiter future.
+            std::future::poll_fn(|cx| src.poll_read_ready(cx))
+                .await
+                .map_err(read_err)?;
             let taken = parked.lock().take();
             let fresh = taken.is_none();
             let made = match taken {
@@ -297,7 +317,9 @@ impl Link<'_> {
                 self.made.notify_one();
             }
             while pipe.held > 0 {
-                dst.writable().await.map_err(write_err)?;
+                std::future::poll_fn(|cx| dst.poll_write_ready(cx))
+                    .await
+                    .map_err(write_err)?;
                 let put = dst.try_io(Interest::WRITABLE, || {
                     rustix::pipe::splice(
                         &pipe.read,

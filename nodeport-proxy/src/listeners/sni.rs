@@ -153,27 +153,35 @@ async fn serve(client: TcpStream, shared: &Shared, conn: &Tracked) -> Result<(),
     Box::pin(proxy(client, buf, host, session)).await
 }
 
-async fn proxy(
+/// Not an `async fn`: one keeps its parameters twice (as passed and as
+/// moved into its body) for the connection's life.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its parameters twice"
+)]
+fn proxy<'a>(
     mut client: TcpStream,
     hello: Vec<u8>,
     host: SniHost,
-    mut session: Session<'_>,
-) -> Result<(), SniError> {
-    let downstream = session.downstream;
-    if !session.admitted() {
-        let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
-        return Err(SniError::Denied(downstream.source, host.to_string()));
+    mut session: Session<'a>,
+) -> impl Future<Output = Result<(), SniError>> + Send + 'a {
+    async move {
+        let downstream = session.downstream;
+        if !session.admitted() {
+            let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
+            return Err(SniError::Denied(downstream.source, host.to_string()));
+        }
+        *session.access = Access::start(
+            session.shared.access_log.as_ref(),
+            Some(downstream.local),
+            Some(downstream.source),
+        );
+        session.access.sni(host.as_str());
+        session.conn.set_state("connecting");
+        let upstream = session.connect(hello.len()).await?;
+        session
+            .relay(link::duplex::Plain(client), hello.into(), upstream)
+            .await;
+        Ok(())
     }
-    *session.access = Access::start(
-        session.shared.access_log.as_ref(),
-        Some(downstream.local),
-        Some(downstream.source),
-    );
-    session.access.sni(host.as_str());
-    session.conn.set_state("connecting");
-    let upstream = session.connect(hello.len()).await?;
-    session
-        .relay(link::duplex::Plain(client), hello.into(), upstream)
-        .await;
-    Ok(())
 }

@@ -233,134 +233,149 @@ impl Session<'_> {
     /// sent while the route was chosen, given up once written), until either
     /// side ends, the connection idles out, its route expires after removal,
     /// or the process stops.
-    pub async fn relay<C>(&mut self, client: C, early: Bytes, upstream: Upstream) -> RelayEnd
+    ///
+    /// Not an `async fn`: one keeps its parameters twice (as passed and as
+    /// moved into its body) for the connection's life, and a held idle
+    /// connection's task is mostly this future (`node_port.rs` asserts its
+    /// size).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its parameters twice"
+    )]
+    pub fn relay<C>(
+        &mut self,
+        client: C,
+        early: Bytes,
+        mut upstream: Upstream,
+    ) -> impl Future<Output = RelayEnd> + '_
     where
         C: Duplex + 'static,
     {
-        let shared = self.shared;
-        let route = &*self.route;
-        let conn = self.conn;
-        let stats = &route.cluster.stats;
-        let tunnel = self.listener == Listener::Tunnel;
-        let (downstream_rx, downstream_tx, idle) = match self.listener {
-            Listener::NodePort => (
-                &shared.metrics.tcp.downstream_cx_rx_bytes_total,
-                &shared.metrics.tcp.downstream_cx_tx_bytes_total,
-                shared.config.node_port_idle_timeout,
-            ),
-            Listener::Sni => (
-                &shared.metrics.tcp.downstream_cx_rx_bytes_total,
-                &shared.metrics.tcp.downstream_cx_tx_bytes_total,
-                shared.config.connection.sni_idle_timeout,
-            ),
-            Listener::Tunnel => (
-                &shared.metrics.http.downstream_cx_rx_bytes_total,
-                &shared.metrics.http.downstream_cx_tx_bytes_total,
-                shared.config.connection.tunneling_stream_idle_timeout,
-            ),
-        };
-        let bytes = ByteCounters {
-            downstream_rx: downstream_rx.clone(),
-            downstream_tx: downstream_tx.clone(),
-            upstream_tx: stats.upstream_cx_tx_bytes_total(),
-            upstream_rx: stats.upstream_cx_rx_bytes_total(),
-        };
-        let Upstream {
-            stream: mut upstream,
-            endpoint,
-            slot,
-        } = upstream;
-        let access = &mut *self.access;
-        let _active = Active::new(&stats.upstream_cx_active());
-        access.cluster(route.cluster.name.as_str());
-        access.upstream(endpoint);
-        conn.set_upstream(endpoint);
-        conn.set("cluster", &route.cluster.name);
-        conn.set_state("established");
-        if route.cluster.upstream_proxy_protocol() {
-            let header = crate::relay::proxy_protocol::v2_header(
-                self.downstream.source,
-                self.downstream.local,
-            );
-            if let Err(e) = upstream.write_all(&header).await {
-                let end = RelayEnd::UpstreamError(e);
-                conn.set_close((&end).into(), end.reason());
-                access.ended(&end, RelayBytes::default());
-                return end;
-            }
-        }
-        let early_len = early.len() as u64;
-        if !early.is_empty() {
-            if let Err(e) = upstream.write_all(&early).await {
-                let end = RelayEnd::UpstreamError(e);
-                conn.set_close((&end).into(), end.reason());
-                access.ended(&end, RelayBytes::default());
-                return end;
-            }
-            bytes.client_bytes(early_len);
-            conn.client_bytes(early_len);
-        }
-        drop(early);
-        let options = RelayOptions {
-            buffer_size: shared.config.buffer_size,
-            idle_timeout: Some(idle).filter(|d| !d.is_zero()),
-        };
-        let stop = async {
-            tokio::select! {
-                _ = route.life.expired() => {}
-                _ = shared.drain.stopping() => {}
-            }
-        };
-        let tally = Both(&bytes, conn);
-        // NodePort and SNI bytes go kernel to kernel when both ends are
-        // plain TCP; tunnels (HTTP/2 streams, TLS) keep the copying relay.
-        // A spliced connection holds its bytes in its pipes (at most one
-        // pipe's worth a direction, in the kernel), not in buffers of ours:
-        // only the copying relay's count against the cluster's byte budget.
-        let mut client = Some(client);
-        let spliced = (shared.config.splice && !tunnel)
-            .then(|| link::splice::take_tcp(&mut client))
-            .flatten();
-        let (end, moved) = match (spliced, client) {
-            (Some(tcp), _) => {
-                let pipes = &link::splice::PIPES;
-                link::splice::relay(tcp, upstream, options, &tally, pipes, stop).await
-            }
-            (None, Some(client)) => {
-                let meter = slot.meter();
-                let (client, upstream) = (
-                    Metered::client(client, &meter),
-                    Metered::upstream(Plain(upstream), &meter),
+        async move {
+            let shared = self.shared;
+            let route = &*self.route;
+            let conn = self.conn;
+            let stats = &route.cluster.stats;
+            let tunnel = self.listener == Listener::Tunnel;
+            let (downstream_rx, downstream_tx, idle) = match self.listener {
+                Listener::NodePort => (
+                    &shared.metrics.tcp.downstream_cx_rx_bytes_total,
+                    &shared.metrics.tcp.downstream_cx_tx_bytes_total,
+                    shared.config.node_port_idle_timeout,
+                ),
+                Listener::Sni => (
+                    &shared.metrics.tcp.downstream_cx_rx_bytes_total,
+                    &shared.metrics.tcp.downstream_cx_tx_bytes_total,
+                    shared.config.connection.sni_idle_timeout,
+                ),
+                Listener::Tunnel => (
+                    &shared.metrics.http.downstream_cx_rx_bytes_total,
+                    &shared.metrics.http.downstream_cx_tx_bytes_total,
+                    shared.config.connection.tunneling_stream_idle_timeout,
+                ),
+            };
+            let bytes = ByteCounters {
+                downstream_rx: downstream_rx.clone(),
+                downstream_tx: downstream_tx.clone(),
+                upstream_tx: stats.upstream_cx_tx_bytes_total(),
+                upstream_rx: stats.upstream_cx_rx_bytes_total(),
+            };
+            let endpoint = upstream.endpoint;
+            let access = &mut *self.access;
+            let _active = Active::new(&stats.upstream_cx_active());
+            access.cluster(route.cluster.name.as_str());
+            access.upstream(endpoint);
+            conn.set_upstream(endpoint);
+            conn.set("cluster", &route.cluster.name);
+            conn.set_state("established");
+            if route.cluster.upstream_proxy_protocol() {
+                let header = crate::relay::proxy_protocol::v2_header(
+                    self.downstream.source,
+                    self.downstream.local,
                 );
-                // Boxed: the task keeps one relay's state for its life, and
-                // NodePort's default path is the spliced one (its task size
-                // is asserted in listeners/node_port.rs).
-                Box::pin(relay(client, upstream, options, &tally, stop)).await
+                if let Err(e) = upstream.stream.write_all(&header).await {
+                    let end = RelayEnd::UpstreamError(e);
+                    conn.set_close((&end).into(), end.reason());
+                    access.ended(&end, RelayBytes::default());
+                    return end;
+                }
             }
-            // take_tcp empties `client` only when it returns the stream.
-            (None, None) => (RelayEnd::Closed, RelayBytes::default()),
-        };
-        drop(slot);
-        conn.set_close((&end).into(), end.reason());
-        tracing::debug!(
-            route = %route.key,
-            upstream = %endpoint,
-            reason = end.reason(),
-            from_client = moved.from_client,
-            from_upstream = moved.from_upstream,
-            "connection closed"
-        );
-        access.ended(
-            &end,
-            RelayBytes {
-                from_client: moved.from_client + early_len,
-                from_upstream: moved.from_upstream,
-            },
-        );
-        if !tunnel && matches!(end, RelayEnd::Idle) {
-            shared.metrics.tcp.idle_timeout.increment(1);
+            let early_len = early.len() as u64;
+            if !early.is_empty() {
+                if let Err(e) = upstream.stream.write_all(&early).await {
+                    let end = RelayEnd::UpstreamError(e);
+                    conn.set_close((&end).into(), end.reason());
+                    access.ended(&end, RelayBytes::default());
+                    return end;
+                }
+                bytes.client_bytes(early_len);
+                conn.client_bytes(early_len);
+            }
+            drop(early);
+            let options = RelayOptions {
+                buffer_size: shared.config.buffer_size,
+                idle_timeout: Some(idle).filter(|d| !d.is_zero()),
+            };
+            // Pinned here and lent to the relay, which would otherwise keep a
+            // second copy of it for the connection's life.
+            let mut stop = std::pin::pin!(async {
+                tokio::select! {
+                    _ = route.life.expired() => {}
+                    _ = shared.drain.stopping() => {}
+                }
+            });
+            let tally = Both(&bytes, conn);
+            // NodePort and SNI bytes go kernel to kernel when both ends are
+            // plain TCP; tunnels (HTTP/2 streams, TLS) keep the copying relay.
+            // A spliced connection holds its bytes in its pipes (at most one
+            // pipe's worth a direction, in the kernel), not in buffers of ours:
+            // only the copying relay's count against the cluster's byte budget.
+            let mut client = Some(client);
+            let spliced = (shared.config.splice && !tunnel)
+                .then(|| link::splice::take_tcp(&mut client))
+                .flatten();
+            let (end, moved) = match (spliced, client) {
+                (Some(tcp), _) => {
+                    let pipes = &link::splice::PIPES;
+                    link::splice::relay(tcp, upstream.stream, options, &tally, pipes, stop.as_mut())
+                        .await
+                }
+                (None, Some(client)) => {
+                    let meter = upstream.slot.meter();
+                    let (client, upstream) = (
+                        Metered::client(client, &meter),
+                        Metered::upstream(Plain(upstream.stream), &meter),
+                    );
+                    // Boxed: the task keeps one relay's state for its life, and
+                    // NodePort's default path is the spliced one (its task size
+                    // is asserted in listeners/node_port.rs).
+                    Box::pin(relay(client, upstream, options, &tally, stop.as_mut())).await
+                }
+                // take_tcp empties `client` only when it returns the stream.
+                (None, None) => (RelayEnd::Closed, RelayBytes::default()),
+            };
+            drop(upstream.slot);
+            conn.set_close((&end).into(), end.reason());
+            tracing::debug!(
+                route = %route.key,
+                upstream = %endpoint,
+                reason = end.reason(),
+                from_client = moved.from_client,
+                from_upstream = moved.from_upstream,
+                "connection closed"
+            );
+            access.ended(
+                &end,
+                RelayBytes {
+                    from_client: moved.from_client + early_len,
+                    from_upstream: moved.from_upstream,
+                },
+            );
+            if !tunnel && matches!(end, RelayEnd::Idle) {
+                shared.metrics.tcp.idle_timeout.increment(1);
+            }
+            end
         }
-        end
     }
 }
 
