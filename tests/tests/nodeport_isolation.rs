@@ -99,6 +99,19 @@ fn flood_one(
     closed: &Arc<AtomicUsize>,
     got_bytes: &Arc<AtomicUsize>,
 ) -> tokio::task::JoinHandle<()> {
+    flood_gated(p, host, extra, None, closed, got_bytes)
+}
+
+/// [`flood_one`] that sends its `extra` bytes only once it gets a permit
+/// from `gate`.
+fn flood_gated(
+    p: SocketAddr,
+    host: &'static str,
+    extra: usize,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+    closed: &Arc<AtomicUsize>,
+    got_bytes: &Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
     let closed = closed.clone();
     let got_bytes = got_bytes.clone();
     tokio::spawn(async move {
@@ -108,6 +121,9 @@ fn flood_one(
         let (mut r, mut w) = s.split();
         let send = async {
             let _ = w.write_all(&client_hello(host)).await;
+            if let Some(gate) = &gate {
+                let _ = gate.acquire().await.map(|p| p.forget());
+            }
             let _ = w.write_all(&vec![0u8; extra]).await;
             std::future::pending::<()>().await;
         };
@@ -365,9 +381,18 @@ async fn a_stalled_cluster_stops_at_its_buffered_bytes() {
     // between the proxy and the stalled destination take (the proxy's send
     // buffer grows up to tcp_wmem's 4 MiB), so the proxy's relay ends up
     // holding a chunk it cannot write.
+    // They send only once all are admitted: a connection whose chunk
+    // filled the budget first would have the others refused, and the
+    // budget never passed.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let mut clients: Vec<_> = (0..CONNS)
-        .map(|_| flood_one(p.sni, STALL, 8 << 20, &closed, &bytes))
+        .map(|_| flood_gated(p.sni, STALL, 8 << 20, Some(gate.clone()), &closed, &bytes))
         .collect();
+    wait_metric(&p, "envoy_cluster_upstream_cx_active", stall_cluster, |v| {
+        v == CONNS as f64
+    })
+    .await;
+    gate.add_permits(CONNS);
     let held = wait_metric(
         &p,
         "envoy_cluster_upstream_cx_tx_bytes_buffered",

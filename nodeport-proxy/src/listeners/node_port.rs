@@ -168,7 +168,8 @@ fn handle(
     permit: Option<OwnedSemaphorePermit>,
 ) -> impl Future<Output = ()> + Send {
     async move {
-        let _permit = permit;
+        // Held (in the future, not copied out of it) until the end.
+        let _permit = &permit;
         listener.downstream_cx_total.increment(1);
         let _active = Active::new(&listener.downstream_cx_active);
         shared.metrics.tcp.downstream_cx_total.increment(1);
@@ -237,9 +238,10 @@ mod tests {
 
     /// What a held NodePort connection costs in task state: tokio allocates
     /// the whole future once per connection, for its life, relay included.
-    /// 2,192 bytes in a debug or release build (2,912 in release while this
+    /// 1,936 bytes in a debug build, 1,880 in release (2,912 while this
     /// function, `Session::relay` and `link::splice::relay` were `async fn`s
-    /// keeping their parameters twice).
+    /// keeping their parameters twice): with tokio's task header the
+    /// allocation is then 2,048 bytes, an allocator size class below 2,560.
     #[tokio::test]
     async fn a_nodeport_connection_is_a_small_task() {
         let l = TcpListener::bind("127.0.0.1:0")
@@ -253,6 +255,6 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let size = size_of_val(&handle(client, addr.port(), shared, stats, None));
         eprintln!("NodePort connection future: {size} bytes");
-        assert!(size <= 2304, "NodePort connection future: {size} bytes");
+        assert!(size <= 1984, "NodePort connection future: {size} bytes");
     }
 }

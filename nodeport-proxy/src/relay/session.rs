@@ -280,12 +280,11 @@ impl Session<'_> {
                 upstream_tx: stats.upstream_cx_tx_bytes_total(),
                 upstream_rx: stats.upstream_cx_rx_bytes_total(),
             };
-            let endpoint = upstream.endpoint;
             let access = &mut *self.access;
             let _active = Active::new(&stats.upstream_cx_active());
             access.cluster(route.cluster.name.as_str());
-            access.upstream(endpoint);
-            conn.set_upstream(endpoint);
+            access.upstream(upstream.endpoint);
+            conn.set_upstream(upstream.endpoint);
             conn.set("cluster", &route.cluster.name);
             conn.set_state("established");
             if route.cluster.upstream_proxy_protocol() {
@@ -334,31 +333,29 @@ impl Session<'_> {
             let spliced = (shared.config.splice && !tunnel)
                 .then(|| link::splice::take_tcp(&mut client))
                 .flatten();
-            let (end, moved) = match (spliced, client) {
-                (Some(tcp), _) => {
-                    let pipes = &link::splice::PIPES;
-                    link::splice::relay(tcp, upstream.stream, options, &tally, pipes, stop.as_mut())
-                        .await
-                }
-                (None, Some(client)) => {
-                    let meter = upstream.slot.meter();
-                    let (client, upstream) = (
-                        Metered::client(client, &meter),
-                        Metered::upstream(Plain(upstream.stream), &meter),
-                    );
-                    // Boxed: the task keeps one relay's state for its life, and
-                    // NodePort's default path is the spliced one (its task size
-                    // is asserted in listeners/node_port.rs).
-                    Box::pin(relay(client, upstream, options, &tally, stop.as_mut())).await
-                }
+            let (end, moved) = if let Some(tcp) = spliced {
+                let pipes = &link::splice::PIPES;
+                link::splice::relay(tcp, upstream.stream, options, &tally, pipes, stop.as_mut())
+                    .await
+            } else if let Some(client) = client.take() {
+                let meter = upstream.slot.meter();
+                let (client, upstream) = (
+                    Metered::client(client, &meter),
+                    Metered::upstream(Plain(upstream.stream), &meter),
+                );
+                // Boxed: the task keeps one relay's state for its life, and
+                // NodePort's default path is the spliced one (its task size
+                // is asserted in listeners/node_port.rs).
+                Box::pin(relay(client, upstream, options, &tally, stop.as_mut())).await
+            } else {
                 // take_tcp empties `client` only when it returns the stream.
-                (None, None) => (RelayEnd::Closed, RelayBytes::default()),
+                (RelayEnd::Closed, RelayBytes::default())
             };
             drop(upstream.slot);
             conn.set_close((&end).into(), end.reason());
             tracing::debug!(
                 route = %route.key,
-                upstream = %endpoint,
+                upstream = %upstream.endpoint,
                 reason = end.reason(),
                 from_client = moved.from_client,
                 from_upstream = moved.from_upstream,
