@@ -118,14 +118,23 @@ pub fn take_tcp<C: 'static>(io: &mut Option<C>) -> Option<TcpStream> {
 /// Relays two TCP sockets through pipes until both directions end, one
 /// side fails, the idle timeout passes or `stop` resolves.
 /// `options.buffer_size` is not used: the pipe is the buffer.
-pub async fn relay(
+///
+/// Not an `async fn`: one would keep its arguments beside the `Link` they
+/// are moved into for the connection's whole life, and a held idle
+/// connection's task is mostly this future (BENCHMARKS.md, "Idle held
+/// connections"). Pass `stop` pinned where it lives (`pin!(fut)`, then
+/// `stop.as_mut()`) so that it is not kept twice either.
+pub fn relay<'a, S>(
     client: TcpStream,
     upstream: TcpStream,
     options: RelayOptions,
-    tally: &dyn Tally,
+    tally: &'a dyn Tally,
     pipes: &'static PipeCount,
-    stop: impl Future<Output = ()>,
-) -> (RelayEnd, RelayBytes) {
+    stop: S,
+) -> impl Future<Output = (RelayEnd, RelayBytes)> + 'a
+where
+    S: Future<Output = ()> + 'a,
+{
     let link = Link {
         sockets: [client, upstream],
         parked: [Mutex::new(None), Mutex::new(None)],
@@ -137,21 +146,32 @@ pub async fn relay(
         pipes,
         tally,
     };
-    let end = tokio::select! {
-        r = async { tokio::try_join!(link.pump(Side::Client), link.pump(Side::Upstream)) } => {
-            match r {
-                Ok(_) => RelayEnd::Closed,
-                Err(e) => e,
+    let idle = options.idle_timeout;
+    // A block, not an `async fn`, for the same reason: a function's
+    // parameters are moved into locals and kept twice.
+    //
+    // Unconstrained: `poll_read_ready`/`poll_write_ready` (below) charge
+    // tokio's cooperative budget, which `readable()`/`writable()` did not,
+    // and with the budget charged the relay spent a few per cent more CPU
+    // per GiB (BENCHMARKS.md, "Idle held connections"). A direction still
+    // yields at every `WouldBlock`, as it did before.
+    tokio::task::unconstrained(async move {
+        let end = tokio::select! {
+            r = async { tokio::try_join!(link.pump(Side::Client), link.pump(Side::Upstream)) } => {
+                match r {
+                    Ok(_) => RelayEnd::Closed,
+                    Err(e) => e,
+                }
             }
-        }
-        _ = link.watch(options.idle_timeout) => RelayEnd::Idle,
-        _ = stop => RelayEnd::Stopped,
-    };
-    let bytes = RelayBytes {
-        from_client: link.moved[0].load(Ordering::Relaxed),
-        from_upstream: link.moved[1].load(Ordering::Relaxed),
-    };
-    (end, bytes)
+            _ = link.watch(idle) => RelayEnd::Idle,
+            _ = stop => RelayEnd::Stopped,
+        };
+        let bytes = RelayBytes {
+            from_client: link.moved[0].load(Ordering::Relaxed),
+            from_upstream: link.moved[1].load(Ordering::Relaxed),
+        };
+        (end, bytes)
+    })
 }
 
 /// What both directions and the watch share; index 0 is the client's
@@ -176,20 +196,48 @@ impl Link<'_> {
     /// Returns once nothing has moved for `idle`; meanwhile gives back the
     /// parked (so empty) pipes once nothing has moved for [`PIPE_IDLE`]. It
     /// sleeps on one timer, and on none while neither applies.
-    async fn watch(&self, idle: Option<Duration>) {
+    ///
+    /// Not an `async fn`, and the timer arithmetic in [`Link::due`]: what it
+    /// keeps while it waits is the timer, `release_at` and the wake-up
+    /// futures, for a held connection's whole life.
+    fn watch(&self, idle: Option<Duration>) -> impl Future<Output = ()> + '_ {
         let idle = idle.filter(|d| !d.is_zero());
-        let sleep = tokio::time::sleep_until(Instant::now());
-        tokio::pin!(sleep);
-        let mut release_at: Option<Instant> = None;
+        async move {
+            let mut sleep = std::pin::pin!(tokio::time::sleep_until(Instant::now()));
+            let mut release_at: Option<Instant> = None;
+            loop {
+                match self.due(idle, &mut release_at) {
+                    None => return,
+                    Some(Some(at)) => {
+                        sleep.as_mut().reset(at);
+                        tokio::select! {
+                            _ = &mut sleep => {}
+                            _ = self.made.notified() => {}
+                        }
+                    }
+                    Some(None) => self.made.notified().await,
+                }
+            }
+        }
+    }
+
+    /// For [`Link::watch`]: `None` once nothing has moved for `idle`;
+    /// otherwise gives back the parked pipes if their time has come and
+    /// says when to look again (`Some(None)`: only once a pipe is made).
+    fn due(
+        &self,
+        idle: Option<Duration>,
+        release_at: &mut Option<Instant>,
+    ) -> Option<Option<Instant>> {
         loop {
             let now = Instant::now();
             let last = self.activity.last();
             let idle_at = idle.map(|d| last + d);
             if idle_at.is_some_and(|at| now >= at) {
-                return;
+                return None;
             }
             if self.alive.load(Ordering::Relaxed) == 0 {
-                release_at = None;
+                *release_at = None;
             } else {
                 let due = release_at.map_or(last + PIPE_IDLE, |r| r.max(last + PIPE_IDLE));
                 if now >= due {
@@ -200,21 +248,12 @@ impl Link<'_> {
                         }
                     }
                     // A pipe still alive is busy with a stalled writer.
-                    release_at = Some(now + PIPE_IDLE);
+                    *release_at = Some(now + PIPE_IDLE);
                     continue;
                 }
-                release_at = Some(due);
+                *release_at = Some(due);
             }
-            match [idle_at, release_at].into_iter().flatten().min() {
-                Some(at) => {
-                    sleep.as_mut().reset(at);
-                    tokio::select! {
-                        _ = &mut sleep => {}
-                        _ = self.made.notified() => {}
-                    }
-                }
-                None => self.made.notified().await,
-            }
+            return Some([idle_at, *release_at].into_iter().flatten().min());
         }
     }
 
@@ -227,40 +266,26 @@ impl Link<'_> {
         let (src, dst) = (&self.sockets[i], &self.sockets[1 - i]);
         let parked = &self.parked[i];
         loop {
-            src.readable().await.map_err(read_err)?;
-            let taken = parked.lock().take();
-            let fresh = taken.is_none();
-            let made = match taken {
-                Some(p) => Ok(p),
-                None if !self.bulk[i].load(Ordering::Relaxed) => Err(None),
-                None => Pipe::new(self.pipes).map_err(Some),
-            };
-            let mut pipe = match made {
-                Ok(p) => p,
-                Err(no_pipe) => {
-                    if let Some(e) = no_pipe {
-                        tracing::debug!(error = %e, "no pipe for splicing; copying this chunk");
-                    }
-                    match self.copy(i, read_err, write_err)? {
-                        Copied::Eof => {
-                            finish(dst);
-                            return Ok(());
-                        }
-                        Copied::Nothing => {}
-                        Copied::Moved { full, rest } => {
-                            if full {
-                                self.bulk[i].store(true, Ordering::Relaxed);
-                            }
-                            if !rest.is_empty() {
-                                // Boxed: only a write the peer did not take
-                                // whole waits here; kept out of every relay's
-                                // future.
-                                Box::pin(self.send_rest(i, rest, write_err)).await?;
-                            }
-                        }
-                    }
+            // poll_*_ready, not readable()/writable(): each socket has one
+            // reader (this pump) and one writer (the other), so the slot
+            // tokio keeps per direction is enough, and an idle pump holds
+            // no 150-byte waiter future.
+            std::future::poll_fn(|cx| src.poll_read_ready(cx))
+                .await
+                .map_err(read_err)?;
+            let (mut pipe, fresh) = match self.next(i, read_err, write_err)? {
+                Next::Eof => {
+                    finish(dst);
+                    return Ok(());
+                }
+                Next::Again => continue,
+                Next::Rest(rest) => {
+                    // Boxed: only a write the peer did not take whole waits
+                    // here; kept out of every relay's future.
+                    Box::pin(self.send_rest(i, rest, write_err)).await?;
                     continue;
                 }
+                Next::Splice(pipe, fresh) => (pipe, fresh),
             };
             let got = src.try_io(Interest::READABLE, || {
                 rustix::pipe::splice(
@@ -297,7 +322,9 @@ impl Link<'_> {
                 self.made.notify_one();
             }
             while pipe.held > 0 {
-                dst.writable().await.map_err(write_err)?;
+                std::future::poll_fn(|cx| dst.poll_write_ready(cx))
+                    .await
+                    .map_err(write_err)?;
                 let put = dst.try_io(Interest::WRITABLE, || {
                     rustix::pipe::splice(
                         &pipe.read,
@@ -321,6 +348,41 @@ impl Link<'_> {
             }
             *parked.lock() = Some(pipe);
         }
+    }
+
+    /// What direction `i` does now that its source is readable: splice
+    /// through its parked pipe or a new one, or (no bulk data yet, or no
+    /// pipe to be had) copy a chunk. Synchronous, so that none of it is
+    /// kept in the pump's future while it waits.
+    fn next(&self, i: usize, read_err: ErrorOf, write_err: ErrorOf) -> Result<Next, RelayEnd> {
+        let taken = self.parked[i].lock().take();
+        let fresh = taken.is_none();
+        let made = match taken {
+            Some(p) => Ok(p),
+            None if !self.bulk[i].load(Ordering::Relaxed) => Err(None),
+            None => Pipe::new(self.pipes).map_err(Some),
+        };
+        let no_pipe = match made {
+            Ok(p) => return Ok(Next::Splice(p, fresh)),
+            Err(no_pipe) => no_pipe,
+        };
+        if let Some(e) = no_pipe {
+            tracing::debug!(error = %e, "no pipe for splicing; copying this chunk");
+        }
+        Ok(match self.copy(i, read_err, write_err)? {
+            Copied::Eof => Next::Eof,
+            Copied::Nothing => Next::Again,
+            Copied::Moved { full, rest } => {
+                if full {
+                    self.bulk[i].store(true, Ordering::Relaxed);
+                }
+                if rest.is_empty() {
+                    Next::Again
+                } else {
+                    Next::Rest(rest)
+                }
+            }
+        })
     }
 
     fn moved(&self, i: usize, n: usize) {
@@ -382,6 +444,18 @@ impl Link<'_> {
         }
         Ok(())
     }
+}
+
+/// What a direction does next ([`Link::next`]).
+enum Next {
+    /// Its source ended.
+    Eof,
+    /// Nothing to do until the source is readable again.
+    Again,
+    /// A copied chunk's rest, which the peer has not taken yet.
+    Rest(Vec<u8>),
+    /// Splice through this pipe (`true`: made for this read).
+    Splice(Pipe, bool),
 }
 
 /// What one copy did.

@@ -238,8 +238,11 @@ mod tests {
 
     /// What a held NodePort connection costs in task state: tokio allocates
     /// the whole future once per connection, for its life, relay included.
-    /// 2,320 bytes in a release build (2,912 while this function and
-    /// `Session::relay` were `async fn`s keeping their parameters twice).
+    /// 1,936 bytes in a debug build, 1,880 in release (2,912 while this
+    /// function, `Session::relay` and `link::splice::relay` were `async fn`s
+    /// keeping their parameters twice and the relay waited with
+    /// `readable()`): with tokio's task header the allocation is then 2,048
+    /// bytes, an allocator size class below 2,560.
     #[tokio::test]
     async fn a_nodeport_connection_is_a_small_task() {
         let l = TcpListener::bind("127.0.0.1:0")
@@ -253,6 +256,6 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let size = size_of_val(&handle(client, addr.port(), shared, stats, None));
         eprintln!("NodePort connection future: {size} bytes");
-        assert!(size <= 2432, "NodePort connection future: {size} bytes");
+        assert!(size <= 1984, "NodePort connection future: {size} bytes");
     }
 }
