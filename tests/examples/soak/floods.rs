@@ -21,11 +21,12 @@ use integration_tests::certs::Pki;
 use integration_tests::client::{Frontend, grpc_dial, start_dial};
 use integration_tests::h2raw::{self, frame};
 use integration_tests::konnectivity::raw_agent;
-use integration_tests::procs::{Proc, loopback, status_kib};
+use integration_tests::procs::{loopback, status_kib};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
 use tokio::io::AsyncWriteExt;
 
+use super::pinning::Pinning;
 use super::{Report, Scale, agent, mib, server};
 
 const SECTION: &str = "floods";
@@ -229,75 +230,15 @@ const FLOODERS: usize = 4;
 /// Quiet/flooded pairs each flood is timed in (one in a quick run).
 const FLOOD_PAIRS: usize = 3;
 
-/// Keeps this process (its threads now, and what it spawns from now on) on
-/// one CPU and the flooders on another, for as long as it lives; undone on
-/// drop. None when there are fewer than 2 CPUs to use or `taskset` is
-/// missing: then everything shares them, and the rows say so.
-struct Pinning {
-    all: String,
-    ours: usize,
-    flooders: usize,
-}
-
-impl Pinning {
-    fn new() -> Option<Pinning> {
-        if std::env::var_os("SOAK_FLOODS_UNPINNED").is_some() {
-            return None;
-        }
-        let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let all = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
-            .trim()
-            .to_string();
-        let cpus = cpu_list(&all);
-        let (&flooders, &ours) = (cpus.first()?, cpus.get(1)?);
-        taskset(&ours.to_string(), std::process::id()).then_some(Pinning {
-            all,
-            ours,
-            flooders,
-        })
+/// What the `floods` rows say about where each process ran.
+fn describe(p: &Option<Pinning>) -> String {
+    match p {
+        Some(p) => format!(
+            "flooders' process on CPU {} (quiet: the same process spinning there, connecting nowhere); proxy-server, proxy-agent and the timed clients on CPU {}",
+            p.flooders, p.ours
+        ),
+        None => "not pinned (SOAK_FLOODS_UNPINNED, or taskset or a second CPU missing): every process shares the CPUs; quiet: the flooders' process spinning, connecting nowhere".into(),
     }
-
-    fn describe(p: &Option<Pinning>) -> String {
-        match p {
-            Some(p) => format!(
-                "flooders' process on CPU {} (quiet: the same process spinning there, connecting nowhere); proxy-server, proxy-agent and the timed clients on CPU {}",
-                p.flooders, p.ours
-            ),
-            None => "not pinned (SOAK_FLOODS_UNPINNED, or taskset or a second CPU missing): every process shares the CPUs; quiet: the flooders' process spinning, connecting nowhere".into(),
-        }
-    }
-}
-
-impl Drop for Pinning {
-    fn drop(&mut self) {
-        taskset(&self.all, std::process::id());
-    }
-}
-
-/// `0-1,4` → [0, 1, 4].
-fn cpu_list(list: &str) -> Vec<usize> {
-    let mut out = Vec::new();
-    for part in list.split(',') {
-        let mut ends = part.trim().splitn(2, '-').map(|n| n.parse::<usize>());
-        match (ends.next(), ends.next()) {
-            (Some(Ok(a)), None) => out.push(a),
-            (Some(Ok(a)), Some(Ok(b))) => out.extend(a..=b),
-            _ => {}
-        }
-    }
-    out
-}
-
-/// Sets every thread of `pid` to `cpus`.
-fn taskset(cpus: &str, pid: u32) -> bool {
-    std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// CPU seconds a process has used so far (user + system).
@@ -330,21 +271,13 @@ async fn flooded(
 ) -> ((Vec<Duration>, usize), String) {
     let exe = std::env::current_exe().unwrap();
     let mut args: Vec<String> = vec![
-        exe.display().to_string(),
         "--flood".into(),
         kind.into(),
         // The flood outlasts the timing a little.
         format!("{}", (d + Duration::from_millis(500)).as_secs_f64()),
     ];
     args.extend(target.iter().cloned());
-    let mut p = match pinning {
-        Some(p) => {
-            let mut a = vec!["-c".to_string(), p.flooders.to_string()];
-            a.extend(args);
-            Proc::spawn_path(std::path::Path::new("taskset"), &a)
-        }
-        None => Proc::spawn_path(&exe, &args[1..]),
-    };
+    let mut p = Pinning::spawn_flooder(pinning, &exe, &args);
     p.wait_line("flooding").await;
     let times = timed(fe, echo, d).await;
     let tally = p.wait_line_within("tally", Duration::from_secs(30)).await;
@@ -384,7 +317,7 @@ async fn control_frames(report: &mut Report, scale: Scale) {
     report.figure(
         SECTION,
         "control-frame floods: CPUs".into(),
-        Pinning::describe(&pinning),
+        describe(&pinning),
         String::new(),
     );
     // Warm up (first handshakes, allocator).

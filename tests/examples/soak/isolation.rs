@@ -20,6 +20,7 @@ use integration_tests::procs::{Proc, status_kib};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::pinning::Pinning;
 use super::{PeakWatch, Report, Scale, lowest, mib, spawn};
 
 const HOLE: &str = "hole.seed.example.com";
@@ -220,6 +221,23 @@ pub async fn flooder(args: &[String]) {
     std::future::pending::<()>().await;
 }
 
+/// While the working cluster is timed without a flood: the flooders' CPU
+/// kept as busy as a flood keeps it (`floods`' control process, connecting
+/// nowhere), since a CPU left idle wakes slower in this VM and would make
+/// the quiet figure the slower one. Nothing when unpinned: a spinner would
+/// then take the CPU the proxy uses.
+async fn spin(pinning: &Option<Pinning>, d: Duration) -> Option<Proc> {
+    pinning.as_ref()?;
+    let secs = (d + Duration::from_millis(500)).as_secs_f64();
+    let mut p = Pinning::spawn_flooder(
+        pinning,
+        &std::env::current_exe().unwrap(),
+        &["--flood".into(), "none".into(), secs.to_string()],
+    );
+    p.wait_line("flooding").await;
+    Some(p)
+}
+
 pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     let section = "isolation";
     let (flood_n, bound) = if scale.quick {
@@ -228,6 +246,9 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         (10_000, MAX_CONNECTIONS)
     };
     let quiet_window = Duration::from_secs(if scale.quick { 2 } else { 8 });
+    // Before anything is spawned: nodeport-proxy, the destinations and the
+    // timed client share one CPU, the flooding process has the other.
+    let pinning = Pinning::new();
     let hole = dest::blackhole().await;
     let stall = dest::stalled().await;
     let echo = dest::echo().await;
@@ -268,12 +289,15 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     let idle = lowest(&[pid], Duration::from_secs(1)).await[0];
 
     let t = Instant::now();
+    let spinning = spin(&pinning, quiet_window).await;
     let quiet = use_working_cluster(sni, || t.elapsed() < quiet_window).await;
+    drop(spinning);
 
     let watch = PeakWatch::start(&[pid]);
     // The floods come from a process of their own, so that the timed
     // client does not share a runtime with 20,000 flooding tasks.
-    let mut flooder = Proc::spawn_path(
+    let mut flooder = Pinning::spawn_flooder(
+        &pinning,
         &std::env::current_exe().unwrap(),
         &[
             "--isolation-flood".into(),
@@ -349,7 +373,9 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     // The storm is over; the stalled cluster's connections stay held at
     // its bound while the working cluster is used again.
     let t = Instant::now();
+    let spinning = spin(&pinning, quiet_window).await;
     let held = use_working_cluster(sni, || t.elapsed() < quiet_window).await;
+    drop(spinning);
     sampling.store(false, Ordering::Relaxed);
     let (max_pending, max_open, max_buffered) = sampler.await.unwrap();
     let held_rss = status_kib(pid, "VmRSS");
@@ -369,6 +395,18 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         e("envoy_cluster_upstream_cx_overflow") + e("envoy_cluster_upstream_rq_pending_overflow");
 
     let p = |u: &Use, q| percentile(&u.times, q);
+    report.figure(
+        section,
+        "CPUs".into(),
+        match &pinning {
+            Some(p) => format!(
+                "flooding process on CPU {} (quiet and held: a process spinning there, connecting nowhere); nodeport-proxy, the destinations and the timed client on CPU {}",
+                p.flooders, p.ours
+            ),
+            None => "not pinned (SOAK_FLOODS_UNPINNED, or taskset or a second CPU missing): every process shares the CPUs".into(),
+        },
+        String::new(),
+    );
     report.figure(
         section,
         format!(

@@ -28,6 +28,7 @@
 mod floods;
 mod isolation;
 mod nodeport;
+mod pinning;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
