@@ -140,7 +140,17 @@ pub async fn blackhole() -> Blackhole {
 /// proxy at once. Dropping it resets every connection it holds.
 pub struct Stalled {
     pub addr: SocketAddr,
+    held: std::sync::Arc<std::sync::Mutex<Vec<tokio::net::TcpStream>>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Stalled {
+    /// Closes every connection held so far (the proxy sees each end);
+    /// new ones are still accepted and held.
+    pub fn release(&self) {
+        let gone = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
+        drop(gone);
+    }
 }
 
 impl Drop for Stalled {
@@ -158,16 +168,18 @@ pub async fn stalled() -> Stalled {
     s.set_nonblocking(true).unwrap();
     let l = tokio::net::TcpListener::from_std(s.into()).unwrap();
     let addr = l.local_addr().unwrap();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = held.clone();
     let task = tokio::spawn(async move {
-        let mut held = Vec::new();
         while let Ok((c, _)) = l.accept().await {
+            let mut held = kept.lock().unwrap_or_else(|e| e.into_inner());
             // Bounded by the proxy's own bound on this cluster.
             if held.len() < 10_000 {
                 held.push(c);
             }
         }
     });
-    Stalled { addr, task }
+    Stalled { addr, held, task }
 }
 
 /// Writes `data`, reads the same number of bytes back, returns them.
