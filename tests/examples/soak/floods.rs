@@ -26,6 +26,7 @@ use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
 use tokio::io::AsyncWriteExt;
 
+use super::cpu_seconds;
 use super::pinning::Pinning;
 use super::{Report, Scale, agent, mib, server};
 
@@ -239,17 +240,6 @@ fn describe(p: &Option<Pinning>) -> String {
         ),
         None => "not pinned (SOAK_FLOODS_UNPINNED, or taskset or a second CPU missing): every process shares the CPUs; quiet: the flooders' process spinning, connecting nowhere".into(),
     }
-}
-
-/// CPU seconds a process has used so far (user + system).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces), from field 3.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15; USER_HZ is 100 on Linux.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Share of one CPU `pid` used while `f` ran.

@@ -21,7 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::pinning::Pinning;
-use super::{PeakWatch, Report, Scale, lowest, mib, spawn};
+use super::{PeakWatch, Report, Scale, cpu_seconds, lowest, mib, spawn};
 
 const HOLE: &str = "hole.seed.example.com";
 const STALL: &str = "stall.seed.example.com";
@@ -359,12 +359,15 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     // quiet/storm pairs, and the figure is the median pair's ratio.
     let pairs = if scale.quick { 1 } else { STORM_PAIRS };
     let (mut quiets, mut storms, mut flood_times) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut quiet_cpu, mut storm_cpu) = (Vec::new(), Vec::new());
     let mut flooder = None;
     let mut m = String::new();
     for pair in 0..pairs {
         let t = Instant::now();
         let spinning = spin(&pinning, quiet_window).await;
+        let cpu = cpu_seconds(pid);
         quiets.push(use_working_cluster(sni, || t.elapsed() < quiet_window).await);
+        quiet_cpu.push((cpu_seconds(pid) - cpu) / t.elapsed().as_secs_f64());
         drop(spinning);
         // The floods come from a process of their own, so that the timed
         // client does not share a runtime with 20,000 flooding tasks.
@@ -393,7 +396,9 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         };
         // Timed for as long as the flood is being made (at least 1 s): the
         // 8 s of a quiet window would mostly time what follows the storm.
+        let cpu = cpu_seconds(pid);
         storms.push(use_working_cluster(sni, || flooding.load(Ordering::Relaxed)).await);
+        storm_cpu.push((cpu_seconds(pid) - cpu) / t.elapsed().as_secs_f64());
         let (storm, made_in) = waiter.await.unwrap();
         flood_times.push(made_in);
         // The blackholed cluster's last pending connects end at the 1 s
@@ -551,6 +556,17 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         flood_times
             .iter()
             .map(|t| format!("{:.1} s", t.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        String::new(),
+    );
+    report.figure(
+        section,
+        "nodeport-proxy: share of one CPU used, each pair's quiet window → its storm".into(),
+        quiet_cpu
+            .iter()
+            .zip(&storm_cpu)
+            .map(|(q, f)| format!("{:.0} → {:.0} %", q * 100.0, f * 100.0))
             .collect::<Vec<_>>()
             .join(", "),
         String::new(),
