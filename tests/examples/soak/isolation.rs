@@ -159,6 +159,16 @@ impl Use {
     }
 }
 
+/// Waits (30 s at most) until `cluster`'s gauge `name` is 0: a gauge
+/// gives no other signal to wait on.
+async fn drained(stats: SocketAddr, name: &str, cluster: &str) {
+    let what = format!("{cluster}'s {name} at 0");
+    integration_tests::eventually(&what, Duration::from_secs(30), || async move {
+        series(&http_get(stats, "/stats/prometheus").await.1, name, cluster) == 0.0
+    })
+    .await;
+}
+
 /// `1.06, 1.57, 1.45`.
 fn list(v: &[f64]) -> String {
     v.iter()
@@ -361,7 +371,6 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     let (mut quiets, mut storms, mut flood_times) = (Vec::new(), Vec::new(), Vec::new());
     let (mut quiet_cpu, mut storm_cpu) = (Vec::new(), Vec::new());
     let mut flooder = None;
-    let mut m = String::new();
     for pair in 0..pairs {
         let t = Instant::now();
         let spinning = spin(&pinning, quiet_window).await;
@@ -403,14 +412,12 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         flood_times.push(made_in);
         // The blackholed cluster's last pending connects end at the 1 s
         // connect timeout.
-        let end = Instant::now() + Duration::from_secs(30);
-        m = http_get(stats, "/stats/prometheus").await.1;
-        while Instant::now() < end
-            && series(&m, "envoy_cluster_upstream_rq_pending_active", HOLE_CLUSTER) > 0.0
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            m = http_get(stats, "/stats/prometheus").await.1;
-        }
+        drained(
+            stats,
+            "envoy_cluster_upstream_rq_pending_active",
+            HOLE_CLUSTER,
+        )
+        .await;
         if pair + 1 < pairs {
             // Before the next quiet window: the flood's held connections
             // closed, the stalled cluster empty again. The proxy keeps a
@@ -419,17 +426,12 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
             // go of its own too.
             drop(storm);
             stall.release();
-            let end = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < end
-                && series(&m, "envoy_cluster_upstream_cx_active", STALL_CLUSTER) > 0.0
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                m = http_get(stats, "/stats/prometheus").await.1;
-            }
+            drained(stats, "envoy_cluster_upstream_cx_active", STALL_CLUSTER).await;
         } else {
             flooder = Some(storm);
         }
     }
+    let m = http_get(stats, "/stats/prometheus").await.1;
     let ratio = |f: &dyn Fn(&Use) -> f64, (q, s): (&Use, &Use)| f(s) / f(q).max(1e-9);
     let p99 = |u: &Use| percentile(&u.times, 0.99).as_secs_f64();
     let p99_ratios: Vec<f64> = quiets
