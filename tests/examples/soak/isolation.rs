@@ -370,13 +370,17 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     let pairs = if scale.quick { 1 } else { STORM_PAIRS };
     let (mut quiets, mut storms, mut flood_times) = (Vec::new(), Vec::new(), Vec::new());
     let (mut quiet_cpu, mut storm_cpu) = (Vec::new(), Vec::new());
+    let (mut quiet_busy, mut storm_busy) = (Vec::new(), Vec::new());
+    let ticks = || pinning.as_ref().map(Pinning::ours_ticks);
+    let busy = |from: Option<super::pinning::CpuTicks>| Some(ticks()?.busy_since(from?));
     let mut flooder = None;
     for pair in 0..pairs {
         let t = Instant::now();
         let spinning = spin(&pinning, quiet_window).await;
-        let cpu = cpu_seconds(pid);
+        let (cpu, shared) = (cpu_seconds(pid), ticks());
         quiets.push(use_working_cluster(sni, || t.elapsed() < quiet_window).await);
         quiet_cpu.push((cpu_seconds(pid) - cpu) / t.elapsed().as_secs_f64());
+        quiet_busy.push(busy(shared));
         drop(spinning);
         // The floods come from a process of their own, so that the timed
         // client does not share a runtime with 20,000 flooding tasks.
@@ -405,9 +409,10 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         };
         // Timed for as long as the flood is being made (at least 1 s): the
         // 8 s of a quiet window would mostly time what follows the storm.
-        let cpu = cpu_seconds(pid);
+        let (cpu, shared) = (cpu_seconds(pid), ticks());
         storms.push(use_working_cluster(sni, || flooding.load(Ordering::Relaxed)).await);
         storm_cpu.push((cpu_seconds(pid) - cpu) / t.elapsed().as_secs_f64());
+        storm_busy.push(busy(shared));
         let (storm, made_in) = waiter.await.unwrap();
         flood_times.push(made_in);
         // The blackholed cluster's last pending connects end at the 1 s
@@ -573,6 +578,23 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
             .join(", "),
         String::new(),
     );
+    if pinning.is_some() {
+        // The timed client runs flat out, so this CPU is as busy when quiet
+        // as during a storm: what the storm costs the proxy comes out of
+        // the working cluster's share of it.
+        let pct = |b: &Option<f64>| b.map_or("?".to_string(), |b| format!("{:.0}", b * 100.0));
+        report.figure(
+            section,
+            "the shared CPU (nodeport-proxy, destinations, timed client): busy, each pair's quiet window → its storm".into(),
+            quiet_busy
+                .iter()
+                .zip(&storm_busy)
+                .map(|(q, f)| format!("{} → {} %", pct(q), pct(f)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            String::new(),
+        );
+    }
     report.limit(
         section,
         "blackholed cluster: most connects pending at once (sampled every 100 ms)".into(),
