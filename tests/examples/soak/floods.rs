@@ -1,7 +1,8 @@
 //! The soak's `floods` section (issue 33): authenticated agents that flood
-//! the agent port with HTTP/2 SETTINGS, WINDOW_UPDATE and PING frames (and
-//! clients that flood the gRPC frontend with PINGs) while legitimate
-//! tunnels are timed (their p99 beside the quiet figure), and an agent that
+//! the agent port with HTTP/2 SETTINGS, WINDOW_UPDATE and PING frames
+//! (clients that flood the gRPC frontend with PINGs, and nodeport-proxy's
+//! tunneling listener with all three) while legitimate tunnels are timed
+//! (their p99 beside the quiet figure), and an agent that
 //! does not announce flow control and sends 4 MiB packets to tunnels whose
 //! frontends stopped reading (the server's peak memory beside its budget).
 //!
@@ -20,11 +21,16 @@ use bytes::Bytes;
 use integration_tests::certs::Pki;
 use integration_tests::client::{Frontend, grpc_dial, start_dial};
 use integration_tests::h2raw::{self, frame};
+use integration_tests::http_get;
+use integration_tests::k8s::free_port;
+use integration_tests::konnectivity::metric;
 use integration_tests::konnectivity::raw_agent;
+use integration_tests::nodeport::{inventory, service, slices};
+use integration_tests::procs::Proc;
 use integration_tests::procs::{loopback, status_kib};
 use konnectivity_proto::packet::Payload;
 use konnectivity_proto::{Packet, PacketExt};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::cpu_seconds;
 use super::pinning::Pinning;
@@ -40,25 +46,68 @@ pub async fn run(report: &mut Report, scale: Scale) {
     }
 }
 
+/// The legitimate client timed beside a flood.
+enum Legit {
+    /// A dial through proxy-server's gRPC frontend and a proxy-agent.
+    Konnectivity { fe: Frontend, echo: String },
+    /// A CONNECT stream on one HTTP/2 connection to nodeport-proxy's
+    /// tunneling listener, as tunnel-agent opens them.
+    Tunneling {
+        h2: h2::client::SendRequest<Bytes>,
+        authority: String,
+    },
+}
+
 /// One legitimate tunnel: dial, 1 KiB there and back, close.
-async fn tunnel(fe: &Frontend, echo: &str) -> Option<Duration> {
+async fn tunnel(legit: &Legit) -> Option<Duration> {
     let started = Instant::now();
-    let mut t = grpc_dial(fe, echo).await.ok()?;
     let data = [5u8; 1024];
-    t.write(&data).await;
-    let back = tokio::time::timeout(Duration::from_secs(30), t.read_exact(data.len())).await;
-    back.ok().filter(|b| b[..] == data)?;
-    let took = started.elapsed();
-    t.finish().await;
-    Some(took)
+    match legit {
+        Legit::Konnectivity { fe, echo } => {
+            let mut t = grpc_dial(fe, echo).await.ok()?;
+            t.write(&data).await;
+            let back =
+                tokio::time::timeout(Duration::from_secs(30), t.read_exact(data.len())).await;
+            back.ok().filter(|b| b[..] == data)?;
+            let took = started.elapsed();
+            t.finish().await;
+            Some(took)
+        }
+        Legit::Tunneling { h2, authority } => {
+            let one = async {
+                let mut send = h2.clone().ready().await.ok()?;
+                let req = http::Request::builder()
+                    .method(http::Method::CONNECT)
+                    .uri(authority.as_str())
+                    .body(())
+                    .ok()?;
+                let (resp, stream) = send.send_request(req, false).ok()?;
+                let resp = resp.await.ok()?;
+                if resp.status() != http::StatusCode::OK {
+                    return None;
+                }
+                let mut io = link::h2io::H2Io::new(stream, resp.into_body());
+                io.write_all(&data).await.ok()?;
+                let mut back = [0u8; 1024];
+                io.read_exact(&mut back).await.ok()?;
+                (back == data).then_some(())?;
+                let took = started.elapsed();
+                let _ = io.shutdown().await;
+                Some(took)
+            };
+            tokio::time::timeout(Duration::from_secs(30), one)
+                .await
+                .ok()?
+        }
+    }
 }
 
 /// Tunnels one after another for `d`: their times, and how many failed.
-async fn timed(fe: &Frontend, echo: &str, d: Duration) -> (Vec<Duration>, usize) {
+async fn timed(legit: &Legit, d: Duration) -> (Vec<Duration>, usize) {
     let until = Instant::now() + d;
     let (mut times, mut failed) = (Vec::new(), 0);
     while Instant::now() < until {
-        match tunnel(fe, echo).await {
+        match tunnel(legit).await {
             Some(t) => times.push(t),
             None => failed += 1,
         }
@@ -80,13 +129,14 @@ fn ms(d: Duration) -> String {
 }
 
 /// Where a flooder connects: an agent port over TLS with a client
-/// certificate, or a Unix socket.
+/// certificate, a Unix socket, or a plain TCP port.
 enum Target {
     Tls {
         addr: std::net::SocketAddr,
         tls: Arc<rustls::ClientConfig>,
     },
     Unix(std::path::PathBuf),
+    Tcp(std::net::SocketAddr),
 }
 
 impl Target {
@@ -102,6 +152,7 @@ impl Target {
                 Some(Box::new(s))
             }
             Target::Unix(path) => Some(Box::new(tokio::net::UnixStream::connect(path).await.ok()?)),
+            Target::Tcp(addr) => Some(Box::new(tokio::net::TcpStream::connect(addr).await.ok()?)),
         }
     }
 }
@@ -152,7 +203,7 @@ async fn flooder(target: Arc<Target>, one: Vec<u8>, until: Instant, tally: Arc<T
 }
 
 /// The flooders' own process (`soak --flood KIND SECONDS TARGET [CA CERT
-/// KEY]`, TARGET `tls:ADDR` or `unix:PATH`): the parent pins it to a CPU of
+/// KEY]`, TARGET `tls:ADDR`, `unix:PATH` or `tcp:ADDR`): the parent pins it to a CPU of
 /// its own, so what the flood costs the attacker is not charged to the
 /// server. Says `flooding` once its first connection is up and the tally
 /// when it is done.
@@ -183,6 +234,8 @@ pub async fn flooder_process(args: &[String]) {
     };
     let target = if let Some(path) = args[2].strip_prefix("unix:") {
         Target::Unix(path.into())
+    } else if let Some(addr) = args[2].strip_prefix("tcp:") {
+        Target::Tcp(addr.parse().unwrap())
     } else {
         let addr = args[2].strip_prefix("tls:").unwrap().parse().unwrap();
         let tls = daemon::tls::client_config(
@@ -225,6 +278,70 @@ pub async fn flooder_process(args: &[String]) {
     );
 }
 
+/// What the tunneling listener's legitimate tunnels ask for.
+const TUNNELED: &str = "echo.cluster-a.svc.cluster.local:7000";
+
+/// A nodeport-proxy (the build's, as proxy-server is) whose tunneling
+/// listener routes [`TUNNELED`] to `echo`, once it serves that route; and
+/// the listener's address.
+async fn nodeport_proxy(
+    dir: &std::path::Path,
+    echo: std::net::SocketAddr,
+) -> (Proc, std::net::SocketAddr) {
+    let table = inventory(
+        vec![service(
+            "cluster-a",
+            "echo",
+            "Tunneling",
+            "ClusterIP",
+            &[("raw", 7000, 0)],
+        )],
+        vec![slices("cluster-a", "echo", "raw", &[(echo, true)])],
+    );
+    let file = dir.join("nodeport-table.json");
+    std::fs::write(&file, table.to_string()).unwrap();
+    let (tunneling, stats, sni) = (free_port(), free_port(), free_port());
+    let p = Proc::spawn(
+        "nodeport-proxy",
+        &[
+            format!("-config={}", file.display()),
+            "-bind-address=127.0.0.1".into(),
+            format!("-envoy-tunneling-port={tunneling}"),
+            format!("-envoy-sni-port={sni}"),
+            format!("-envoy-stats-port={stats}"),
+            "-envoy-admin-port=0".into(),
+        ],
+    );
+    let stats = std::net::SocketAddr::from(([127, 0, 0, 1], stats));
+    integration_tests::eventually(
+        "nodeport-proxy serving its tunneling route",
+        Duration::from_secs(60),
+        || async move {
+            tokio::net::TcpStream::connect(stats).await.is_ok()
+                && metric(
+                    &http_get(stats, "/stats/prometheus").await.1,
+                    "nodeport_proxy_routes{kind=\"tunnel\"}",
+                ) == 1.0
+        },
+    )
+    .await;
+    (p, std::net::SocketAddr::from(([127, 0, 0, 1], tunneling)))
+}
+
+/// One HTTP/2 connection to the tunneling listener with Nagle's algorithm
+/// off, as tunnel-agent's: with it on, a CONNECT written behind an
+/// unacknowledged WINDOW_UPDATE waits for the proxy's delayed ACK, and 1 %
+/// of the tunnels took 44 ms, flooded or not.
+async fn tunnel_agent_like(addr: std::net::SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+    io.set_nodelay(true).unwrap();
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
 /// Flooding clients at once.
 const FLOODERS: usize = 4;
 
@@ -235,7 +352,7 @@ const FLOOD_PAIRS: usize = 3;
 fn describe(p: &Option<Pinning>) -> String {
     match p {
         Some(p) => format!(
-            "flooders' process on CPU {} (quiet: the same process spinning there, connecting nowhere); proxy-server, proxy-agent and the timed clients on CPU {}",
+            "flooders' process on CPU {} (quiet: the same process spinning there, connecting nowhere); proxy-server, proxy-agent, nodeport-proxy and the timed clients on CPU {}",
             p.flooders, p.ours
         ),
         None => "not pinned (SOAK_FLOODS_UNPINNED, or taskset or a second CPU missing): every process shares the CPUs; quiet: the flooders' process spinning, connecting nowhere".into(),
@@ -255,8 +372,7 @@ async fn flooded(
     pinning: &Option<Pinning>,
     kind: &str,
     target: &[String],
-    fe: &Frontend,
-    echo: &str,
+    legit: &Legit,
     d: Duration,
 ) -> ((Vec<Duration>, usize), String) {
     let exe = std::env::current_exe().unwrap();
@@ -269,7 +385,7 @@ async fn flooded(
     args.extend(target.iter().cloned());
     let mut p = Pinning::spawn_flooder(pinning, &exe, &args);
     p.wait_line("flooding").await;
-    let times = timed(fe, echo, d).await;
+    let times = timed(legit, d).await;
     let tally = p.wait_line_within("tally", Duration::from_secs(30)).await;
     (times, tally)
 }
@@ -288,8 +404,17 @@ async fn control_frames(report: &mut Report, scale: Scale) {
     let _agt = agent(&pki, &addrs["agent"], &[]).await;
     let pid = srv.child.id().unwrap();
     let socket = dir.path().join("s.sock");
-    let fe = Frontend::Uds(socket.clone());
-    let echo = integration_tests::dest::echo().await.to_string();
+    let echo = integration_tests::dest::echo().await;
+    let konnectivity = Legit::Konnectivity {
+        fe: Frontend::Uds(socket.clone()),
+        echo: echo.to_string(),
+    };
+    let (nodeport, tunneling) = nodeport_proxy(dir.path(), echo).await;
+    let np_pid = nodeport.child.id().unwrap();
+    let tunnels = Legit::Tunneling {
+        h2: tunnel_agent_like(tunneling).await,
+        authority: TUNNELED.into(),
+    };
     let agent_addr = loopback(&addrs["agent"]);
     let window = if scale.quick {
         Duration::from_millis(1500)
@@ -304,6 +429,7 @@ async fn control_frames(report: &mut Report, scale: Scale) {
         identity.key.display().to_string(),
     ];
     let frontend = vec![format!("unix:{}", socket.display())];
+    let tunneling_port = vec![format!("tcp:{tunneling}")];
     report.figure(
         SECTION,
         "control-frame floods: CPUs".into(),
@@ -311,25 +437,32 @@ async fn control_frames(report: &mut Report, scale: Scale) {
         String::new(),
     );
     // Warm up (first handshakes, allocator).
-    let _ = timed(&fe, &echo, Duration::from_millis(500)).await;
+    let _ = timed(&konnectivity, Duration::from_millis(500)).await;
+    let _ = timed(&tunnels, Duration::from_millis(500)).await;
     let mut failed_total = 0;
     // One p99 from a 6 s window moves by ±0.5 × between runs on this VM,
     // as much as what it measures: each flood is timed in interleaved
     // quiet/flooded pairs, and the figure is the median pair's ratio.
     let pairs = if scale.quick { 1 } else { FLOOD_PAIRS };
-    for (place, kind, target) in [
-        ("agent port", "SETTINGS", &agent_port),
-        ("agent port", "WINDOW_UPDATE", &agent_port),
-        ("agent port", "PING", &agent_port),
-        ("gRPC frontend (Unix socket)", "PING", &frontend),
+    let (server, k) = (("proxy-server", pid), &konnectivity);
+    let np = ("nodeport-proxy", np_pid);
+    let tunneling = "nodeport-proxy tunneling listener (h2c)";
+    for (place, kind, target, legit, (who, pid)) in [
+        ("agent port", "SETTINGS", &agent_port, k, server),
+        ("agent port", "WINDOW_UPDATE", &agent_port, k, server),
+        ("agent port", "PING", &agent_port, k, server),
+        ("gRPC frontend (Unix socket)", "PING", &frontend, k, server),
+        (tunneling, "SETTINGS", &tunneling_port, &tunnels, np),
+        (tunneling, "WINDOW_UPDATE", &tunneling_port, &tunnels, np),
+        (tunneling, "PING", &tunneling_port, &tunnels, np),
     ] {
         let (mut quiet, mut flood, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut quiet_cpu, mut flood_cpu, mut tallies) = (0.0, 0.0, Vec::new());
         for _ in 0..pairs {
             let (((q, quiet_failed), _), q_cpu) =
-                with_cpu(pid, flooded(&pinning, "none", &[], &fe, &echo, window)).await;
+                with_cpu(pid, flooded(&pinning, "none", &[], legit, window)).await;
             let (((f, failed), tally), f_cpu) =
-                with_cpu(pid, flooded(&pinning, kind, target, &fe, &echo, window)).await;
+                with_cpu(pid, flooded(&pinning, kind, target, legit, window)).await;
             failed_total += quiet_failed + failed;
             ratios.push(
                 percentile(&f, 0.99).as_secs_f64() / percentile(&q, 0.99).as_secs_f64().max(1e-9),
@@ -348,9 +481,13 @@ async fn control_frames(report: &mut Report, scale: Scale) {
         } else {
             "4 connections"
         };
+        let what = match legit {
+            Legit::Konnectivity { .. } => "dial + 1 KiB echo",
+            Legit::Tunneling { .. } => "CONNECT stream + 1 KiB echo",
+        };
         report.figure(
             SECTION,
-            format!("{place}, {kind} flood from {how}: legitimate tunnels (dial + 1 KiB echo), p50 / p99 quiet → flooded (all {pairs} pairs' tunnels)"),
+            format!("{place}, {kind} flood from {how}: legitimate tunnels ({what}), p50 / p99 quiet → flooded (all {pairs} pairs' tunnels)"),
             format!(
                 "{} / {} ({}) → {} / {} ({})",
                 ms(percentile(&quiet, 0.5)),
@@ -386,7 +523,7 @@ async fn control_frames(report: &mut Report, scale: Scale) {
         };
         report.figure(
             SECTION,
-            format!("{place}, {kind} flood: CPU of one core, proxy-server quiet → flooded; the flooders' process"),
+            format!("{place}, {kind} flood: CPU of one core, {who} quiet → flooded; the flooders' process"),
             format!(
                 "{:.0} % → {:.0} %; {} %",
                 quiet_cpu * 100.0,
@@ -475,7 +612,7 @@ async fn legacy_agent(report: &mut Report) {
             }
         }
     }
-    let served = tunnel(&fe, &echo).await.is_some();
+    let served = tunnel(&Legit::Konnectivity { fe, echo }).await.is_some();
     let peak = status_kib(pid, "VmHWM");
     let grown = peak.saturating_sub(before);
     report.limit(
