@@ -16,6 +16,7 @@ pub mod egress_proxy;
 pub mod endpoints;
 pub mod envoy_stats;
 pub mod file_watch;
+pub mod flood_penalty;
 pub mod forward;
 pub mod hangup;
 pub mod keepalive;

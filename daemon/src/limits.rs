@@ -28,3 +28,12 @@ pub const MAX_PEM_FILE: u64 = 1 << 20;
 pub const MAX_PROXY_RESPONSE_HEAD: usize = 8 << 10;
 /// Longest `NO_PROXY` value read; a longer one is ignored (the proxy used).
 pub const MAX_NO_PROXY: usize = 64 << 10;
+
+/// Addresses a listener's flood penalty remembers at once
+/// (`crate::flood_penalty`); past it, the one whose penalty ends first is
+/// forgotten.
+pub const MAX_FLAGGED_SOURCES: usize = 4096;
+/// Longest a new connection from an address that flooded waits for its
+/// turn (`crate::flood_penalty`); one that would wait longer is closed. With
+/// the penalty's rate this bounds how many of an address's connections wait.
+pub const MAX_FLOOD_PENALTY_WAIT: Duration = Duration::from_secs(10);

@@ -237,6 +237,8 @@ pub struct FloodGuard<IO> {
     /// The GOAWAY could not go out at a frame boundary: the connection is
     /// just closed.
     abrupt: bool,
+    /// Told once when the budget is spent (e.g. to slow the client's address).
+    on_flood: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl<IO> FloodGuard<IO> {
@@ -261,7 +263,14 @@ impl<IO> FloodGuard<IO> {
             last_stream: 0,
             goaway: None,
             abrupt: false,
+            on_flood: None,
         }
+    }
+
+    /// Runs `f` when the connection is cut for a flood.
+    pub fn on_flood(mut self, f: impl FnOnce() + Send + Sync + 'static) -> Self {
+        self.on_flood = Some(Box::new(f));
+        self
     }
 
     pub fn get_ref(&self) -> &IO {
@@ -318,6 +327,9 @@ impl<IO> FloodGuard<IO> {
             return;
         }
         note_flood();
+        if let Some(f) = self.on_flood.take() {
+            f();
+        }
         let at_boundary = self.outbound.have == 0
             && self.outbound.payload == 0
             && self.outbound.padded_data.is_none();
@@ -562,6 +574,46 @@ mod tests {
                 "{name}: ENHANCE_YOUR_CALM"
             );
         }
+    }
+
+    /// The flood hook runs once, when the budget is spent, not before.
+    #[tokio::test]
+    async fn the_flood_hook_runs_once_when_the_budget_is_spent() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let c = calls.clone();
+        let mut guard = FloodGuard::with_limits(server, limits(10.0)).on_flood(move || {
+            c.fetch_add(1, Ordering::Relaxed);
+        });
+        let ping = frame(PING, 0, 0, &[0; 8]);
+        let mut input = PREFACE.to_vec();
+        for _ in 0..10 {
+            input.extend_from_slice(&ping);
+        }
+        client
+            .write_all(&input)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut buf = vec![0u8; input.len()];
+        guard
+            .read_exact(&mut buf)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(calls.load(Ordering::Relaxed), 0, "within the burst");
+        client
+            .write_all(&ping)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..3 {
+            assert!(guard.read(&mut buf).await.is_err());
+        }
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            1,
+            "once, however often it is read"
+        );
     }
 
     #[tokio::test]

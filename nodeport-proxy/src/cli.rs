@@ -131,6 +131,8 @@ go_compat::typed_flags! {
         max_pending_connects_per_cluster: i64,
         #[flag("max-buffered-bytes-per-cluster", defaults().cluster_limits.max_buffered as i64, "bytes one cluster's connections may hold in this proxy's buffers (read from one side, not yet written to the other); past it the cluster admits no new connection until it drains (reason upstream_buffer_overflow; 0: no limit)")]
         max_buffered_bytes_per_cluster: i64,
+        #[flag("tunneling-flood-penalty", defaults().tunneling_flood_penalty, "after a tunneling connection is closed for an HTTP/2 control-frame flood (GOAWAY ENHANCE_YOUR_CALM), new connections from its client address (IPv6: its /64) start at most 10 a second for this long after its last flood; the rest wait (up to 10 s) or are closed (reason flood_penalty); behind -accept-proxy-protocol, the address the PROXY header names (0: off)")]
+        tunneling_flood_penalty: Duration,
         #[flag("worker-threads", 0, "runtime worker threads (0: one per core)")]
         worker_threads: i64,
         #[embed(with_kkp_logging())]
@@ -325,6 +327,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         },
         tunnel_windows: tunnel_windows(&f, &p)?,
         tunnel_memory_budget: at_least(&f.tunneling_memory_budget, 1 << 20)?,
+        tunneling_flood_penalty: f.tunneling_flood_penalty,
         cluster_limits: crate::relay::admission::ClusterLimits {
             max_connections: not_negative(
                 f.max_connections_per_cluster,
@@ -483,6 +486,14 @@ mod tests {
             .err()
             .unwrap_or_default();
         assert!(e.contains("-max-pending-connects-per-cluster"), "{e}");
+    }
+
+    #[test]
+    fn the_flood_penalty_defaults_to_30s_and_zero_turns_it_off() {
+        let cli = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.config.tunneling_flood_penalty, Duration::from_secs(30));
+        let off = parse(&["-tunneling-flood-penalty=0s"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(off.config.tunneling_flood_penalty, Duration::ZERO);
     }
 
     #[test]

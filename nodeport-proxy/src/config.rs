@@ -156,6 +156,11 @@ pub struct ProxyConfig {
     pub tunnel_memory_budget: i64,
     /// Per-cluster circuit breakers (`-max-*-per-cluster`).
     pub cluster_limits: crate::relay::admission::ClusterLimits,
+    /// `-tunneling-flood-penalty`: after a tunneling connection is sent away
+    /// for a control-frame flood, its client address's new connections start
+    /// at most `limits::FLOOD_PENALTY_RATE` a second for this long; zero:
+    /// off.
+    pub tunneling_flood_penalty: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -193,6 +198,7 @@ impl Default for ProxyConfig {
             },
             tunnel_memory_budget: crate::limits::DEFAULT_MEMORY_BUDGET,
             cluster_limits: crate::relay::admission::ClusterLimits::default(),
+            tunneling_flood_penalty: crate::limits::DEFAULT_FLOOD_PENALTY,
         }
     }
 }

@@ -135,3 +135,14 @@ pub const DEFAULT_MAX_PENDING_CONNECTS_PER_CLUSTER: usize = 1024;
 /// a cluster that stops reading costs at most this plus one buffer per
 /// direction of the connections it admitted before.
 pub const DEFAULT_MAX_BUFFERED_BYTES_PER_CLUSTER: usize = 16 << 20;
+
+/// `-tunneling-flood-penalty`'s default: how long a client address that
+/// flooded a tunneling connection (GOAWAY `ENHANCE_YOUR_CALM`) stays slowed
+/// after its last flood (`daemon::flood_penalty`).
+pub const DEFAULT_FLOOD_PENALTY: Duration = Duration::from_secs(30);
+/// New tunneling connections a second such an address may start meanwhile.
+/// Each admitted flooder spends at most one control-frame burst (about
+/// 150 µs of CPU), so 10 a second costs the proxy well under 1 % of a core;
+/// a tunnel-agent behind the same address keeps its open connection and
+/// may still open 10 new ones a second.
+pub const FLOOD_PENALTY_RATE: f64 = 10.0;

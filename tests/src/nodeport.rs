@@ -330,7 +330,26 @@ pub async fn try_connect_h1(
 
 /// An HTTP/2 (h2c) client connection to the tunneling port.
 pub async fn h2_client(proxy: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
-    let io = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    h2_client_over(tokio::net::TcpStream::connect(proxy).await.unwrap()).await
+}
+
+/// A TCP connection to `to` from the loopback address `from` (any of
+/// 127.0.0.0/8), for a test that needs a second client address.
+pub async fn connect_from(from: std::net::IpAddr, to: SocketAddr) -> tokio::net::TcpStream {
+    let socket = match from {
+        std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// An HTTP/2 client on `io` with Nagle's algorithm off, as tunnel-agent
+/// opens its seed connections: with it on, a CONNECT's small frames may
+/// wait 40 ms for a delayed ACK.
+pub async fn h2_client_over(io: tokio::net::TcpStream) -> h2::client::SendRequest<bytes::Bytes> {
+    io.set_nodelay(true).unwrap();
     let (send, conn) = h2::client::handshake(io).await.unwrap();
     tokio::spawn(async move {
         let _ = conn.await;

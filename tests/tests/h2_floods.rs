@@ -13,9 +13,11 @@ use std::time::Duration;
 use integration_tests::client::grpc_dial;
 use integration_tests::dest;
 use integration_tests::h2raw::{self, frame, hpack_literal};
+use integration_tests::k8s::metric_sum;
 use integration_tests::konnectivity::{ServerOpts, Stack};
 use integration_tests::nodeport::{
-    connect_h2, h2_client, inventory, service, slices, start_proxy, test_config,
+    Proxy, connect_from, connect_h2, h2_client, h2_client_over, inventory, service, slices,
+    start_proxy, test_config,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -163,9 +165,11 @@ async fn control_frame_floods_end_in_enhance_your_calm_on_the_konnectivity_liste
     assert_eq!(after.read_exact(3).await, b"new");
 }
 
-#[tokio::test]
-async fn control_frame_floods_end_in_enhance_your_calm_on_the_tunneling_listener() {
-    const ECHO: &str = "echo.cluster-a.svc.cluster.local:7000";
+const ECHO: &str = "echo.cluster-a.svc.cluster.local:7000";
+
+/// nodeport-proxy with `config`, routing the tunneling authority [`ECHO`]
+/// to a loopback echo.
+async fn tunneling_proxy(config: nodeport_proxy::ProxyConfig) -> Proxy {
     let echo = dest::echo().await;
     let inv = inventory(
         vec![service(
@@ -177,7 +181,12 @@ async fn control_frame_floods_end_in_enhance_your_calm_on_the_tunneling_listener
         )],
         vec![slices("cluster-a", "echo", "raw", &[(echo, true)])],
     );
-    let p = start_proxy(&inv, vec![], test_config()).await;
+    start_proxy(&inv, vec![], config).await
+}
+
+#[tokio::test]
+async fn control_frame_floods_end_in_enhance_your_calm_on_the_tunneling_listener() {
+    let p = tunneling_proxy(test_config()).await;
     let legit = h2_client(p.tunnel).await;
     let (code, stream) = connect_h2(&legit, ECHO).await;
     assert_eq!(code, 200);
@@ -185,19 +194,156 @@ async fn control_frame_floods_end_in_enhance_your_calm_on_the_tunneling_listener
     assert_eq!(dest::roundtrip(&mut before, b"before").await, b"before");
 
     let open = headers(1, &[(":method", "CONNECT"), (":authority", ECHO)]);
-    for (name, open, one) in floods(&open) {
+    let kinds = floods(&open);
+    for (name, open, one) in &kinds {
         let s = tokio::net::TcpStream::connect(p.tunnel).await.unwrap();
-        let code = flood(s, &open, &one).await;
+        let code = flood(s, open, one).await;
         assert_eq!(
             code, 0xb,
             "tunneling listener, {name}: GOAWAY ENHANCE_YOUR_CALM"
         );
     }
+    let m = p.proxy.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "nodeport_proxy_tunneling_floods_total", &[]),
+        kinds.len() as f64
+    );
 
     assert_eq!(dest::roundtrip(&mut before, b"after").await, b"after");
     let (code, stream) = connect_h2(&legit, ECHO).await;
     assert_eq!(code, 200);
     assert_eq!(dest::roundtrip(&mut stream.unwrap(), b"new").await, b"new");
+}
+
+/// Opens a connection from `from` and sends the HTTP/2 preface.
+async fn preface_from(from: std::net::IpAddr, to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let mut s = connect_from(from, to).await;
+    // One the penalty refuses may be closed before the preface is written.
+    let _ = h2raw::start(&mut s).await;
+    s
+}
+
+/// Whether the server answered the preface with its SETTINGS (took the
+/// connection on) or closed it.
+async fn answered_settings(s: &mut tokio::net::TcpStream) -> bool {
+    match tokio::time::timeout(Duration::from_secs(30), h2raw::read_frame(s)).await {
+        Ok(Ok((kind, ..))) => kind == h2raw::SETTINGS,
+        Ok(Err(_)) => false,
+        Err(_) => panic!("neither served nor closed within 30 s"),
+    }
+}
+
+/// `-tunneling-flood-penalty` (issue 33): once a connection from an address
+/// is sent away for a flood, that address's new connections start 10 a
+/// second with at most 10 s of queue, the rest closed at once; another
+/// address, and the connections already open, are not slowed.
+#[tokio::test]
+async fn a_flooding_address_waits_for_its_turn_and_nobody_else() {
+    let (flooder, other): (std::net::IpAddr, std::net::IpAddr) =
+        ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
+    let p = tunneling_proxy(test_config()).await;
+    let legit = h2_client_over(connect_from(flooder, p.tunnel).await).await;
+    let (code, stream) = connect_h2(&legit, ECHO).await;
+    assert_eq!(code, 200);
+    let mut before = stream.unwrap();
+
+    let open = headers(1, &[(":method", "CONNECT"), (":authority", ECHO)]);
+    let ping = h2raw::frame(PING, 0, 0, &[0; 8]);
+    assert_eq!(
+        flood(connect_from(flooder, p.tunnel).await, &open, &ping).await,
+        0xb
+    );
+
+    // 10 s of queue at 10 a second is 101 connections: of 120 opened at
+    // once, the last are closed without a word.
+    let mut queued = Vec::new();
+    for _ in 0..120 {
+        queued.push(preface_from(flooder, p.tunnel).await);
+    }
+    let settled = || {
+        let m = p.proxy.metrics_text();
+        (
+            metric_sum(&m, "nodeport_proxy_flood_penalty_delayed_total", &[]),
+            metric_sum(
+                &m,
+                "nodeport_proxy_rejected_connections_total",
+                &["reason=\"flood_penalty\""],
+            ),
+        )
+    };
+    integration_tests::eventually(
+        "every queued connection admitted or refused",
+        Duration::from_secs(30),
+        || async {
+            let (delayed, refused) = settled();
+            delayed + refused >= 119.0
+        },
+    )
+    .await;
+    let (delayed, refused) = settled();
+    assert!(
+        refused >= 1.0 && delayed + refused == 119.0,
+        "one at once, {delayed} waiting, {refused} refused"
+    );
+    let last = queued.last_mut().unwrap();
+    assert!(!answered_settings(last).await, "the last one was closed");
+    // The first is served at once, the second 1/10 s later.
+    for s in queued.iter_mut().take(2) {
+        assert!(
+            answered_settings(s).await,
+            "a queued connection is served in its turn"
+        );
+    }
+
+    // Meanwhile the tunnel open before the flood, a new stream on the
+    // flooder's open connection and a new connection from another address
+    // go on at once.
+    assert_eq!(dest::roundtrip(&mut before, b"before").await, b"before");
+    let (code, stream) = connect_h2(&legit, ECHO).await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        dest::roundtrip(&mut stream.unwrap(), b"stream").await,
+        b"stream"
+    );
+    let elsewhere = h2_client_over(connect_from(other, p.tunnel).await).await;
+    let (code, stream) = connect_h2(&elsewhere, ECHO).await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        dest::roundtrip(&mut stream.unwrap(), b"other").await,
+        b"other"
+    );
+    assert_eq!(settled().0, delayed, "the other address did not wait");
+}
+
+/// `-tunneling-flood-penalty=0` turns it off: after a flood, the address's
+/// new connections are taken on as before.
+#[tokio::test]
+async fn without_the_flood_penalty_a_flooder_comes_back_at_once() {
+    let p = tunneling_proxy(nodeport_proxy::ProxyConfig {
+        tunneling_flood_penalty: Duration::ZERO,
+        ..test_config()
+    })
+    .await;
+    let open = headers(1, &[(":method", "CONNECT"), (":authority", ECHO)]);
+    let ping = h2raw::frame(PING, 0, 0, &[0; 8]);
+    let loopback: std::net::IpAddr = [127, 0, 0, 1].into();
+    assert_eq!(
+        flood(connect_from(loopback, p.tunnel).await, &open, &ping).await,
+        0xb
+    );
+    for _ in 0..20 {
+        let mut s = preface_from(loopback, p.tunnel).await;
+        assert!(answered_settings(&mut s).await);
+    }
+    let m = p.proxy.metrics_text();
+    assert_eq!(
+        metric_sum(&m, "nodeport_proxy_tunneling_floods_total", &[]),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(&m, "nodeport_proxy_flood_penalty_delayed_total", &[]),
+        0.0
+    );
 }
 
 /// `--agent-accept-rate` (issue 33): past its burst a new agent-port

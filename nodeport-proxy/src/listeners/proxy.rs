@@ -233,6 +233,14 @@ impl NodePortProxy {
                 shared: shared.clone(),
                 stats,
                 tunnels: Arc::new(Semaphore::new(shared.config.max_connections_per_listener)),
+                penalty: (!shared.config.tunneling_flood_penalty.is_zero()).then(|| {
+                    Arc::new(daemon::flood_penalty::FloodPenalty::new(
+                        daemon::flood_penalty::Penalty {
+                            period: shared.config.tunneling_flood_penalty,
+                            rate: crate::limits::FLOOD_PENALTY_RATE,
+                        },
+                    ))
+                }),
             });
             tokio::spawn(accept_loop(
                 l,
@@ -533,6 +541,7 @@ mod task_size {
             shared: shared.clone(),
             stats,
             tunnels: Arc::new(tokio::sync::Semaphore::new(1)),
+            penalty: None,
         });
         let tunnel = crate::listeners::tunnel::handle(
             TcpStream::connect(addr)

@@ -67,6 +67,23 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         }
     };
     conn.set_source(downstream.source);
+    if let Some(penalty) = &l.penalty {
+        let waited = penalty.admit(downstream.source.ip(), |wait| {
+            shared.metrics.flood_penalty_delayed.increment(1);
+            conn.set_state("flood penalty");
+            tracing::debug!(
+                ?wait,
+                "client address flooded recently: this connection waits for its turn"
+            );
+        });
+        if let Err(e) = waited.await {
+            l.stats.reject("flood_penalty");
+            conn.set_close(CloseReason::Overloaded, "flood_penalty");
+            tracing::debug!(error = %e, "tunneling connection closed");
+            return;
+        }
+        conn.set_state("handshake");
+    }
     // Written for a request only, as Envoy's HTTP connection manager does:
     // a connection that never sent one leaves no line.
     let mut access = Access::start(
@@ -116,8 +133,21 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         conn.set_state("http2");
         // h2 bounds reset and CONTINUATION floods itself; the guard bounds
         // the other control frames.
-        let io = link::h2flood::FloodGuard::server(PrefixedIo::new(buf.into(), client));
-        Box::pin(crate::listeners::tunnel_h2::serve(
+        // Sent away for a flood, by the guard or by h2: count it, and slow
+        // the client's address.
+        let flooded = {
+            let (floods, penalty) = (shared.metrics.tunneling_floods.clone(), l.penalty.clone());
+            let source = downstream.source.ip();
+            move || {
+                floods.increment(1);
+                if let Some(p) = &penalty {
+                    p.flag(source);
+                }
+            }
+        };
+        let io = link::h2flood::FloodGuard::server(PrefixedIo::new(buf.into(), client))
+            .on_flood(flooded.clone());
+        let calmed = Box::pin(crate::listeners::tunnel_h2::serve(
             io,
             l.clone(),
             deadline,
@@ -126,6 +156,9 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
             &conn,
         ))
         .await;
+        if calmed {
+            flooded();
+        }
     } else {
         let _h1 = Active::new(&http.downstream_cx_http1_active);
         access.protocol("HTTP/1.1");

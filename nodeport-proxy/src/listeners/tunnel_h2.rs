@@ -21,7 +21,9 @@ use crate::relay::session::{Active, Downstream};
 use crate::routing::names::ConnectAuthority;
 
 /// `deadline` bounded the client preface (read before this is called); it
-/// also bounds our side of the handshake.
+/// also bounds our side of the handshake. Returns whether h2 itself ended the
+/// connection for a flood (GOAWAY `ENHANCE_YOUR_CALM` for rapid resets or
+/// CONTINUATION frames; the other floods are the transport's guard's).
 pub async fn serve<T>(
     io: T,
     l: Arc<TunnelListener>,
@@ -29,7 +31,8 @@ pub async fn serve<T>(
     access: &Access,
     downstream: Downstream,
     record: &Tracked,
-) where
+) -> bool
+where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let shared = &l.shared;
@@ -54,16 +57,16 @@ pub async fn serve<T>(
             http.downstream_cx_protocol_error.increment(1);
             l.stats.reject("bad_request");
             tracing::debug!(error = %e, "client: HTTP/2 handshake failed");
-            return;
+            return false;
         }
         Err(_) => {
             http.downstream_rq_header_timeout.increment(1);
             l.stats.reject("request_header_timeout");
-            return;
+            return false;
         }
     };
     let Some(pings) = conn.ping_pong() else {
-        return;
+        return false;
     };
     // Windows that follow the link, bounded by the budgets; the seed side
     // sends no keepalive PINGs (KKP's Envoy sets none on this listener).
@@ -100,7 +103,9 @@ pub async fn serve<T>(
                         http.downstream_cx_protocol_error.increment(1);
                     }
                     tracing::debug!(error = %e, "client: HTTP/2 connection ended");
-                    break;
+                    return e.is_go_away()
+                        && e.is_library()
+                        && e.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
                 }
                 None => break,
             },
@@ -124,6 +129,7 @@ pub async fn serve<T>(
             _ = shared.drain.stopping() => break,
         }
     }
+    false
 }
 
 /// Resolves once the connection has had no open stream for `idle`.

@@ -85,6 +85,8 @@ pub struct TunnelListener {
     pub stats: ListenerStats,
     /// Open tunnels (HTTP/1.1 connections and HTTP/2 streams) on this listener.
     pub tunnels: Arc<Semaphore>,
+    /// Client addresses that flooded, slowed (`-tunneling-flood-penalty`).
+    pub penalty: Option<Arc<daemon::flood_penalty::FloodPenalty>>,
 }
 
 /// Everything between a valid CONNECT and the 200: the tunnel permit, the

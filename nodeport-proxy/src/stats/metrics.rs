@@ -42,6 +42,11 @@ pub struct Metrics {
     pub node_ports_unbound: Gauge,
     pub node_port_bind_failures: Counter,
     pub access_log_dropped: Counter,
+    /// Ours: tunneling connections sent away for a control-frame flood.
+    pub tunneling_floods: Counter,
+    /// Ours: new tunneling connections that waited because their address
+    /// flooded (`-tunneling-flood-penalty`).
+    pub flood_penalty_delayed: Counter,
     routes_node_port: Gauge,
     routes_sni: Gauge,
     routes_tunnel: Gauge,
@@ -189,6 +194,8 @@ impl Metrics {
             node_ports_unbound: r.gauge("nodeport_proxy_node_ports_unbound", &[]),
             node_port_bind_failures: r.counter("nodeport_proxy_node_port_bind_failures_total", &[]),
             access_log_dropped: r.counter("nodeport_proxy_access_log_dropped_total", &[]),
+            tunneling_floods: r.counter("nodeport_proxy_tunneling_floods_total", &[]),
+            flood_penalty_delayed: r.counter("nodeport_proxy_flood_penalty_delayed_total", &[]),
             routes_node_port: r.gauge("nodeport_proxy_routes", &[("kind", "nodeport")]),
             routes_sni: r.gauge("nodeport_proxy_routes", &[("kind", "sni")]),
             routes_tunnel: r.gauge("nodeport_proxy_routes", &[("kind", "tunnel")]),
@@ -237,7 +244,6 @@ impl Metrics {
             .increment(1);
     }
 
-    /// Drops the series of a cluster that left the table.
     /// A connection or tunnel closed (told by `/debug/connections`' close
     /// hook), by listener kind and reason.
     pub fn connection_closed(
@@ -253,6 +259,7 @@ impl Metrics {
             .increment(1);
     }
 
+    /// Drops the series of a cluster that left the table.
     pub fn remove_cluster(&self, name: &ClusterName) {
         self.clusters.remove(name);
     }
@@ -431,6 +438,14 @@ fn describe(r: &Registry) {
     r.describe_counter(
         "nodeport_proxy_access_log_dropped_total",
         "Access-log lines dropped because the writer fell behind (-access-log).",
+    );
+    r.describe_counter(
+        "nodeport_proxy_tunneling_floods_total",
+        "Tunneling connections closed with GOAWAY ENHANCE_YOUR_CALM for an HTTP/2 control-frame flood (each slows its client address's new connections for -tunneling-flood-penalty).",
+    );
+    r.describe_counter(
+        "nodeport_proxy_flood_penalty_delayed_total",
+        "New tunneling connections that waited for their turn because their client address flooded within -tunneling-flood-penalty.",
     );
     r.describe_gauge(
         "nodeport_proxy_routes",

@@ -328,20 +328,6 @@ async fn nodeport_proxy(
     (p, std::net::SocketAddr::from(([127, 0, 0, 1], tunneling)))
 }
 
-/// One HTTP/2 connection to the tunneling listener with Nagle's algorithm
-/// off, as tunnel-agent's: with it on, a CONNECT written behind an
-/// unacknowledged WINDOW_UPDATE waits for the proxy's delayed ACK, and 1 %
-/// of the tunnels took 44 ms, flooded or not.
-async fn tunnel_agent_like(addr: std::net::SocketAddr) -> h2::client::SendRequest<Bytes> {
-    let io = tokio::net::TcpStream::connect(addr).await.unwrap();
-    io.set_nodelay(true).unwrap();
-    let (send, conn) = h2::client::handshake(io).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    send
-}
-
 /// Flooding clients at once.
 const FLOODERS: usize = 4;
 
@@ -412,7 +398,7 @@ async fn control_frames(report: &mut Report, scale: Scale) {
     let (nodeport, tunneling) = nodeport_proxy(dir.path(), echo).await;
     let np_pid = nodeport.child.id().unwrap();
     let tunnels = Legit::Tunneling {
-        h2: tunnel_agent_like(tunneling).await,
+        h2: integration_tests::nodeport::h2_client(tunneling).await,
         authority: TUNNELED.into(),
     };
     let agent_addr = loopback(&addrs["agent"]);
