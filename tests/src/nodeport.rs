@@ -99,6 +99,24 @@ pub fn inventory(services: Vec<Value>, slices: Vec<Vec<Value>>) -> Value {
     json!({"services": services, "endpointSlices": slices.into_iter().flatten().collect::<Vec<_>>()})
 }
 
+/// The CONNECT authority of [`tunneling_echo`]'s Service.
+pub const TUNNELED_ECHO: &str = "echo.cluster-a.svc.cluster.local:7000";
+
+/// An inventory of one Service, `cluster-a/echo`, exposed for tunneling only
+/// on port 7000 and served by `echo`: a CONNECT to [`TUNNELED_ECHO`] reaches it.
+pub fn tunneling_echo(echo: SocketAddr) -> Value {
+    inventory(
+        vec![service(
+            "cluster-a",
+            "echo",
+            "Tunneling",
+            "ClusterIP",
+            &[("raw", 7000, 0)],
+        )],
+        vec![slices("cluster-a", "echo", "raw", &[(echo, true)])],
+    )
+}
+
 pub async fn loopback() -> TcpListener {
     TcpListener::bind("127.0.0.1:0").await.unwrap()
 }

@@ -16,8 +16,8 @@ use integration_tests::h2raw::{self, frame, hpack_literal};
 use integration_tests::k8s::metric_sum;
 use integration_tests::konnectivity::{ServerOpts, Stack};
 use integration_tests::nodeport::{
-    Proxy, connect_from, connect_h2, h2_client, h2_client_over, inventory, service, slices,
-    start_proxy, test_config,
+    Proxy, TUNNELED_ECHO as ECHO, connect_from, connect_h2, h2_client, h2_client_over, start_proxy,
+    test_config, tunneling_echo,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -165,23 +165,10 @@ async fn control_frame_floods_end_in_enhance_your_calm_on_the_konnectivity_liste
     assert_eq!(after.read_exact(3).await, b"new");
 }
 
-const ECHO: &str = "echo.cluster-a.svc.cluster.local:7000";
-
-/// nodeport-proxy with `config`, routing the tunneling authority [`ECHO`]
-/// to a loopback echo.
+/// nodeport-proxy with `config`, routing the tunneling authority
+/// [`ECHO`] to a loopback echo.
 async fn tunneling_proxy(config: nodeport_proxy::ProxyConfig) -> Proxy {
-    let echo = dest::echo().await;
-    let inv = inventory(
-        vec![service(
-            "cluster-a",
-            "echo",
-            "Tunneling",
-            "ClusterIP",
-            &[("raw", 7000, 0)],
-        )],
-        vec![slices("cluster-a", "echo", "raw", &[(echo, true)])],
-    );
-    start_proxy(&inv, vec![], config).await
+    start_proxy(&tunneling_echo(dest::echo().await), vec![], config).await
 }
 
 #[tokio::test]

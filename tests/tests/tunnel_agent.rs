@@ -569,16 +569,7 @@ async fn a_broken_config_is_reported_once_per_change_and_the_last_good_one_kept(
 #[tokio::test]
 async fn debug_connections_lists_live_and_closed_tunnels() {
     let echo = dest::echo().await;
-    let inv = inventory(
-        vec![service(
-            "cluster-a",
-            "echo",
-            "Tunneling",
-            "ClusterIP",
-            &[("raw", 7000, 0)],
-        )],
-        vec![slices("cluster-a", "echo", "raw", &[(echo, true)])],
-    );
+    let inv = tunneling_echo(echo);
     let p = start_proxy(&inv, vec![], test_config()).await;
     let (ok_l, bad_l, stats_l, admin_l) = (
         loopback().await,
@@ -592,7 +583,7 @@ async fn debug_connections_lists_live_and_closed_tunnels() {
         proxy_host: "127.0.0.1".into(),
         proxy_port: p.tunnel.port(),
         listeners: vec![
-            spec(&ok_l, "echo.cluster-a.svc.cluster.local:7000"),
+            spec(&ok_l, TUNNELED_ECHO),
             spec(&bad_l, "missing.cluster-a.svc.cluster.local:7000"),
         ],
         ..AgentConfig::default()
@@ -629,7 +620,7 @@ async fn debug_connections_lists_live_and_closed_tunnels() {
     assert_eq!(doc["live_total"], 1, "{doc:#}");
     assert_eq!(live["kind"], "tunnel");
     assert_eq!(live["source"], c.local_addr().unwrap().to_string());
-    assert_eq!(live["target"], "echo.cluster-a.svc.cluster.local:7000");
+    assert_eq!(live["target"], TUNNELED_ECHO);
     assert_eq!(live["upstream"], format!("127.0.0.1:{}", p.tunnel.port()));
     assert_eq!(live["listener"], ok_addr.to_string());
     assert_eq!(live["state"], "established");

@@ -25,7 +25,7 @@ use integration_tests::http_get;
 use integration_tests::k8s::free_port;
 use integration_tests::konnectivity::metric;
 use integration_tests::konnectivity::raw_agent;
-use integration_tests::nodeport::{inventory, service, slices};
+use integration_tests::nodeport::{TUNNELED_ECHO, tunneling_echo};
 use integration_tests::procs::Proc;
 use integration_tests::procs::{loopback, status_kib};
 use konnectivity_proto::packet::Payload;
@@ -278,26 +278,14 @@ pub async fn flooder_process(args: &[String]) {
     );
 }
 
-/// What the tunneling listener's legitimate tunnels ask for.
-const TUNNELED: &str = "echo.cluster-a.svc.cluster.local:7000";
-
 /// A nodeport-proxy (the build's, as proxy-server is) whose tunneling
-/// listener routes [`TUNNELED`] to `echo`, once it serves that route; and
+/// listener routes [`TUNNELED_ECHO`] to `echo`, once it serves that route; and
 /// the listener's address.
 async fn nodeport_proxy(
     dir: &std::path::Path,
     echo: std::net::SocketAddr,
 ) -> (Proc, std::net::SocketAddr) {
-    let table = inventory(
-        vec![service(
-            "cluster-a",
-            "echo",
-            "Tunneling",
-            "ClusterIP",
-            &[("raw", 7000, 0)],
-        )],
-        vec![slices("cluster-a", "echo", "raw", &[(echo, true)])],
-    );
+    let table = tunneling_echo(echo);
     let file = dir.join("nodeport-table.json");
     std::fs::write(&file, table.to_string()).unwrap();
     let (tunneling, stats, sni) = (free_port(), free_port(), free_port());
@@ -399,7 +387,7 @@ async fn control_frames(report: &mut Report, scale: Scale) {
     let np_pid = nodeport.child.id().unwrap();
     let tunnels = Legit::Tunneling {
         h2: integration_tests::nodeport::h2_client(tunneling).await,
-        authority: TUNNELED.into(),
+        authority: TUNNELED_ECHO.into(),
     };
     let agent_addr = loopback(&addrs["agent"]);
     let window = if scale.quick {

@@ -50,26 +50,10 @@ impl Pinning {
             None => Proc::spawn_path(exe, args),
         }
     }
-}
 
-/// One CPU's busy and total time so far (/proc/stat, in ticks).
-#[derive(Clone, Copy)]
-pub struct CpuTicks {
-    busy: u64,
-    total: u64,
-}
-
-impl CpuTicks {
-    /// The share of the time since `earlier` this CPU was busy.
-    pub fn busy_since(self, earlier: CpuTicks) -> f64 {
-        (self.busy - earlier.busy) as f64 / (self.total - earlier.total).max(1) as f64
-    }
-}
-
-impl Pinning {
-    /// The CPU this process (nodeport-proxy, the destinations, the timed
-    /// client) runs on: whether it had time to spare shows whether a
-    /// window's figures were bound by CPU.
+    /// The CPU this process and the processes under test share (the
+    /// destinations, the timed client, the proxies): whether it had time to
+    /// spare shows whether a window's figures were bound by CPU.
     pub fn ours_ticks(&self) -> CpuTicks {
         let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
         let name = format!("cpu{} ", self.ours);
@@ -87,9 +71,24 @@ impl Pinning {
         let idle = v.get(3).unwrap_or(&0) + v.get(4).unwrap_or(&0);
         let total: u64 = v.iter().take(8).sum();
         CpuTicks {
-            busy: total - idle,
+            busy: total.saturating_sub(idle),
             total,
         }
+    }
+}
+
+/// One CPU's busy and total time so far (/proc/stat, in ticks).
+#[derive(Clone, Copy)]
+pub struct CpuTicks {
+    busy: u64,
+    total: u64,
+}
+
+impl CpuTicks {
+    /// The share of the time since `earlier` this CPU was busy.
+    pub fn busy_since(self, earlier: CpuTicks) -> f64 {
+        self.busy.saturating_sub(earlier.busy) as f64
+            / self.total.saturating_sub(earlier.total).max(1) as f64
     }
 }
 
