@@ -440,6 +440,18 @@ pub fn settle() {
     let _ = SLOT.try_with(|s| s.settle());
 }
 
+/// The calling connection's place in its listener's limit
+/// ([`AcceptOptions::shed_oldest`]), for a task of its own that carries the
+/// connection on once the one the accept loop spawned ends: the place is
+/// given back when the returned handle drops. Empty outside a connection's
+/// task or on a listener without such a limit.
+pub fn hand_off() -> SlotHandle {
+    SlotHandle(SLOT.try_with(|s| s.clone()).ok())
+}
+
+/// See [`hand_off`].
+pub struct SlotHandle(#[allow(dead_code, reason = "held for its Drop")] Option<Arc<Slot>>);
+
 /// Names the calling connection's client (from its PROXY protocol header)
 /// for its listener's per-source limit ([`AcceptOptions::source_named_later`]);
 /// without such a limit, or outside a connection's task, it does nothing.

@@ -238,7 +238,8 @@ mod tests {
 
     /// What a held NodePort connection costs in task state: tokio allocates
     /// the whole future once per connection, for its life, relay included.
-    /// 1,936 bytes in a debug build, 1,880 in release (2,912 while this
+    /// 1,808 bytes in a debug build, 1,752 in release (1,880 while the
+    /// relay also waited on the drain itself; 2,912 while this
     /// function, `Session::relay` and `link::splice::relay` were `async fn`s
     /// keeping their parameters twice and the relay waited with
     /// `readable()`): with tokio's task header the allocation is then 2,048

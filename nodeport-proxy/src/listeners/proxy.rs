@@ -97,6 +97,7 @@ impl NodePortProxy {
             drain.clone(),
             metrics.clone(),
         ));
+        tokio::spawn(store.clone().expire_when_stopping());
         let (follower, first) = source::Follower::start(config.source.clone());
         // At seed scale the first table takes a while: not on a worker.
         if let Some(loaded) = first.map_err(ProxyError::Source)? {

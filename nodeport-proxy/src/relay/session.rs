@@ -316,13 +316,10 @@ impl Session<'_> {
                 idle_timeout: Some(idle).filter(|d| !d.is_zero()),
             };
             // Pinned here and lent to the relay, which would otherwise keep a
-            // second copy of it for the connection's life.
-            let mut stop = std::pin::pin!(async {
-                tokio::select! {
-                    _ = route.life.expired() => {}
-                    _ = shared.drain.stopping() => {}
-                }
-            });
+            // second copy of it for the connection's life. The route's
+            // lifetime alone: every route expires when the process stops
+            // (`TableStore::expire_when_stopping`).
+            let mut stop = std::pin::pin!(route.life.expired());
             let tally = Both(&bytes, conn);
             // NodePort and SNI bytes go kernel to kernel when both ends are
             // plain TCP; tunnels (HTTP/2 streams, TLS) keep the copying relay.

@@ -55,6 +55,9 @@ pub struct TableStore {
     index: Mutex<Index>,
     drain_timeout: Duration,
     drain: Drain,
+    /// Set (under the index lock) once the process stops: every route then
+    /// expires, those of tables published later at once.
+    stopped: std::sync::atomic::AtomicBool,
     metrics: Arc<Metrics>,
     /// Runs at the start of every whole-inventory apply (tests make it
     /// slow, to show nothing waits for it).
@@ -75,10 +78,23 @@ impl TableStore {
             index: Mutex::new(Index::new(options)),
             drain_timeout,
             drain,
+            stopped: std::sync::atomic::AtomicBool::new(false),
             metrics,
             #[cfg(test)]
             before_apply: Mutex::new(None),
         }
+    }
+
+    /// Ends every route's connections once the process stops, including
+    /// routes of tables published after that: a relay then waits on its
+    /// route's lifetime alone, one future less for each held connection
+    /// (issue 39).
+    pub async fn expire_when_stopping(self: Arc<Self>) {
+        self.drain.stopping().await;
+        let _index = self.index.lock();
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Release);
+        expire_all(&self.current());
     }
 
     pub fn current(&self) -> Arc<RoutingTable> {
@@ -146,6 +162,9 @@ impl TableStore {
         if changed {
             let (next, retired) = old.update(index, &delta, &self.metrics);
             let next = Arc::new(next);
+            if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
+                expire_all(&next);
+            }
             self.current.store(next.clone());
             self.metrics
                 .routes(next.node_ports.len(), next.sni.len(), next.tunnels.len());
@@ -207,5 +226,16 @@ impl TableStore {
                 l.expire();
             }
         });
+    }
+}
+
+fn expire_all(table: &RoutingTable) {
+    let routes = table
+        .node_ports
+        .values()
+        .chain(table.sni.values())
+        .chain(table.tunnels.values());
+    for r in routes {
+        r.life.expire();
     }
 }
