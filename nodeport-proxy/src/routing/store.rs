@@ -91,10 +91,15 @@ impl TableStore {
     /// (issue 39).
     pub async fn expire_when_stopping(self: Arc<Self>) {
         self.drain.stopping().await;
-        let _index = self.index.lock();
-        self.stopped
-            .store(true, std::sync::atomic::Ordering::Release);
-        expire_all(&self.current());
+        // Off the workers: a publish at seed scale holds the index lock for
+        // a while.
+        let _ = tokio::task::spawn_blocking(move || {
+            let _index = self.index.lock();
+            self.stopped
+                .store(true, std::sync::atomic::Ordering::Release);
+            expire_all(&self.current());
+        })
+        .await;
     }
 
     pub fn current(&self) -> Arc<RoutingTable> {
@@ -237,5 +242,89 @@ fn expire_all(table: &RoutingTable) {
         .chain(table.tunnels.values());
     for r in routes {
         r.life.expire();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table of Tunneling Services named `names`, each served by one
+    /// loopback endpoint.
+    fn inventory(names: &[&str]) -> Inventory {
+        let services: Vec<String> = names
+            .iter()
+            .map(|n| {
+                format!(
+                    r#"{{"metadata": {{"namespace": "ns", "name": "{n}", "uid": "{n}", "creationTimestamp": "2024-01-01T00:00:00Z", "annotations": {{"nodeport-proxy.k8s.io/expose": "Tunneling"}}}}, "spec": {{"type": "ClusterIP", "ports": [{{"name": "p", "port": 80, "protocol": "TCP"}}]}}}}"#
+                )
+            })
+            .collect();
+        let slices: Vec<String> = names
+            .iter()
+            .map(|n| {
+                format!(
+                    r#"{{"metadata": {{"namespace": "ns", "name": "{n}-0", "labels": {{"kubernetes.io/service-name": "{n}"}}}}, "ports": [{{"name": "p", "port": 8080, "protocol": "TCP"}}], "endpoints": [{{"addresses": ["127.0.0.1"], "conditions": {{"ready": true}}}}]}}"#
+                )
+            })
+            .collect();
+        let text = format!(
+            r#"{{"services": [{}], "endpointSlices": [{}]}}"#,
+            services.join(","),
+            slices.join(",")
+        );
+        crate::sources::source::parse(&text, true).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn lives(store: &TableStore) -> Vec<Arc<crate::routing::table::Lifetime>> {
+        store
+            .current()
+            .tunnels
+            .values()
+            .map(|r| r.life.clone())
+            .collect()
+    }
+
+    /// Relays wait on their route's lifetime alone (issue 39), so every
+    /// route must expire when the process stops: those of the table in
+    /// place, and those of a table published afterwards, at once.
+    #[tokio::test]
+    async fn every_route_expires_when_the_process_stops() {
+        let drain = Drain::new();
+        let store = Arc::new(TableStore::new(
+            PlanOptions::default(),
+            Duration::from_secs(600),
+            drain.clone(),
+            Metrics::new(),
+        ));
+        assert!(store.apply(&inventory(&["a", "b"])));
+        let before = lives(&store);
+        assert_eq!(before.len(), 2);
+        tokio::spawn(store.clone().expire_when_stopping());
+        let waiting = tokio::spawn({
+            let l = before[0].clone();
+            async move { l.expired().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "expired before the stop");
+        assert!(drain.shutdown(Duration::ZERO).await);
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap_or_else(|e| panic!("the relay's wait did not end: {e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        for l in &before {
+            tokio::time::timeout(Duration::from_secs(5), l.expired())
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        // A table published after the stop: its new route is expired too.
+        assert!(store.apply(&inventory(&["a", "b", "c"])));
+        let after = lives(&store);
+        assert_eq!(after.len(), 3);
+        for l in &after {
+            tokio::time::timeout(Duration::from_millis(100), l.expired())
+                .await
+                .unwrap_or_else(|e| panic!("a route published after the stop: {e}"));
+        }
     }
 }
