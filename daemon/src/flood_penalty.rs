@@ -27,6 +27,9 @@ use tokio::time::Instant;
 
 use crate::limits::{MAX_FLAGGED_SOURCES, MAX_FLOOD_PENALTY_WAIT};
 
+/// Longer periods are taken as this (a century).
+const LONGEST_PERIOD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// The penalty's figures.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Penalty {
@@ -75,6 +78,12 @@ impl FloodPenalty {
     }
 
     fn with_max_wait(penalty: Penalty, max_wait: Duration) -> Self {
+        // A period from a flag such as `=2562047h` must not overflow an
+        // Instant when added to now.
+        let penalty = Penalty {
+            period: penalty.period.min(LONGEST_PERIOD),
+            ..penalty
+        };
         FloodPenalty {
             penalty,
             max_wait,
@@ -265,6 +274,19 @@ mod tests {
             Ok(None),
             "the oldest made room"
         );
+    }
+
+    /// A period too long to add to an Instant is taken as a century
+    /// instead of panicking.
+    #[tokio::test(start_paused = true)]
+    async fn an_absurdly_long_period_does_not_panic() {
+        let p = FloodPenalty::new(Penalty {
+            period: Duration::MAX,
+            rate: 10.0,
+        });
+        p.flag(ip("127.0.0.1"));
+        assert_eq!(p.flagged(), 1);
+        assert_eq!(p.reserve(ip("127.0.0.1")), Ok(None));
     }
 
     /// A rate so low that 1/rate overflows a Duration lets one through and
