@@ -113,7 +113,8 @@ impl FloodPenalty {
     }
 
     /// How many addresses are being slowed now.
-    pub fn flagged(&self) -> usize {
+    #[cfg(test)]
+    fn flagged(&self) -> usize {
         let now = Instant::now();
         self.flagged
             .lock()
