@@ -1,6 +1,6 @@
-//! A slower lane for the addresses that flooded: once a connection from an
-//! address has been sent away for a flood (an HTTP/2 control-frame flood
-//! ending in GOAWAY `ENHANCE_YOUR_CALM`), that address's new connections
+//! A slower lane for the clients that flooded: once a connection from a
+//! client has been sent away for a flood (an HTTP/2 control-frame flood
+//! ending in GOAWAY `ENHANCE_YOUR_CALM`), that client's new connections
 //! start at most [`Penalty::rate`] a second for [`Penalty::period`] after its
 //! last flood. The excess waits before anything of it is read; past
 //! [`MAX_FLOOD_PENALTY_WAIT`] of queue it is closed at once.
@@ -14,9 +14,10 @@
 //! open alone. Envoy has no such thing (its `local_ratelimit` listener
 //! filter counts every client together).
 //!
-//! Addresses are remembered per IPv4 address and per IPv6 /64 (what one
-//! IPv6 host usually holds), at most [`MAX_FLAGGED_SOURCES`]; when full, the
-//! one whose penalty ends first makes room.
+//! A client ([`Source`]) is an IPv4 address, an IPv6 /64 (what one IPv6
+//! host usually holds), or on a Unix socket the peer process. At most
+//! [`MAX_FLAGGED_SOURCES`] are remembered; when full, the one whose penalty
+//! ends first makes room.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -43,15 +44,32 @@ pub struct Penalty {
 /// Why a connection from a slowed address was not taken on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "client: this address flooded a connection recently and already has more new connections waiting than the flood penalty queues"
+    "client: this client flooded a connection recently and already has more new connections waiting than the flood penalty queues"
 )]
 pub struct Refused;
 
-/// The addresses a listener is slowing.
+/// Who a penalty is charged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A client address: IPv4, or the /64 of an IPv6 one (IPv4-mapped
+    /// addresses are IPv4). Made with `From<IpAddr>`.
+    Address(IpAddr),
+    /// A Unix socket's peer process, by its pid: every local client shares
+    /// the socket's path, and the process is what floods.
+    Process(u32),
+}
+
+impl From<IpAddr> for Source {
+    fn from(ip: IpAddr) -> Source {
+        Source::Address(key(ip))
+    }
+}
+
+/// The clients a listener is slowing.
 pub struct FloodPenalty {
     penalty: Penalty,
     max_wait: Duration,
-    flagged: Mutex<HashMap<IpAddr, Flagged>>,
+    flagged: Mutex<HashMap<Source, Flagged>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -91,13 +109,14 @@ impl FloodPenalty {
         }
     }
 
-    /// A connection from `ip` was sent away for a flood: slow its address
-    /// (again) from now.
-    pub fn flag(&self, ip: IpAddr) {
+    /// A connection from `source` was sent away for a flood: slow that
+    /// client (again) from now.
+    pub fn flag(&self, source: impl Into<Source>) {
+        let source = source.into();
         let now = Instant::now();
         let until = now + self.penalty.period;
         let mut map = self.flagged.lock();
-        if let Some(f) = map.get_mut(&key(ip)) {
+        if let Some(f) = map.get_mut(&source) {
             f.until = until;
             return;
         }
@@ -109,10 +128,10 @@ impl FloodPenalty {
         {
             map.remove(&first);
         }
-        map.insert(key(ip), Flagged { until, next: now });
+        map.insert(source, Flagged { until, next: now });
     }
 
-    /// How many addresses are being slowed now.
+    /// How many clients are being slowed now.
     #[cfg(test)]
     fn flagged(&self) -> usize {
         let now = Instant::now();
@@ -123,12 +142,16 @@ impl FloodPenalty {
             .count()
     }
 
-    /// Takes a new connection from `ip`: at once unless its address is
-    /// slowed, else when the address's rate allows it; refused when that is
-    /// more than the longest wait away. The wait happens in the connection's
-    /// own task; `on_wait` is told how long it will be first.
-    pub async fn admit(&self, ip: IpAddr, on_wait: impl FnOnce(Duration)) -> Result<(), Refused> {
-        match self.reserve(ip)? {
+    /// Takes a new connection from `source`: at once unless that client is
+    /// slowed, else when its rate allows it; refused when that is more than
+    /// the longest wait away. The wait happens in the connection's own task;
+    /// `on_wait` is told how long it will be first.
+    pub async fn admit(
+        &self,
+        source: impl Into<Source>,
+        on_wait: impl FnOnce(Duration),
+    ) -> Result<(), Refused> {
+        match self.reserve(source.into())? {
             None => Ok(()),
             Some(at) => {
                 on_wait(at.saturating_duration_since(Instant::now()));
@@ -138,11 +161,11 @@ impl FloodPenalty {
         }
     }
 
-    /// When a connection from `ip` may start (`None`: now).
-    fn reserve(&self, ip: IpAddr) -> Result<Option<Instant>, Refused> {
+    /// When a connection from `source` may start (`None`: now).
+    fn reserve(&self, source: impl Into<Source>) -> Result<Option<Instant>, Refused> {
+        let k = source.into();
         let now = Instant::now();
         let mut map = self.flagged.lock();
-        let k = key(ip);
         let Some(f) = map.get_mut(&k) else {
             return Ok(None);
         };
@@ -255,6 +278,23 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(p.flagged.lock().is_empty());
+    }
+
+    /// A Unix socket's peer processes are slowed one by one: another
+    /// process, and an address, are not charged for one that flooded.
+    #[tokio::test(start_paused = true)]
+    async fn a_flooding_process_is_slowed_and_no_other() {
+        let p = penalty();
+        p.flag(Source::Process(4242));
+        assert_eq!(p.reserve(Source::Process(4242)), Ok(None));
+        assert!(matches!(p.reserve(Source::Process(4242)), Ok(Some(_))));
+        assert_eq!(p.reserve(Source::Process(4243)), Ok(None));
+        assert_eq!(p.reserve(Source::Process(4243)), Ok(None));
+        assert_eq!(p.reserve(ip("127.0.0.1")), Ok(None));
+        assert_eq!(p.reserve(ip("127.0.0.1")), Ok(None));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(p.reserve(Source::Process(4242)), Ok(None));
+        assert_eq!(p.reserve(Source::Process(4242)), Ok(None));
     }
 
     /// However many addresses flood, at most MAX_FLAGGED_SOURCES are kept,

@@ -178,6 +178,9 @@ pub trait Listener: Send + Sync + 'static {
     fn accept(&self) -> impl Future<Output = io::Result<(Self::Io, String)>> + Send;
     /// The bound address, for logs.
     fn local(&self) -> String;
+    /// Who a flood penalty charges for this connection: the peer's address,
+    /// or on a Unix socket the peer process (`SO_PEERCRED`).
+    fn penalty_source(io: &Self::Io) -> Option<crate::flood_penalty::Source>;
 }
 
 impl Listener for TcpListener {
@@ -191,6 +194,10 @@ impl Listener for TcpListener {
 
     fn local(&self) -> String {
         self.local_addr().map(|a| a.to_string()).unwrap_or_default()
+    }
+
+    fn penalty_source(io: &TcpStream) -> Option<crate::flood_penalty::Source> {
+        io.peer_addr().ok().map(|a| a.ip().into())
     }
 }
 
@@ -207,6 +214,13 @@ impl Listener for UnixListener {
             .ok()
             .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
             .unwrap_or_default()
+    }
+
+    fn penalty_source(io: &UnixStream) -> Option<crate::flood_penalty::Source> {
+        let pid = io.peer_cred().ok()?.pid()?;
+        Some(crate::flood_penalty::Source::Process(
+            u32::try_from(pid).ok()?,
+        ))
     }
 }
 
@@ -566,6 +580,37 @@ mod tests {
         assert!(
             wrapped <= alone + 256,
             "{wrapped} bytes for a {alone}-byte future"
+        );
+    }
+
+    /// A flood penalty charges a TCP peer's address and a Unix socket's
+    /// peer process (this test's own).
+    #[tokio::test]
+    async fn the_penalty_source_is_the_peer_address_or_process() {
+        use crate::flood_penalty::Source;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("s.sock");
+        let unix = bind_unix(&path, true).unwrap_or_else(|e| panic!("{e}"));
+        let (_client, accepted) = tokio::join!(UnixStream::connect(&path), unix.accept());
+        let (io, _) = accepted.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            UnixListener::penalty_source(&io),
+            Some(Source::Process(std::process::id()))
+        );
+
+        let tcp = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = tcp.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let socket = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("{e}"));
+        socket
+            .bind("127.0.0.2:0".parse().unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (_client, accepted) = tokio::join!(socket.connect(addr), Listener::accept(&tcp));
+        let (io, _) = accepted.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            TcpListener::penalty_source(&io),
+            Some(Source::from(std::net::IpAddr::from([127, 0, 0, 2])))
         );
     }
 

@@ -181,6 +181,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
         frontend_keepalive_time: Duration::from_secs(3600),
         graceful_shutdown_timeout: Duration::from_secs(1),
         agent_accept_rate: proxy_server::options::DEFAULT_AGENT_ACCEPT_RATE,
+        frontend_flood_penalty: proxy_server::options::DEFAULT_FRONTEND_FLOOD_PENALTY,
     });
     let server_handle = server.handle();
     let (server_stop, stop_rx) = oneshot::channel::<()>();

@@ -25,6 +25,7 @@ use link::traceparent;
 mod transport;
 mod tunnel;
 
+use daemon::flood_penalty::{FloodPenalty, Penalty, Source};
 use link::h2flood::FloodGuard;
 use std::future::Future;
 use std::path::PathBuf;
@@ -78,6 +79,10 @@ pub struct Config {
     /// New agent connections a second at most (`--agent-accept-rate`); 0
     /// for no limit.
     pub agent_accept_rate: f64,
+    /// How long a gRPC frontend client (address, or Unix socket peer
+    /// process) that flooded stays slowed (`--frontend-flood-penalty`); zero
+    /// for never.
+    pub frontend_flood_penalty: Duration,
 }
 
 /// The frontend listener.
@@ -453,6 +458,12 @@ fn serve_frontend<L: Listener>(
 ) -> impl Future<Output = ()> + Send + use<L> {
     let mode = config.mode;
     let settings = H2Settings::frontend(config.frontend_keepalive_time);
+    let penalty = (mode == Mode::Grpc && !config.frontend_flood_penalty.is_zero()).then(|| {
+        Arc::new(FloodPenalty::new(Penalty {
+            period: config.frontend_flood_penalty,
+            rate: limits::FRONTEND_FLOOD_PENALTY_RATE,
+        }))
+    });
     let d = drain.clone();
     accept_loop(
         listener,
@@ -475,23 +486,20 @@ fn serve_frontend<L: Listener>(
                 d.clone(),
                 core.clone(),
             );
+            let penalty = penalty
+                .clone()
+                .and_then(|p| Some((p, L::penalty_source(&io)?)));
             // Each kind's connection future is boxed: inline, every
             // connection's task would be as large as the largest kind's,
             // whichever kind it serves (16 KiB per idle gRPC tunnel;
             // BENCHMARKS.md, P5).
             async move {
                 match (mode, tls) {
-                    (Mode::Grpc, None) => {
-                        let io = frontend::FixAuthority::new(frontend::HoldPreface::new(
-                            FloodGuard::server(io),
-                        ));
-                        Box::pin(serve_h2(io, svc, &settings, &d)).await
-                    }
-                    (Mode::Grpc, Some(tls)) => {
-                        if let Some(io) = Box::pin(tls_handshake(&tls, io)).await {
-                            let io = frontend::HoldPreface::new(FloodGuard::server(io));
-                            Box::pin(serve_h2(io, svc, &settings, &d)).await
-                        }
+                    (Mode::Grpc, tls) => {
+                        Box::pin(serve_grpc_frontend(
+                            io, tls, svc, settings, d, core, penalty,
+                        ))
+                        .await
                     }
                     (Mode::HttpConnect, None) => {
                         Box::pin(frontend::http_connect::serve_conn(core, io, source, d)).await
@@ -505,4 +513,64 @@ fn serve_frontend<L: Listener>(
             }
         },
     )
+}
+
+/// One gRPC frontend connection (TLS when `tls` is given). A client that
+/// flooded waits for its turn first (`--frontend-flood-penalty`); one this
+/// connection floods is slowed.
+async fn serve_grpc_frontend<IO, S>(
+    io: IO,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    svc: S,
+    settings: H2Settings,
+    d: Drain,
+    core: Arc<Core>,
+    penalty: Option<(Arc<FloodPenalty>, Source)>,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    S: transport::GrpcService,
+{
+    if let Some((p, source)) = &penalty {
+        let metrics = &core.metrics;
+        let waited = p.admit(*source, |wait| {
+            metrics.frontend_flood_penalty(false);
+            tracing::debug!(
+                ?wait,
+                "client flooded recently: this connection waits for its turn"
+            );
+        });
+        if let Err(e) = waited.await {
+            metrics.frontend_flood_penalty(true);
+            tracing::debug!(error = %e, "frontend connection closed");
+            return;
+        }
+    }
+    // Sent away for a flood, by the guard or by h2: count it, and slow the
+    // client.
+    let flooded = {
+        let metrics = core.metrics.clone();
+        move || {
+            metrics.frontend_flooded();
+            if let Some((p, source)) = &penalty {
+                p.flag(*source);
+            }
+        }
+    };
+    let calmed = match tls {
+        None => {
+            let io = FloodGuard::server(io).on_flood(flooded.clone());
+            let io = frontend::FixAuthority::new(frontend::HoldPreface::new(io));
+            serve_h2(io, svc, &settings, &d).await
+        }
+        Some(tls) => {
+            let Some(io) = Box::pin(tls_handshake(&tls, io)).await else {
+                return;
+            };
+            let io = frontend::HoldPreface::new(FloodGuard::server(io).on_flood(flooded.clone()));
+            serve_h2(io, svc, &settings, &d).await
+        }
+    };
+    if calmed {
+        flooded();
+    }
 }

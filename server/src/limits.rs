@@ -26,6 +26,13 @@ pub const HEADER_TABLE_SIZE: usize = 4096;
 /// agent sends a handful of control frames beyond what its data earns.
 pub const AGENT_H2_CONTROL_BURST: f64 = 200.0;
 
+/// New gRPC frontend connections a second a client that flooded may start
+/// during `--frontend-flood-penalty` (after a first one at once; the rest
+/// wait up to `daemon::limits::MAX_FLOOD_PENALTY_WAIT`, then are closed).
+/// Each admitted flooder spends at most one control-frame burst; at 10 a
+/// second that is well under 1 % of a core.
+pub const FRONTEND_FLOOD_PENALTY_RATE: f64 = 10.0;
+
 /// SETTINGS_MAX_FRAME_SIZE we advertise: the largest frame a peer may send.
 pub const MAX_FRAME_SIZE: u32 = 64 << 10;
 

@@ -36,6 +36,11 @@ const CULLED_LEASES: &str = "konnectivity_network_proxy_server_culled_leases_cou
 const DIALS_RESENT: &str = "konnectivity_network_proxy_server_dials_resent_total";
 /// Ours (issue 33): agent connections that waited for `--agent-accept-rate`.
 const AGENT_ACCEPTS_DELAYED: &str = "konnectivity_network_proxy_server_agent_accepts_delayed_total";
+/// Ours (issue 33): gRPC frontend connections sent away for a flood, and
+/// the new connections of a client that flooded, delayed or closed.
+const FRONTEND_FLOODS: &str = "konnectivity_network_proxy_server_frontend_floods_total";
+const FRONTEND_FLOOD_PENALTY: &str =
+    "konnectivity_network_proxy_server_frontend_flood_penalty_connections_total";
 /// Ours (issue 38.4): tunnels closed, by frontend kind and [`CloseReason`].
 const CONNECTIONS_CLOSED: &str = "konnectivity_network_proxy_server_connections_closed_total";
 /// Ours (issue 17.5): loaded certificates' expiry, and TLS file reloads.
@@ -145,6 +150,9 @@ pub struct Metrics {
     dial_failures: Vec<Counter>,
     dials_resent: Counter,
     agent_accepts_delayed: Counter,
+    frontend_floods: Counter,
+    frontend_flood_delayed: Counter,
+    frontend_flood_refused: Counter,
     /// Segment × packet type: the data path counts every packet.
     stream: StreamStats,
 }
@@ -218,6 +226,14 @@ impl Metrics {
             "Ours: new agent connections that waited in the listen backlog because --agent-accept-rate was reached.",
         );
         r.describe_counter(
+            FRONTEND_FLOODS,
+            "Ours: gRPC frontend connections closed with GOAWAY ENHANCE_YOUR_CALM for an HTTP/2 control-frame flood (each slows its client's new connections for --frontend-flood-penalty).",
+        );
+        r.describe_counter(
+            FRONTEND_FLOOD_PENALTY,
+            "Ours: new gRPC frontend connections from a client that flooded within --frontend-flood-penalty, by result: delayed (waited for their turn) or refused (closed, the queue was full).",
+        );
+        r.describe_counter(
             CONNECTIONS_CLOSED,
             "Ours: frontend connections (tunnels) closed, by frontend (grpc, http-connect) and reason; the reasons /debug/connections gives as close_cause.",
         );
@@ -261,6 +277,9 @@ impl Metrics {
                 .collect(),
             dials_resent: r.counter(DIALS_RESENT, &[]),
             agent_accepts_delayed: r.counter(AGENT_ACCEPTS_DELAYED, &[]),
+            frontend_floods: r.counter(FRONTEND_FLOODS, &[]),
+            frontend_flood_delayed: r.counter(FRONTEND_FLOOD_PENALTY, &[("result", "delayed")]),
+            frontend_flood_refused: r.counter(FRONTEND_FLOOD_PENALTY, &[("result", "refused")]),
             stream: StreamStats::new(
                 &r,
                 link::stream_metric_names!("konnectivity_network_proxy_server"),
@@ -303,6 +322,19 @@ impl Metrics {
 
     pub fn agent_accept_delayed(&self) {
         self.agent_accepts_delayed.increment(1);
+    }
+
+    pub fn frontend_flooded(&self) {
+        self.frontend_floods.increment(1);
+    }
+
+    /// A new frontend connection from a client that flooded: `refused` if
+    /// it was closed, else it waited.
+    pub fn frontend_flood_penalty(&self, refused: bool) {
+        match refused {
+            true => self.frontend_flood_refused.increment(1),
+            false => self.frontend_flood_delayed.increment(1),
+        }
     }
 
     pub fn grpc_connections(&self, service: Service) -> &Gauge {

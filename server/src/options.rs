@@ -29,6 +29,11 @@ pub const MAX_BACKEND_DIAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// RELIABILITY.md "Floods").
 pub const DEFAULT_AGENT_ACCEPT_RATE: f64 = 250.0;
 
+/// `--frontend-flood-penalty`: as nodeport-proxy's `-tunneling-flood-penalty`.
+/// A frontend client that floods is an attacker or a broken client; a
+/// kube-apiserver never sends a control-frame burst its data does not earn.
+pub const DEFAULT_FRONTEND_FLOOD_PENALTY: Duration = Duration::from_secs(30);
+
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(15);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -79,6 +84,8 @@ go_compat::typed_flags! {
         keepalive_timeout: Duration,
         #[flag("frontend-keepalive-time", Duration::from_secs(3600), "Time for gRPC frontend server keepalive.")]
         frontend_keepalive_time: Duration,
+        #[flag("frontend-flood-penalty", DEFAULT_FRONTEND_FLOOD_PENALTY, "Ours: after a gRPC frontend connection is closed for an HTTP/2 control-frame flood (GOAWAY ENHANCE_YOUR_CALM), new gRPC frontend connections from its client (on TCP its address, IPv6 its /64; on the Unix socket its process) start at most 10 a second for this long after its last flood; the rest wait (up to 10s) or are closed. 0 turns it off.")]
+        frontend_flood_penalty: Duration,
         #[flag("enable-profiling", false, "enable pprof at host:admin-port/debug/pprof (CPU profiles; see docs/konnectivity.md)")]
         enable_profiling: bool,
         #[flag("otlp-traces-endpoint", "", "Ours: an OTLP/HTTP receiver (http://host:port, e.g. an OpenTelemetry collector's 4318) to send one span per dial to; empty (the default) traces nothing. See docs/konnectivity.md.")]
@@ -536,6 +543,7 @@ pub fn parse(v: &Values) -> Result<(Config, Addresses), String> {
         frontend_keepalive_time: grpc_server_keepalive(f.frontend_keepalive_time),
         graceful_shutdown_timeout: f.graceful_shutdown_timeout,
         agent_accept_rate: f.agent_accept_rate,
+        frontend_flood_penalty: f.frontend_flood_penalty,
     };
     let addrs = Addresses {
         frontend,

@@ -140,8 +140,10 @@ impl<S> GrpcService for S where
 {
 }
 
-/// Serves gRPC on one connection until it ends or the drain stops it.
-pub async fn serve_h2<IO, S>(io: IO, svc: S, settings: &H2Settings, drain: &Drain)
+/// Serves gRPC on one connection until it ends or the drain stops it. True
+/// when h2 itself sent the client away for a flood (GOAWAY
+/// `ENHANCE_YOUR_CALM` for rapid resets or CONTINUATION frames).
+pub async fn serve_h2<IO, S>(io: IO, svc: S, settings: &H2Settings, drain: &Drain) -> bool
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     S: GrpcService,
@@ -152,8 +154,10 @@ where
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {
-            if let Err(e) = r { tracing::debug!(error = %e, "connection ended with error"); }
-            return;
+            return r.is_err_and(|e| {
+                tracing::debug!(error = %e, "connection ended with error");
+                calmed(&e)
+            });
         }
         _ = drain.draining() => conn.as_mut().graceful_shutdown(),
     }
@@ -161,6 +165,21 @@ where
         _ = conn.as_mut() => {}
         _ = drain.stopping() => {}
     }
+    false
+}
+
+/// Whether h2 ended the connection with its own GOAWAY `ENHANCE_YOUR_CALM`.
+fn calmed(e: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.is_go_away()
+                && h2.is_library()
+                && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Completes a TLS handshake within [`HANDSHAKE_TIMEOUT`].

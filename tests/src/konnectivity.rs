@@ -52,6 +52,8 @@ pub struct ServerOpts {
     pub otlp_traces: Option<String>,
     /// `--agent-accept-rate`.
     pub agent_accept_rate: f64,
+    /// `--frontend-flood-penalty`.
+    pub frontend_flood_penalty: Duration,
     /// `--resend-unanswered-dials`.
     pub resend_dials: bool,
     /// `--max-pending-dials-per-agent`, `--max-pending-dials-per-destination`.
@@ -87,6 +89,7 @@ impl Default for ServerOpts {
             flow_control: true,
             otlp_traces: None,
             agent_accept_rate: proxy_server::options::DEFAULT_AGENT_ACCEPT_RATE,
+            frontend_flood_penalty: proxy_server::options::DEFAULT_FRONTEND_FLOOD_PENALTY,
             resend_dials: true,
             max_pending_per_agent: proxy_server::limits::DEFAULT_MAX_PENDING_DIALS_PER_AGENT,
             max_pending_per_destination:
@@ -226,6 +229,7 @@ pub async fn start_server(pki: &Pki, opts: ServerOpts) -> RunningServer {
         frontend_keepalive_time: Duration::from_secs(3600),
         graceful_shutdown_timeout: opts.grace,
         agent_accept_rate: opts.agent_accept_rate,
+        frontend_flood_penalty: opts.frontend_flood_penalty,
     };
     let server = Server::new(config).with_otlp_traces(
         opts.otlp_traces

@@ -156,6 +156,12 @@ async fn control_frame_floods_end_in_enhance_your_calm_on_the_konnectivity_liste
         let code = flood(s, &open, &one).await;
         assert_eq!(code, 0xb, "gRPC frontend, {name}: GOAWAY ENHANCE_YOUR_CALM");
     }
+    // Each counted, whether the guard or h2 itself sent it away.
+    let m = server_metrics(&stack).await;
+    assert_eq!(
+        metric_sum(&m, FRONTEND_FLOODS, &[]),
+        floods(&frontend_open).len() as f64
+    );
 
     // Other connections kept working: the tunnel from before, and a new one.
     before.write(b"after").await;
@@ -436,5 +442,237 @@ async fn the_agent_port_sends_a_control_frame_burst_away_that_a_frontend_takes()
         answers_to_pings(s, pings).await,
         (pings, None),
         "gRPC frontend: {pings} PINGs at once are all answered"
+    );
+}
+
+/// The proxy-server's metrics text.
+async fn server_metrics(stack: &Stack) -> String {
+    integration_tests::http_get(stack.server.health_addr, "/metrics")
+        .await
+        .1
+}
+
+const FRONTEND_FLOODS: &str = "konnectivity_network_proxy_server_frontend_floods_total";
+const FRONTEND_PENALTY: &str =
+    "konnectivity_network_proxy_server_frontend_flood_penalty_connections_total";
+
+/// `--frontend-flood-penalty` on the mTLS frontend (issue 33): once a
+/// connection from an address is sent away for a flood, that address's new
+/// connections wait for their turn (10 a second, before their TLS
+/// handshake) or, past 10 s of queue, are closed; a kube-apiserver on
+/// another address, and the tunnels already open, are not slowed.
+#[tokio::test]
+async fn a_flooding_frontend_address_waits_for_its_turn_and_nobody_else() {
+    let stack = Stack::start(ServerOpts {
+        tcp_frontend: true,
+        ..Default::default()
+    })
+    .await;
+    let echo = dest::echo().await;
+    let frontend = stack.server.frontend.clone();
+    let integration_tests::client::Frontend::Tcp { addr, tls } = &frontend else {
+        unreachable!("a TCP frontend")
+    };
+    let tls_from = |s: tokio::net::TcpStream| {
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        tokio_rustls::TlsConnector::from(tls.clone()).connect(name, s)
+    };
+    // The legitimate client is 127.0.0.1, the flooder 127.0.0.2.
+    let mut before = grpc_dial(&frontend, &echo.to_string()).await.unwrap();
+    let flooder: std::net::IpAddr = [127, 0, 0, 2].into();
+    let s = tls_from(connect_from(flooder, *addr).await).await.unwrap();
+    let ping = frame(PING, 0, 0, &[0; 8]);
+    assert_eq!(flood(s, &[], &ping).await, 0xb);
+
+    // 10 s of queue at 10 a second is 101 connections: of 120 opened at
+    // once, the last are closed before their handshake.
+    let mut queued = Vec::new();
+    for _ in 0..120 {
+        queued.push(connect_from(flooder, *addr).await);
+    }
+    let settled = |m: &str| {
+        (
+            metric_sum(m, FRONTEND_PENALTY, &["result=\"delayed\""]),
+            metric_sum(m, FRONTEND_PENALTY, &["result=\"refused\""]),
+        )
+    };
+    integration_tests::eventually(
+        "every queued connection admitted or refused",
+        Duration::from_secs(30),
+        || async {
+            let (delayed, refused) = settled(&server_metrics(&stack).await);
+            delayed + refused >= 119.0
+        },
+    )
+    .await;
+    let m = server_metrics(&stack).await;
+    let (delayed, refused) = settled(&m);
+    assert!(
+        refused >= 1.0 && delayed + refused == 119.0,
+        "one at once, {delayed} waiting, {refused} refused"
+    );
+    assert_eq!(metric_sum(&m, FRONTEND_FLOODS, &[]), 1.0);
+    // The last was closed unanswered; the second is served in its turn.
+    let mut last = queued.pop().unwrap();
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::AsyncReadExt::read(&mut last, &mut buf),
+    );
+    assert!(
+        matches!(read.await, Ok(Ok(0) | Err(_))),
+        "the last one was closed"
+    );
+    let second = queued.swap_remove(1);
+    let mut served = tls_from(second).await.unwrap();
+    let (acks, goaway) = answers_to_pings(&mut served, 1).await;
+    assert_eq!((acks, goaway), (1, None), "a queued connection is served");
+
+    // Meanwhile the tunnel open before the flood and a new dial from the
+    // legitimate address go on at once.
+    before.write(b"before").await;
+    assert_eq!(before.read_exact(6).await, b"before");
+    let mut after = grpc_dial(&frontend, &echo.to_string()).await.unwrap();
+    after.write(b"after").await;
+    assert_eq!(after.read_exact(5).await, b"after");
+    let m = server_metrics(&stack).await;
+    assert_eq!(settled(&m).0, delayed, "the other address did not wait");
+}
+
+/// A client of the Unix-socket frontend that floods, in a process of its
+/// own: sends the preface and PINGs until it is sent away, prints the
+/// GOAWAY's error code, then opens `again` connections at once and waits
+/// for each one's SETTINGS.
+const UDS_FLOODER: &str = r#"
+import socket, struct, sys
+def frame(kind, flags, stream, payload):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"")
+def read_frame(s):
+    head = b""
+    while len(head) < 9:
+        more = s.recv(9 - len(head))
+        if not more:
+            return None
+        head += more
+    n = int.from_bytes(head[:3], "big")
+    body = b""
+    while len(body) < n:
+        more = s.recv(n - len(body))
+        if not more:
+            return None
+        body += more
+    return head[3], body
+path, again = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+s.sendall(PREFACE)
+pings = frame(6, 0, 0, bytes(8)) * 100
+try:
+    for _ in range(2000):
+        s.sendall(pings)
+except OSError:
+    pass
+code = None
+while True:
+    f = read_frame(s)
+    if f is None:
+        break
+    if f[0] == 7:
+        code = int.from_bytes(f[1][4:8], "big")
+print("goaway", code, flush=True)
+conns = []
+for _ in range(again):
+    c = socket.socket(socket.AF_UNIX)
+    c.connect(path)
+    c.sendall(PREFACE)
+    conns.append(c)
+served = sum(1 for c in conns if (read_frame(c) or (None,))[0] == 4)
+print("served", served, flush=True)
+"#;
+
+/// `--frontend-flood-penalty` on the Unix-socket frontend (issue 33): its
+/// clients are told apart by process (`SO_PEERCRED`). A process that flooded
+/// has its new connections served in their turn, one after another; this
+/// test's own process (the kube-apiserver here) is not slowed.
+#[tokio::test]
+async fn a_flooding_frontend_process_waits_for_its_turn_and_nobody_else() {
+    let stack = Stack::start(ServerOpts::default()).await;
+    let echo = dest::echo().await;
+    let frontend = stack.server.frontend.clone();
+    let integration_tests::client::Frontend::Uds(path) = &frontend else {
+        unreachable!("a Unix-socket frontend")
+    };
+    let mut before = grpc_dial(&frontend, &echo.to_string()).await.unwrap();
+    let again = 5;
+    let out = tokio::process::Command::new("python3")
+        .args([
+            "-c",
+            UDS_FLOODER,
+            &path.display().to_string(),
+            &again.to_string(),
+        ])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the flooding process ends")
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("goaway 11\n"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("served {again}\n")),
+        "every later connection served in its turn: {stdout}"
+    );
+    let m = server_metrics(&stack).await;
+    assert_eq!(metric_sum(&m, FRONTEND_FLOODS, &[]), 1.0);
+    let delayed = metric_sum(&m, FRONTEND_PENALTY, &["result=\"delayed\""]);
+    assert!(
+        delayed >= 1.0 && delayed < again as f64,
+        "the first at once, then in turn: {delayed} delayed"
+    );
+
+    // This process was not charged for the other's flood.
+    before.write(b"before").await;
+    assert_eq!(before.read_exact(6).await, b"before");
+    for _ in 0..5 {
+        let mut t = grpc_dial(&frontend, &echo.to_string()).await.unwrap();
+        t.write(b"after").await;
+        assert_eq!(t.read_exact(5).await, b"after");
+    }
+    let m = server_metrics(&stack).await;
+    assert_eq!(
+        metric_sum(&m, FRONTEND_PENALTY, &["result=\"delayed\""]),
+        delayed,
+        "another process did not wait"
+    );
+}
+
+/// `--frontend-flood-penalty=0` turns it off: after a flood, the client's
+/// new connections are taken on as before.
+#[tokio::test]
+async fn without_the_frontend_flood_penalty_a_flooder_comes_back_at_once() {
+    let stack = Stack::start(ServerOpts {
+        frontend_flood_penalty: Duration::ZERO,
+        ..Default::default()
+    })
+    .await;
+    let ping = frame(PING, 0, 0, &[0; 8]);
+    let s = stack.server.frontend.connect().await.unwrap();
+    assert_eq!(flood(s, &[], &ping).await, 0xb);
+    for _ in 0..20 {
+        let s = stack.server.frontend.connect().await.unwrap();
+        assert_eq!(answers_to_pings(s, 1).await, (1, None));
+    }
+    let m = server_metrics(&stack).await;
+    assert_eq!(metric_sum(&m, FRONTEND_FLOODS, &[]), 1.0);
+    assert_eq!(
+        metric_sum(&m, FRONTEND_PENALTY, &["result=\"delayed\""]),
+        0.0
     );
 }
