@@ -247,6 +247,34 @@ async fn a_frozen_server_is_dropped_by_the_agent() {
     assert_ne!(integration_tests::http_get(health, "/readyz").await.0, 200);
 }
 
+/// `--frontend-flood-penalty` (issue 33) is on by default for 30 s, and 0
+/// turns it off.
+#[test]
+fn the_frontend_flood_penalty_defaults_to_30s_and_zero_turns_it_off() {
+    let pki = Pki::new();
+    let cert = pki.server("server", &[]);
+    let penalty = |extra: &[&str]| {
+        let mut args = vec![
+            format!("--cluster-cert={}", cert.cert.display()),
+            format!("--cluster-key={}", cert.key.display()),
+            "--uds-name=/tmp/unused.sock".into(),
+            "--server-port=0".into(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let values = proxy_server::options::flags().parse(&args).unwrap();
+        proxy_server::options::parse(&values)
+            .unwrap()
+            .0
+            .frontend_flood_penalty
+    };
+    assert_eq!(penalty(&[]), Duration::from_secs(30));
+    assert_eq!(penalty(&["--frontend-flood-penalty=0"]), Duration::ZERO);
+    assert_eq!(
+        penalty(&["--frontend-flood-penalty=2m"]),
+        Duration::from_secs(120)
+    );
+}
+
 /// By default a frozen peer is found out within 30 s on both sides (each
 /// PINGs once the other has been quiet for its keepalive time; our server
 /// PINGs an idle agent every 15 s, so our agent hears from it), and our agent
