@@ -489,25 +489,56 @@ fn serve_frontend<L: Listener>(
             let penalty = penalty
                 .clone()
                 .and_then(|p| Some((p, L::penalty_source(&io)?)));
-            // Each kind's connection future is boxed: inline, every
-            // connection's task would be as large as the largest kind's,
-            // whichever kind it serves (16 KiB per idle gRPC tunnel;
-            // BENCHMARKS.md, P5).
+            // Each kind's connection future is boxed (`serve_h2` boxes its
+            // own): inline, every connection's task would be as large as the
+            // largest kind's, whichever kind it serves (16 KiB per idle gRPC
+            // tunnel; BENCHMARKS.md, P5).
             async move {
+                if let Some((p, source)) = &penalty
+                    && !Box::pin(admitted(p, *source, &core.metrics)).await
+                {
+                    return;
+                }
+                // A gRPC connection sent away for a flood, by the guard or by
+                // h2: counted, and its client slowed.
+                let flooded = {
+                    let metrics = core.metrics.clone();
+                    move || {
+                        metrics.frontend_flooded();
+                        if let Some((p, source)) = &penalty {
+                            p.flag(*source);
+                        }
+                    }
+                };
                 match (mode, tls) {
-                    (Mode::Grpc, tls) => {
-                        Box::pin(serve_grpc_frontend(
-                            io, tls, svc, settings, d, core, penalty,
-                        ))
-                        .await
+                    (Mode::Grpc, None) => {
+                        let io = FloodGuard::server(io).on_flood(flooded.clone());
+                        let io = frontend::FixAuthority::new(frontend::HoldPreface::new(io));
+                        if serve_h2(io, svc, &settings, &d).await {
+                            flooded();
+                        }
+                    }
+                    // `let … else`, not `if let`: a TLS stream (1.2 KiB)
+                    // kept by the condition across the await would sit in
+                    // every connection's task.
+                    (Mode::Grpc, Some(tls)) => {
+                        let Some(io) = Box::pin(tls_handshake(&tls, io)).await else {
+                            return;
+                        };
+                        let io = FloodGuard::server(io).on_flood(flooded.clone());
+                        let io = frontend::HoldPreface::new(io);
+                        if serve_h2(io, svc, &settings, &d).await {
+                            flooded();
+                        }
                     }
                     (Mode::HttpConnect, None) => {
                         Box::pin(frontend::http_connect::serve_conn(core, io, source, d)).await
                     }
                     (Mode::HttpConnect, Some(tls)) => {
-                        if let Some(io) = Box::pin(tls_handshake(&tls, io)).await {
-                            Box::pin(frontend::http_connect::serve_conn(core, io, source, d)).await
-                        }
+                        let Some(io) = Box::pin(tls_handshake(&tls, io)).await else {
+                            return;
+                        };
+                        Box::pin(frontend::http_connect::serve_conn(core, io, source, d)).await
                     }
                 }
             }
@@ -515,62 +546,22 @@ fn serve_frontend<L: Listener>(
     )
 }
 
-/// One gRPC frontend connection (TLS when `tls` is given). A client that
-/// flooded waits for its turn first (`--frontend-flood-penalty`); one this
-/// connection floods is slowed.
-async fn serve_grpc_frontend<IO, S>(
-    io: IO,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    svc: S,
-    settings: H2Settings,
-    d: Drain,
-    core: Arc<Core>,
-    penalty: Option<(Arc<FloodPenalty>, Source)>,
-) where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-    S: transport::GrpcService,
-{
-    if let Some((p, source)) = &penalty {
-        let metrics = &core.metrics;
-        let waited = p.admit(*source, |wait| {
-            metrics.frontend_flood_penalty(false);
-            tracing::debug!(
-                ?wait,
-                "client flooded recently: this connection waits for its turn"
-            );
-        });
-        if let Err(e) = waited.await {
+/// A new gRPC frontend connection from a client that flooded waits for its
+/// turn (`--frontend-flood-penalty`); false if it is to be closed instead.
+async fn admitted(p: &FloodPenalty, source: Source, metrics: &metrics::Metrics) -> bool {
+    let waited = p.admit(source, |wait| {
+        metrics.frontend_flood_penalty(false);
+        tracing::debug!(
+            ?wait,
+            "client flooded recently: this connection waits for its turn"
+        );
+    });
+    match waited.await {
+        Ok(()) => true,
+        Err(e) => {
             metrics.frontend_flood_penalty(true);
             tracing::debug!(error = %e, "frontend connection closed");
-            return;
+            false
         }
-    }
-    // Sent away for a flood, by the guard or by h2: count it, and slow the
-    // client.
-    let flooded = {
-        let metrics = core.metrics.clone();
-        move || {
-            metrics.frontend_flooded();
-            if let Some((p, source)) = &penalty {
-                p.flag(*source);
-            }
-        }
-    };
-    let calmed = match tls {
-        None => {
-            let io = FloodGuard::server(io).on_flood(flooded.clone());
-            let io = frontend::FixAuthority::new(frontend::HoldPreface::new(io));
-            serve_h2(io, svc, &settings, &d).await
-        }
-        Some(tls) => {
-            let Some(io) = Box::pin(tls_handshake(&tls, io)).await else {
-                return;
-            };
-            let io = frontend::HoldPreface::new(FloodGuard::server(io).on_flood(flooded.clone()));
-            serve_h2(io, svc, &settings, &d).await
-        }
-    };
-    if calmed {
-        flooded();
     }
 }

@@ -143,29 +143,43 @@ impl<S> GrpcService for S where
 /// Serves gRPC on one connection until it ends or the drain stops it. True
 /// when h2 itself sent the client away for a flood (GOAWAY
 /// `ENHANCE_YOUR_CALM` for rapid resets or CONTINUATION frames).
-pub async fn serve_h2<IO, S>(io: IO, svc: S, settings: &H2Settings, drain: &Drain) -> bool
+///
+/// Not an `async fn`: hyper's connection is built, and boxed, before the
+/// future, so `io` is held once, inside it; an `async fn` would also keep
+/// it in a slot of its own for the connection's life (512 bytes on the
+/// Unix socket, 1.5 KiB with TLS, in every idle tunnel's connection;
+/// BENCHMARKS.md, P5). The future itself is small.
+pub fn serve_h2<'a, IO, S>(
+    io: IO,
+    svc: S,
+    settings: &H2Settings,
+    drain: &'a Drain,
+) -> impl Future<Output = bool> + Send + 'a
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     S: GrpcService,
 {
-    let conn = settings
-        .builder()
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc));
-    tokio::pin!(conn);
-    tokio::select! {
-        r = conn.as_mut() => {
-            return r.is_err_and(|e| {
-                tracing::debug!(error = %e, "connection ended with error");
-                calmed(&e)
-            });
+    let mut conn = Box::pin(
+        settings
+            .builder()
+            .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc)),
+    );
+    async move {
+        tokio::select! {
+            r = conn.as_mut() => {
+                return r.is_err_and(|e| {
+                    tracing::debug!(error = %e, "connection ended with error");
+                    calmed(&e)
+                });
+            }
+            _ = drain.draining() => conn.as_mut().graceful_shutdown(),
         }
-        _ = drain.draining() => conn.as_mut().graceful_shutdown(),
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = drain.stopping() => {}
+        }
+        false
     }
-    tokio::select! {
-        _ = conn.as_mut() => {}
-        _ = drain.stopping() => {}
-    }
-    false
 }
 
 /// Whether h2 ended the connection with its own GOAWAY `ENHANCE_YOUR_CALM`.

@@ -108,7 +108,8 @@ async fn serve(
                 return None;
             }
             _ = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } else { std::future::pending().await } } => {
-                if let Some(dial) = core.expire_dial(tunnel).await {
+                // Boxed, as the rare packets in `handle` are.
+                if let Some(dial) = Box::pin(core.expire_dial(tunnel)).await {
                     let rsp = Packet::dial_response(dial.0, 0, crate::core::DialRefused::TimedOut.to_string());
                     tunnel.deliver_last(rsp);
                     return Some(inbound);
@@ -183,11 +184,15 @@ fn client_code(status: &tonic::Status) -> tonic::Code {
 /// konnectivity-client waits this long for CLOSE_RSP before it gives up.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// One packet from the frontend. What comes once per tunnel (the dial, its
+/// close) is boxed: inline, every idle tunnel's task would be as large as
+/// the dial's future (1.9 KiB) for its whole life, when only DATA, which is
+/// kept inline, comes often (BENCHMARKS.md, P5).
 pub(crate) async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Flow {
     match (PacketType::try_from(pkt.r#type), &pkt.payload) {
         (Ok(PacketType::DialReq), Some(Payload::DialRequest(req))) => {
             let random = req.random;
-            match core.dial(tunnel, pkt).await {
+            match Box::pin(core.dial(tunnel, pkt)).await {
                 Ok(()) => Flow::Continue,
                 Err(why) => {
                     tracing::debug!(dial_id = random, error = %why, "dial refused");
@@ -199,10 +204,10 @@ pub(crate) async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Fl
         }
         (Ok(PacketType::Data), _) => core.frontend_data(tunnel, pkt).await,
         (Ok(PacketType::CloseReq), Some(Payload::CloseRequest(c))) => {
-            core.frontend_close(tunnel, c.connect_id).await
+            Box::pin(core.frontend_close(tunnel, c.connect_id)).await
         }
         (Ok(PacketType::DialCls), Some(Payload::CloseDial(c))) => {
-            core.frontend_dial_close(tunnel, c.random).await
+            Box::pin(core.frontend_dial_close(tunnel, c.random)).await
         }
         _ => {
             tracing::debug!(
@@ -211,5 +216,46 @@ pub(crate) async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Fl
             );
             Flow::Continue
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::{Backends, Strategy};
+    use crate::core::CoreConfig;
+    use crate::metrics::Metrics;
+
+    /// What an idle tunnel's task waits in holds `handle` inline: the
+    /// once-per-tunnel packets (the dial and its close) are boxed, so it is
+    /// sized by DATA's handling, well below the dial's (BENCHMARKS.md, P5). Debug builds' futures are larger than release's; the bound is
+    /// for either.
+    #[test]
+    fn handling_a_packet_is_sized_by_data_not_by_the_dial() {
+        let metrics = Arc::new(Metrics::new());
+        let core = Core::new(
+            Backends::new(vec![Strategy::Default], metrics.clone()),
+            metrics,
+            CoreConfig {
+                dial_timeout: Duration::from_secs(10),
+                stall_timeout: Duration::from_secs(10),
+                frontend_queue: 2,
+                agent_queue: 2,
+                flow: link::flow::FlowSettings::default(),
+                max_pending_per_agent: 1,
+                max_pending_per_destination: 1,
+                resend_dials: true,
+            },
+        );
+        let (tunnel, _queue) = Tunnel::tracked(None);
+        let dial = size_of_val(&core.dial(&tunnel, Packet::close_request(1)));
+        let handled = size_of_val(&handle(&core, &tunnel, Packet::close_request(1)));
+        let data = size_of_val(&core.frontend_data(&tunnel, Packet::close_request(1)));
+        assert!(
+            handled <= data + 512 && handled + 512 <= dial,
+            "handle: {handled} bytes; the dial {dial}, DATA {data}"
+        );
     }
 }
