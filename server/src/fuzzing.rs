@@ -183,22 +183,27 @@ pub fn packets(data: &[u8]) {
     });
 }
 
+/// A core with queues and bounds small enough for short inputs to reach
+/// them (the fuzzer's, and unit tests').
+pub(crate) fn small_config() -> CoreConfig {
+    CoreConfig {
+        dial_timeout: Duration::from_secs(10),
+        stall_timeout: Duration::from_secs(10),
+        frontend_queue: 2,
+        agent_queue: 2,
+        flow: link::flow::FlowSettings::default(),
+        max_pending_per_agent: 6,
+        max_pending_per_destination: 3,
+        resend_dials: true,
+    }
+}
+
 async fn run(data: &[u8], metrics: Arc<Metrics>) {
     LIVE.take();
     let core = Arc::new(Core::new(
         Backends::new(vec![Strategy::DestHost], metrics.clone()),
         metrics,
-        CoreConfig {
-            dial_timeout: Duration::from_secs(10),
-            stall_timeout: Duration::from_secs(10),
-            frontend_queue: 2,
-            agent_queue: 2,
-            flow: link::flow::FlowSettings::default(),
-            // Small, so that inputs reach both bounds.
-            max_pending_per_agent: 6,
-            max_pending_per_destination: 3,
-            resend_dials: true,
-        },
+        small_config(),
     ));
     let mut agents: Vec<Agent> = (0..AGENTS).map(|i| agent(&core, i)).collect();
     let mut fronts: Vec<(Arc<Tunnel>, FrontendQueue)> =

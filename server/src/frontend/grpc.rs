@@ -221,11 +221,8 @@ pub(crate) async fn handle(core: &Core, tunnel: &Arc<Tunnel>, pkt: Packet) -> Fl
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::backend::{Backends, Strategy};
-    use crate::core::CoreConfig;
     use crate::metrics::Metrics;
 
     /// What an idle tunnel's task waits in holds `handle` inline: the
@@ -238,16 +235,7 @@ mod tests {
         let core = Core::new(
             Backends::new(vec![Strategy::Default], metrics.clone()),
             metrics,
-            CoreConfig {
-                dial_timeout: Duration::from_secs(10),
-                stall_timeout: Duration::from_secs(10),
-                frontend_queue: 2,
-                agent_queue: 2,
-                flow: link::flow::FlowSettings::default(),
-                max_pending_per_agent: 1,
-                max_pending_per_destination: 1,
-                resend_dials: true,
-            },
+            crate::fuzzing::small_config(),
         );
         let (tunnel, _queue) = Tunnel::tracked(None);
         let dial = size_of_val(&core.dial(&tunnel, Packet::close_request(1)));
