@@ -142,7 +142,8 @@ impl<S> GrpcService for S where
 
 /// Serves gRPC on one connection until it ends or the drain stops it. True
 /// when h2 itself sent the client away for a flood (GOAWAY
-/// `ENHANCE_YOUR_CALM` for rapid resets or CONTINUATION frames).
+/// `ENHANCE_YOUR_CALM` for rapid resets, CONTINUATION frames or an oversize
+/// header list).
 ///
 /// Not an `async fn`: hyper's connection is built, and boxed, before the
 /// future, so `io` is held once, inside it; an `async fn` would also keep

@@ -482,7 +482,17 @@ async fn abuse(report: &mut Report) {
     let section = "abuse";
     let pki = Pki::new();
     let dir = tempfile::tempdir().unwrap();
-    let (srv, addrs) = server(&pki, dir.path(), &["--mode=grpc".into()]).await;
+    // Every case comes from this one process, and the header bombs are
+    // sent away with h2's GOAWAY ENHANCE_YOUR_CALM: with the frontend's
+    // flood penalty (tested in tests/tests/h2_floods.rs) this process's
+    // later connections, those `decode_state` counts among them, would wait
+    // their turn or be refused.
+    let (srv, addrs) = server(
+        &pki,
+        dir.path(),
+        &["--mode=grpc".into(), "--frontend-flood-penalty=0".into()],
+    )
+    .await;
     let _agt = agent(&pki, &addrs["agent"], &[]).await;
     let pid = srv.child.id().unwrap();
     let fe = Frontend::Uds(dir.path().join("s.sock"));
