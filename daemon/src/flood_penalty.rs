@@ -41,7 +41,7 @@ pub struct Penalty {
     pub rate: f64,
 }
 
-/// Why a connection from a slowed address was not taken on.
+/// Why a connection from a slowed client was not taken on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
     "client: this client flooded a connection recently and already has more new connections waiting than the flood penalty queues"

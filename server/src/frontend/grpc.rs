@@ -227,8 +227,8 @@ mod tests {
 
     /// What an idle tunnel's task waits in holds `handle` inline: the
     /// once-per-tunnel packets (the dial and its close) are boxed, so it is
-    /// sized by DATA's handling, well below the dial's (BENCHMARKS.md, P5). Debug builds' futures are larger than release's; the bound is
-    /// for either.
+    /// sized by DATA's handling, well below the dial's (BENCHMARKS.md, P5).
+    /// The bounds are relative, so they hold whatever the build profile.
     #[test]
     fn handling_a_packet_is_sized_by_data_not_by_the_dial() {
         let metrics = Arc::new(Metrics::new());
