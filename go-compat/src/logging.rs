@@ -781,6 +781,9 @@ where
     ) {
         let mut fields = Fields::default();
         attrs.record(&mut fields);
+        // A connection's span lives as long as the connection: keep room
+        // for its fields, not the 4 a first push makes.
+        fields.kv.shrink_to_fit();
         if let Some(span) = ctx.span(id) {
             span.extensions_mut().insert(fields);
         }

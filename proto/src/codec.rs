@@ -3,15 +3,20 @@
 //! tonic starts every stream's encode and decode buffer at 8 KiB and keeps
 //! it. kube-apiserver opens one HTTP/2 connection and one stream per proxied
 //! TCP connection, so on a busy server those buffers are most of the memory
-//! an idle tunnel costs; they grow on demand for large messages anyway.
+//! an idle tunnel costs; they grow on demand for large messages anyway (a
+//! DATA packet larger than the buffer gets an allocation of its own size
+//! whatever the buffer's first size), so the first size only decides what an
+//! idle stream keeps: room for a dial's packets, not more.
 
 use std::marker::PhantomData;
 
 use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::{ProstDecoder, ProstEncoder};
 
-/// Initial size of a stream's encode and decode buffers.
-pub const INITIAL_BUFFER: usize = 1024;
+/// Initial size of a stream's encode and decode buffers: a DIAL_REQ or
+/// DIAL_RSP with its 5-byte gRPC header fits (issue 39: 1 KiB each was
+/// 2 KiB of every idle tunnel).
+pub const INITIAL_BUFFER: usize = 128;
 /// tonic's default: encoded messages are flushed once this much is buffered.
 pub const YIELD_THRESHOLD: usize = 32 * 1024;
 

@@ -297,7 +297,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             }
             11 => {
                 let (t, q) = &mut fronts[f];
-                while let Ok(p) = q.rx.try_recv() {
+                while let Some(p) = q.rx.try_recv() {
                     if let Some(konnectivity_proto::packet::Payload::Data(d)) = &p.payload {
                         t.consumed(d.data.len());
                     }
@@ -352,7 +352,7 @@ async fn run(data: &[u8], metrics: Arc<Metrics>) {
             drain_agent(a);
         }
         for (_, q) in fronts.iter_mut() {
-            while q.rx.try_recv().is_ok() {}
+            while q.rx.try_recv().is_some() {}
         }
         if let Ok(None) = tokio::time::timeout(Duration::from_millis(100), tasks.join_next()).await
         {

@@ -19,11 +19,12 @@ use konnectivity_proto::packet::Payload;
 use link::debug_connections::{CloseReason, Tracked};
 use link::flow::{GateError, RecvGate, SendGate};
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
+
+mod queue;
 
 /// Where a tunnel is in its life.
 #[derive(Debug, Clone, Default)]
@@ -94,8 +95,8 @@ pub struct Flow {
 pub struct Tunnel {
     /// Process-unique, for logs only.
     pub id: u64,
-    to_frontend: mpsc::UnboundedSender<Packet>,
-    /// The same queue's receiving end, emptied on abort.
+    /// The queue's receiving end, also the tunnel's way to queue packets
+    /// and to drop them on abort.
     queued: PacketRx,
     state: Mutex<TunnelState>,
     flow: OnceLock<Flow>,
@@ -109,13 +110,16 @@ pub struct Tunnel {
     /// A close reason was recorded (the first one wins).
     reason_noted: AtomicBool,
     /// Its span, with `--otlp-traces-endpoint`; sent when the tunnel is
-    /// dropped.
-    trace: OnceLock<(Arc<crate::otlp::Exporter>, crate::otlp::DialTrace)>,
+    /// dropped. Boxed: without tracing (the default) every tunnel would
+    /// carry the span's 232 bytes unused.
+    trace: OnceLock<Box<(Arc<crate::otlp::Exporter>, crate::otlp::DialTrace)>>,
 }
 
 impl Drop for Tunnel {
     fn drop(&mut self) {
-        if let Some((exporter, trace)) = self.trace.get() {
+        // Nothing more can be queued: the frontend ends after what is.
+        self.queued.close();
+        if let Some((exporter, trace)) = self.trace.get().map(|b| &**b) {
             trace.finish(exporter);
         }
     }
@@ -141,7 +145,7 @@ pub struct FrontendQueue {
 pub struct PacketRx(Arc<Mutex<RxInner>>);
 
 struct RxInner {
-    rx: mpsc::UnboundedReceiver<Packet>,
+    rx: queue::Fifo,
     /// What is left of a DATA packet handed out in pieces: its connection
     /// id, the rest, and the packet's whole length.
     rest: Option<(i64, bytes::Bytes, usize)>,
@@ -177,15 +181,33 @@ impl RxInner {
 
 impl PacketRx {
     pub fn poll_recv(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Packet>> {
-        self.0.lock().rx.poll_recv(cx)
+        self.0.lock().rx.poll_pop(cx)
     }
 
     pub async fn recv(&self) -> Option<Packet> {
         std::future::poll_fn(|cx| self.poll_recv(cx)).await
     }
 
-    pub fn try_recv(&self) -> Result<Packet, mpsc::error::TryRecvError> {
-        self.0.lock().rx.try_recv()
+    /// The next packet if one is queued now.
+    pub fn try_recv(&self) -> Option<Packet> {
+        self.0.lock().rx.try_pop()
+    }
+
+    /// Queues `pkt` unless the queue is closed (then gives it back).
+    fn send(&self, pkt: Packet) -> Result<(), Packet> {
+        let waker = self.0.lock().rx.push(pkt)?;
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// Takes no more packets; the frontend ends after those queued.
+    fn close(&self) {
+        let waker = self.0.lock().rx.close();
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 
     /// The next packet, DATA in pieces of at most `max` bytes; the rest of
@@ -207,7 +229,7 @@ impl PacketRx {
         }
         inner
             .rx
-            .poll_recv(cx)
+            .poll_pop(cx)
             .map(|p| p.map(|pkt| inner.split(pkt, max, None)))
     }
 
@@ -219,16 +241,21 @@ impl PacketRx {
             let pkt = Packet::data(id, rest);
             return Some(inner.split(pkt, max, Some(whole)));
         }
-        let pkt = inner.rx.try_recv().ok()?;
+        let pkt = inner.rx.try_pop()?;
         Some(inner.split(pkt, max, None))
     }
 
     /// Closes the queue and drops what it holds.
     fn clear(&self) {
-        let mut inner = self.0.lock();
-        inner.rest = None;
-        inner.rx.close();
-        while inner.rx.try_recv().is_ok() {}
+        let waker = {
+            let mut inner = self.0.lock();
+            inner.rest = None;
+            inner.rx.clear();
+            inner.rx.close()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 }
 
@@ -246,14 +273,13 @@ impl Tunnel {
     /// A tunnel, listed in `/debug/connections` as `debug` when given.
     pub fn tracked(debug: Option<Tracked>) -> (Arc<Tunnel>, FrontendQueue) {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        // Unbounded on purpose: DATA is bounded by the gate before it is
-        // queued; the few control packets per tunnel need no bound.
-        let (tx, rx) = mpsc::unbounded_channel();
-        let rx = PacketRx(Arc::new(Mutex::new(RxInner { rx, rest: None })));
+        let rx = PacketRx(Arc::new(Mutex::new(RxInner {
+            rx: queue::Fifo::default(),
+            rest: None,
+        })));
         let finished = CancellationToken::new();
         let t = Arc::new(Tunnel {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
-            to_frontend: tx,
             queued: rx.clone(),
             state: Mutex::new(TunnelState::Idle),
             flow: OnceLock::new(),
@@ -274,12 +300,12 @@ impl Tunnel {
 
     /// Traces the tunnel's dial (`--otlp-traces-endpoint`).
     pub fn start_trace(&self, exporter: Arc<crate::otlp::Exporter>, trace: crate::otlp::DialTrace) {
-        let _ = self.trace.set((exporter, trace));
+        let _ = self.trace.set(Box::new((exporter, trace)));
     }
 
     /// Its span, when traced.
     pub fn trace(&self) -> Option<&crate::otlp::DialTrace> {
-        self.trace.get().map(|(_, t)| t)
+        self.trace.get().map(|b| &b.1)
     }
 
     /// Records why the tunnel ends, unless a reason was recorded already.
@@ -332,7 +358,7 @@ impl Tunnel {
 
     /// Queues a control packet (DIAL_RSP, CLOSE_RSP, DIAL_CLS) for the frontend.
     pub fn enqueue(&self, pkt: Packet) -> Delivery {
-        if self.finished.is_cancelled() || self.to_frontend.send(pkt).is_err() {
+        if self.finished.is_cancelled() || self.queued.send(pkt).is_err() {
             return Delivery::Gone;
         }
         Delivery::Queued

@@ -85,7 +85,7 @@ async fn first_packet(queue: &FrontendQueue) -> Option<Packet> {
     tokio::select! {
         biased;
         p = queue.rx.recv() => p,
-        _ = queue.finished.cancelled() => queue.rx.try_recv().ok(),
+        _ = queue.finished.cancelled() => queue.rx.try_recv(),
     }
 }
 

@@ -293,7 +293,7 @@ where
         let pkt = tokio::select! {
             biased;
             p = queue.rx.recv() => p,
-            _ = queue.finished.cancelled() => queue.rx.try_recv().ok(),
+            _ = queue.finished.cancelled() => queue.rx.try_recv(),
             _ = sleep_until_opt(deadline) => {
                 if core.expire_dial(tunnel).await.is_some() {
                     let msg = format!(

@@ -334,8 +334,10 @@ where
 
                             // Everything is written and nothing can be done
                             // until the peer or the user acts: an idle
-                            // connection holds no write buffer.
+                            // connection holds no write buffer, and no
+                            // memory for frames queued in or out.
                             self.codec.release_idle_write_buffer();
+                            self.inner.streams.release_idle_buffers();
 
                             return Poll::Pending;
                         }

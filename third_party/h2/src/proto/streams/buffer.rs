@@ -33,6 +33,15 @@ impl<T> Buffer<T> {
     pub fn is_empty(&self) -> bool {
         self.slab.is_empty()
     }
+
+    /// Gives the buffer's memory back if it holds no frame: an idle
+    /// connection then holds none (the slab kept the capacity of its
+    /// busiest moment for the connection's life).
+    pub fn release_if_empty(&mut self) {
+        if self.slab.is_empty() && self.slab.capacity() > 0 {
+            self.slab = Slab::new();
+        }
+    }
 }
 
 impl Deque {
@@ -95,5 +104,36 @@ impl Deque {
             }
             None => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_emptied_buffer_gives_its_memory_back() {
+        let mut buf = Buffer::new();
+        let mut a = Deque::new();
+        let mut b = Deque::new();
+        for i in 0..5 {
+            a.push_back(&mut buf, i);
+            b.push_back(&mut buf, i + 10);
+        }
+        assert!(buf.slab.capacity() >= 10);
+        buf.release_if_empty();
+        assert!(buf.slab.capacity() >= 10, "frames are queued: kept");
+        for i in 0..5 {
+            assert_eq!(a.pop_front(&mut buf), Some(i));
+        }
+        buf.release_if_empty();
+        assert!(buf.slab.capacity() >= 10, "b's frames are queued: kept");
+        for i in 0..5 {
+            assert_eq!(b.pop_front(&mut buf), Some(i + 10));
+        }
+        buf.release_if_empty();
+        assert_eq!(buf.slab.capacity(), 0);
+        a.push_back(&mut buf, 7);
+        assert_eq!(a.pop_front(&mut buf), Some(7), "usable again");
     }
 }

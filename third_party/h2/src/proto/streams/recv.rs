@@ -85,6 +85,11 @@ pub(crate) enum Open {
 }
 
 impl Recv {
+    /// Gives back the received frames' buffer if it holds none.
+    pub(super) fn release_idle_buffer(&mut self) {
+        self.buffer.release_if_empty();
+    }
+
     pub fn new(peer: peer::Dyn, config: &Config) -> Self {
         let next_stream_id = if peer.is_server() { 1 } else { 2 };
 

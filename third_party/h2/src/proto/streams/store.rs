@@ -102,6 +102,7 @@ impl Store {
     }
 
     pub fn insert(&mut self, id: StreamId, val: Stream) -> Ptr<'_> {
+        reserve_first(&mut self.slab);
         let index = SlabIndex(self.slab.insert(val) as u32);
         assert!(self.ids.insert(id, index).is_none());
 
@@ -458,17 +459,54 @@ impl<'a> OccupiedEntry<'a> {
     }
 }
 
+/// Room for one stream at the first: a Vec's first growth makes room for 4,
+/// and a connection used for a single stream (kube-apiserver opens one per
+/// Konnectivity tunnel) would hold three unused `Stream`s for its life.
+fn reserve_first(slab: &mut slab::Slab<Stream>) {
+    if slab.capacity() == 0 {
+        slab.reserve_exact(1);
+    }
+}
+
 // ===== impl VacantEntry =====
 
 impl<'a> VacantEntry<'a> {
     pub fn insert(self, value: Stream) -> Key {
         // Insert the value in the slab
         let stream_id = value.id;
+        reserve_first(self.slab);
         let index = SlabIndex(self.slab.insert(value) as u32);
 
         // Insert the handle in the ID map
         self.ids.insert(index);
 
         Key { index, stream_id }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_with_one_stream_holds_room_for_one() {
+        let mut store = Store::new();
+        store.insert(StreamId::from(1), Stream::new(StreamId::from(1), 0, 0));
+        assert_eq!(store.slab.capacity(), 1);
+        match store.find_entry(StreamId::from(3)) {
+            Entry::Vacant(v) => {
+                v.insert(Stream::new(StreamId::from(3), 0, 0));
+            }
+            Entry::Occupied(_) => panic!("stream 3 is new"),
+        }
+        assert!(store.slab.capacity() >= 2, "more streams still fit");
+        let mut fresh = Store::new();
+        match fresh.find_entry(StreamId::from(5)) {
+            Entry::Vacant(v) => {
+                v.insert(Stream::new(StreamId::from(5), 0, 0));
+            }
+            Entry::Occupied(_) => panic!("stream 5 is new"),
+        }
+        assert_eq!(fresh.slab.capacity(), 1);
     }
 }

@@ -377,6 +377,18 @@ where
         let me = self.inner.lock().unwrap();
         me.counts.max_recv_streams()
     }
+
+    /// Gives back the memory of the received frames' and the send queue's
+    /// buffers if they hold no frame (called when the connection is idle).
+    pub fn release_idle_buffers(&self) {
+        self.inner
+            .lock()
+            .unwrap()
+            .actions
+            .recv
+            .release_idle_buffer();
+        self.send_buffer.inner.lock().unwrap().release_if_empty();
+    }
 }
 
 impl<B> DynStreams<'_, B> {
