@@ -301,7 +301,7 @@ impl Session {
         };
         match admitted {
             Ok(()) => {
-                let _ = tx.send(data);
+                let _ = tx.unbounded_send(data);
             }
             Err(e) => {
                 tracing::warn!(connection_id = id.0, error = %e, "closing the connection to protect the stream");
@@ -340,170 +340,186 @@ impl Session {
         let cancel = self.closed.child_token();
         self.dials.lock().insert(dial_id, cancel.clone());
         let span = tracing::debug_span!("conn", dial_id = %dial_id, connection_id = %connect, address = %req.address);
-        let me = self.clone();
         self.drain.spawn(
-            async move {
-                me.run_connection(dial_id, connect, req, cancel).await;
-            }
-            .instrument(span),
+            self.clone()
+                .run_connection(dial_id, connect, req, cancel)
+                .instrument(span),
         );
     }
 
-    /// Dials, then owns the connection until it ends.
-    async fn run_connection(
+    /// Dials, then owns the connection until it ends. The task of every
+    /// connection, idle ones included, is this future: an `async move`
+    /// block rather than an `async fn`, which would keep its parameters
+    /// twice (as passed and as moved into its body), so that the task fits
+    /// tokio's 2 KiB cell (BENCHMARKS.md, P5;
+    /// `a_connection_is_a_small_task`).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its parameters twice"
+    )]
+    fn run_connection(
         self: Arc<Self>,
         dial_id: DialId,
         connect: ConnectId,
         req: konnectivity_proto::DialRequest,
         cancel: CancellationToken,
-    ) {
-        let started = Instant::now();
-        let debug = self.debug.open("tunnel", None);
-        let parent = crate::otlp::parent_of(&req.traceparent);
-        if let Some(p) = &parent {
-            p.record(&debug);
-        }
-        let mut span = self.cfg.otlp.as_ref().map(|e| {
-            crate::otlp::DialSpan::new(
-                e.clone(),
-                parent,
-                dial_id.0,
-                &self.server_id.to_string(),
-                &req.address,
-            )
-        });
-        debug.set_target(&req.address);
-        debug.set("server_id", &self.server_id);
-        debug.set("dial_id", dial_id);
-        debug.set_state("dialing");
-        let dialed = tokio::select! {
-            r = self.cfg.dialer.dial(&req.protocol, &req.address, self.cfg.dial_timeout, &self.cfg.policy) => Some(r),
-            _ = cancel.cancelled() => None,
-        };
-        self.dials.lock().remove(&dial_id);
-        let stream = match dialed {
-            None => {
-                close_as(
-                    &debug,
-                    &mut span,
-                    CloseReason::ClientClosed,
-                    "dial cancelled by the server",
-                );
-                return;
+    ) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let started = Instant::now();
+            let debug = self.debug.open("tunnel", None);
+            let parent = crate::otlp::parent_of(&req.traceparent);
+            if let Some(p) = &parent {
+                p.record(&debug);
             }
-            Some(Err(e)) => {
-                let cause = if e.denied {
-                    CloseReason::DialRefused
-                } else if e.timeout {
-                    CloseReason::DialTimeout
-                } else {
-                    CloseReason::DialFailed
-                };
-                close_as(
-                    &debug,
-                    &mut span,
-                    cause,
-                    &format!("dial failed: {}", e.text),
-                );
-                if e.denied {
-                    self.metrics.dial_denied();
-                    tracing::info!(address = %req.address, "dial refused by --allowed-destinations");
-                } else {
-                    self.metrics.dial_failure(e.timeout);
+            // Boxed: without tracing (the default) every connection would
+            // carry the span's 152 bytes unused.
+            let mut span = self.cfg.otlp.as_ref().map(|e| {
+                Box::new(crate::otlp::DialSpan::new(
+                    e.clone(),
+                    parent,
+                    dial_id.0,
+                    &self.server_id.to_string(),
+                    &req.address,
+                ))
+            });
+            debug.set_target(&req.address);
+            debug.set("server_id", &self.server_id);
+            debug.set("dial_id", dial_id);
+            debug.set_state("dialing");
+            let dialed = tokio::select! {
+                r = self.cfg.dialer.dial(&req.protocol, &req.address, self.cfg.dial_timeout, &self.cfg.policy) => Some(r),
+                _ = cancel.cancelled() => None,
+            };
+            self.dials.lock().remove(&dial_id);
+            let stream = match dialed {
+                None => {
+                    close_as(
+                        &debug,
+                        &mut span,
+                        CloseReason::ClientClosed,
+                        "dial cancelled by the server",
+                    );
+                    return;
                 }
-                tracing::debug!(error = %e, "dial failed");
-                self.send(Packet::dial_response(dial_id.0, 0, e.text)).await;
-                return;
+                Some(Err(e)) => {
+                    let cause = if e.denied {
+                        CloseReason::DialRefused
+                    } else if e.timeout {
+                        CloseReason::DialTimeout
+                    } else {
+                        CloseReason::DialFailed
+                    };
+                    close_as(
+                        &debug,
+                        &mut span,
+                        cause,
+                        &format!("dial failed: {}", e.text),
+                    );
+                    if e.denied {
+                        self.metrics.dial_denied();
+                        tracing::info!(address = %req.address, "dial refused by --allowed-destinations");
+                    } else {
+                        self.metrics.dial_failure(e.timeout);
+                    }
+                    tracing::debug!(error = %e, "dial failed");
+                    self.send(Packet::dial_response(dial_id.0, 0, e.text)).await;
+                    return;
+                }
+                Some(Ok(s)) => s,
+            };
+            self.metrics
+                .dial_duration
+                .record(started.elapsed().as_secs_f64());
+            if let Some(peer) = stream.peer_addr() {
+                debug.set_upstream(peer);
             }
-            Some(Ok(s)) => s,
-        };
-        self.metrics
-            .dial_duration
-            .record(started.elapsed().as_secs_f64());
-        if let Some(peer) = stream.peer_addr() {
-            debug.set_upstream(peer);
-        }
-        if let Some(s) = &mut span {
-            s.dialed(stream.peer_addr());
-        }
-        debug.set("connect_id", connect);
-        debug.set_state("established");
-        let (tx, rx) = mpsc::unbounded_channel();
-        let close = CloseSignal::default();
-        let gate = Arc::new(match &self.flow {
-            Some(link) => link.open_recv(),
-            None => {
-                // The process needs back what this connection holds: its
-                // destination has not read for the stall limit.
-                let (c, stalled) = (close.clone(), GateError::Stalled(self.cfg.stall_timeout));
-                RecvGate::Legacy(self.legacy.open(move || {
+            if let Some(s) = &mut span {
+                s.dialed(stream.peer_addr());
+            }
+            debug.set("connect_id", connect);
+            debug.set_state("established");
+            let (tx, rx) = futures::channel::mpsc::unbounded();
+            let close = CloseSignal::default();
+            let gate = Arc::new(match &self.flow {
+                Some(link) => link.open_recv(),
+                None => {
+                    // The process needs back what this connection holds: its
+                    // destination has not read for the stall limit.
+                    let (c, stalled) = (close.clone(), GateError::Stalled(self.cfg.stall_timeout));
+                    RecvGate::Legacy(self.legacy.open(move || {
                     tracing::warn!(error = %stalled, "closing the connection to give its budget back");
                     c.close(Some((
                         CloseReason::Stalled,
                         format!("{stalled}; connection closed to protect the stream"),
                     )));
                 }))
-            }
-        });
-        let send = self
-            .flow
-            .as_ref()
-            .map(|link| Arc::new(link.open_send(req.flow_window)));
-        self.conns.lock().insert(
-            connect,
-            ConnHandle {
-                to_remote: tx,
-                gate: gate.clone(),
-                send: send.clone(),
-                close: close.clone(),
-            },
-        );
-        self.metrics.open_endpoint_connections.increment(1.0);
-        let mut rsp = Packet::dial_response(dial_id.0, connect.0, String::new());
-        rsp.set_flow_window(gate.initial().unwrap_or(0));
-        if self.send(rsp).await {
-            tracing::debug!("connection established");
-            let established = Instant::now();
-            let metrics = self.metrics.clone();
-            let link = Link {
-                id: connect,
-                to_server: &self.out,
-                control: &self.control,
-                gate: &gate,
-                send: send.as_deref(),
-                tally: &debug,
-            };
-            tokio::select! {
-                _ = endpoint::pump(stream, link, rx, &close, |t| metrics.packet(Segment::FromAgent, t)) => {}
-                _ = self.closed.cancelled() => {}
-                _ = self.drain.stopping() => {}
-            }
-            // Its queue is gone with the pump: so is what it held.
-            gate.discard();
-            let (cause, why) =
-                note_close(&close, self.closed.is_cancelled(), self.drain.is_stopping());
-            close_as(&debug, &mut span, cause, &why);
-            self.metrics
-                .connection_duration
-                .record(established.elapsed().as_secs_f64());
-        } else {
-            close_as(
-                &debug,
-                &mut span,
-                CloseReason::ClientLost,
-                "the stream to the server ended before DIAL_RSP was sent",
+                }
+            });
+            let send = self
+                .flow
+                .as_ref()
+                .map(|link| Arc::new(link.open_send(req.flow_window)));
+            self.conns.lock().insert(
+                connect,
+                ConnHandle {
+                    to_remote: tx,
+                    gate: gate.clone(),
+                    send: send.clone(),
+                    close: close.clone(),
+                },
             );
+            self.metrics.open_endpoint_connections.increment(1.0);
+            // In a block of its own: a local of the function keeps its slot
+            // (96 bytes) in the connection's future for the connection's life.
+            let answered = {
+                let mut rsp = Packet::dial_response(dial_id.0, connect.0, String::new());
+                rsp.set_flow_window(gate.initial().unwrap_or(0));
+                self.send(rsp).await
+            };
+            if answered {
+                tracing::debug!("connection established");
+                let established = Instant::now();
+                let metrics = self.metrics.clone();
+                let link = Link {
+                    id: connect,
+                    to_server: &self.out,
+                    control: &self.control,
+                    gate: &gate,
+                    send: send.as_deref(),
+                    tally: &debug,
+                };
+                tokio::select! {
+                    _ = endpoint::pump(stream, link, rx, &close, |t| metrics.packet(Segment::FromAgent, t)) => {}
+                    _ = self.closed.cancelled() => {}
+                    _ = self.drain.stopping() => {}
+                }
+                // Its queue is gone with the pump: so is what it held.
+                gate.discard();
+                let (cause, why) =
+                    note_close(&close, self.closed.is_cancelled(), self.drain.is_stopping());
+                close_as(&debug, &mut span, cause, &why);
+                self.metrics
+                    .connection_duration
+                    .record(established.elapsed().as_secs_f64());
+            } else {
+                close_as(
+                    &debug,
+                    &mut span,
+                    CloseReason::ClientLost,
+                    "the stream to the server ended before DIAL_RSP was sent",
+                );
+            }
+            if let Some(s) = &send {
+                s.close();
+            }
+            self.conns.lock().remove(&connect);
+            self.metrics.open_endpoint_connections.decrement(1.0);
+            if !self.closed.is_cancelled() {
+                let reason = close.reason().unwrap_or_default();
+                self.send(Packet::close_response(connect.0, reason)).await;
+            }
+            tracing::debug!("connection closed");
         }
-        if let Some(s) = &send {
-            s.close();
-        }
-        self.conns.lock().remove(&connect);
-        self.metrics.open_endpoint_connections.decrement(1.0);
-        if !self.closed.is_cancelled() {
-            let reason = close.reason().unwrap_or_default();
-            self.send(Packet::close_response(connect.0, reason)).await;
-        }
-        tracing::debug!("connection closed");
     }
 
     /// Tells the server this agent is going away.
@@ -516,7 +532,7 @@ impl Session {
 /// span.
 fn close_as(
     debug: &Tracked,
-    span: &mut Option<crate::otlp::DialSpan>,
+    span: &mut Option<Box<crate::otlp::DialSpan>>,
     cause: CloseReason,
     why: &str,
 ) {
@@ -541,4 +557,42 @@ fn note_close(close: &CloseSignal, stream_gone: bool, stopping: bool) -> (CloseR
         None => (CloseReason::UpstreamClosed, "closed by the destination"),
     };
     (cause, why.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every connection's task, idle ones included, is `run_connection`'s
+    /// future; at this size tokio's task cell around it (header, scheduler,
+    /// span, trailer: 224 bytes) stays within 2 KiB (BENCHMARKS.md, P5).
+    #[tokio::test]
+    async fn a_connection_is_a_small_task() {
+        let (out, _out_rx) = mpsc::channel(1);
+        let (control, _ctl) = konnectivity_proto::control::channel();
+        let session = Session::with_links(
+            ServerId("size".into()),
+            Links {
+                out,
+                control,
+                flow_max: None,
+                debug: Default::default(),
+            },
+            Arc::new(Metrics::new()),
+            SessionConfig {
+                dial_timeout: Duration::from_secs(1),
+                conn_queue: 1,
+                stall_timeout: Duration::from_secs(1),
+                policy: Arc::new(crate::dial::policy::DestinationPolicy::default()),
+                flow: link::flow::FlowPool::new(link::flow::FlowSettings::default()),
+                dialer: crate::dial::destination::Dialer::default(),
+                otlp: None,
+            },
+            Drain::new(),
+        );
+        let req = konnectivity_proto::DialRequest::default();
+        let task = session.run_connection(DialId(1), ConnectId(1), req, CancellationToken::new());
+        let size = size_of_val(&task);
+        assert!(size <= 1_792, "a connection's future: {size} bytes");
+    }
 }

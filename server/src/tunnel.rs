@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use konnectivity_proto::Packet;
 use konnectivity_proto::PacketExt;
 use konnectivity_proto::ids::{ConnectId, DialId};
@@ -23,8 +25,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
-
-mod queue;
 
 /// Where a tunnel is in its life.
 #[derive(Debug, Clone, Default)]
@@ -95,8 +95,12 @@ pub struct Flow {
 pub struct Tunnel {
     /// Process-unique, for logs only.
     pub id: u64,
-    /// The queue's receiving end, also the tunnel's way to queue packets
-    /// and to drop them on abort.
+    /// futures' channel, not tokio's: tokio's allocates a 32-slot block (3 KiB
+    /// of `Packet`s) and 0.5 KiB of state per channel up front and keeps
+    /// them, and most tunnels are idle (P5 in BENCHMARKS.md, issue 39);
+    /// futures' holds about 200 bytes and allocates per queued packet.
+    to_frontend: UnboundedSender<Packet>,
+    /// The same queue's receiving end, emptied on abort.
     queued: PacketRx,
     state: Mutex<TunnelState>,
     flow: OnceLock<Flow>,
@@ -117,8 +121,6 @@ pub struct Tunnel {
 
 impl Drop for Tunnel {
     fn drop(&mut self) {
-        // Nothing more can be queued: the frontend ends after what is.
-        self.queued.close();
         if let Some((exporter, trace)) = self.trace.get().map(|b| &**b) {
             trace.finish(exporter);
         }
@@ -145,7 +147,7 @@ pub struct FrontendQueue {
 pub struct PacketRx(Arc<Mutex<RxInner>>);
 
 struct RxInner {
-    rx: queue::Fifo,
+    rx: UnboundedReceiver<Packet>,
     /// What is left of a DATA packet handed out in pieces: its connection
     /// id, the rest, and the packet's whole length.
     rest: Option<(i64, bytes::Bytes, usize)>,
@@ -181,7 +183,7 @@ impl RxInner {
 
 impl PacketRx {
     pub fn poll_recv(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Packet>> {
-        self.0.lock().rx.poll_pop(cx)
+        self.0.lock().rx.poll_next_unpin(cx)
     }
 
     pub async fn recv(&self) -> Option<Packet> {
@@ -190,24 +192,7 @@ impl PacketRx {
 
     /// The next packet if one is queued now.
     pub fn try_recv(&self) -> Option<Packet> {
-        self.0.lock().rx.try_pop()
-    }
-
-    /// Queues `pkt` unless the queue is closed (then gives it back).
-    fn send(&self, pkt: Packet) -> Result<(), Packet> {
-        let waker = self.0.lock().rx.push(pkt)?;
-        if let Some(w) = waker {
-            w.wake();
-        }
-        Ok(())
-    }
-
-    /// Takes no more packets; the frontend ends after those queued.
-    fn close(&self) {
-        let waker = self.0.lock().rx.close();
-        if let Some(w) = waker {
-            w.wake();
-        }
+        self.0.lock().rx.try_recv().ok()
     }
 
     /// The next packet, DATA in pieces of at most `max` bytes; the rest of
@@ -229,7 +214,7 @@ impl PacketRx {
         }
         inner
             .rx
-            .poll_pop(cx)
+            .poll_next_unpin(cx)
             .map(|p| p.map(|pkt| inner.split(pkt, max, None)))
     }
 
@@ -241,21 +226,16 @@ impl PacketRx {
             let pkt = Packet::data(id, rest);
             return Some(inner.split(pkt, max, Some(whole)));
         }
-        let pkt = inner.rx.try_pop()?;
+        let pkt = inner.rx.try_recv().ok()?;
         Some(inner.split(pkt, max, None))
     }
 
     /// Closes the queue and drops what it holds.
     fn clear(&self) {
-        let waker = {
-            let mut inner = self.0.lock();
-            inner.rest = None;
-            inner.rx.clear();
-            inner.rx.close()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
+        let mut inner = self.0.lock();
+        inner.rest = None;
+        inner.rx.close();
+        while inner.rx.try_recv().is_ok() {}
     }
 }
 
@@ -273,13 +253,14 @@ impl Tunnel {
     /// A tunnel, listed in `/debug/connections` as `debug` when given.
     pub fn tracked(debug: Option<Tracked>) -> (Arc<Tunnel>, FrontendQueue) {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let rx = PacketRx(Arc::new(Mutex::new(RxInner {
-            rx: queue::Fifo::default(),
-            rest: None,
-        })));
+        // Unbounded on purpose: DATA is bounded by the gate before it is
+        // queued; the few control packets per tunnel need no bound.
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let rx = PacketRx(Arc::new(Mutex::new(RxInner { rx, rest: None })));
         let finished = CancellationToken::new();
         let t = Arc::new(Tunnel {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
+            to_frontend: tx,
             queued: rx.clone(),
             state: Mutex::new(TunnelState::Idle),
             flow: OnceLock::new(),
@@ -358,7 +339,7 @@ impl Tunnel {
 
     /// Queues a control packet (DIAL_RSP, CLOSE_RSP, DIAL_CLS) for the frontend.
     pub fn enqueue(&self, pkt: Packet) -> Delivery {
-        if self.finished.is_cancelled() || self.queued.send(pkt).is_err() {
+        if self.finished.is_cancelled() || self.to_frontend.unbounded_send(pkt).is_err() {
             return Delivery::Gone;
         }
         Delivery::Queued

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use konnectivity_proto::control::ControlTx;
 use konnectivity_proto::ids::ConnectId;
 use konnectivity_proto::{Packet, PacketExt};
@@ -23,7 +25,11 @@ use crate::dial::destination::Destination;
 /// The stream-facing handle of a connection.
 pub struct ConnHandle {
     /// Bytes for the destination, admitted by `gate` before they are queued.
-    pub to_remote: mpsc::UnboundedSender<Bytes>,
+    /// futures' channel, not tokio's: tokio's allocates a 32-slot block
+    /// (1 KiB) and 0.5 KiB of state per channel up front and keeps them, and
+    /// most connections are idle (P5 in BENCHMARKS.md, issue 39); futures'
+    /// holds about 128 bytes and allocates per queued chunk.
+    pub to_remote: UnboundedSender<Bytes>,
     /// Legacy server: `--xfr-channel-size` packets and a stall limit. Ours:
     /// the flow-control window.
     pub gate: Arc<RecvGate>,
@@ -83,7 +89,7 @@ pub struct Link<'a> {
 pub async fn pump(
     mut stream: Destination,
     link: Link<'_>,
-    mut to_remote: mpsc::UnboundedReceiver<Bytes>,
+    mut to_remote: UnboundedReceiver<Bytes>,
     close: &CloseSignal,
     on_sent: impl Fn(i32),
 ) {
@@ -111,7 +117,7 @@ pub async fn pump(
         }
     };
     let download = async {
-        while let Some(data) = to_remote.recv().await {
+        while let Some(data) = to_remote.next().await {
             if wr.write_all(&data).await.is_err() {
                 return;
             }

@@ -88,11 +88,11 @@ impl Stream for FrontendStream {
             Poll::Pending => {}
         }
         if self.finished.as_mut().poll(cx).is_ready() {
-            // Finished after the last packet was queued. `Pending` above does
-            // not mean the queue is empty: tokio's cooperative budget makes
-            // `poll_recv` answer `Pending` to a task that has used its share,
-            // with packets still queued. Only an empty `try_recv` says the
-            // stream may end; otherwise hand out what is left.
+            // Finished after the last packet was queued. `Pending` above
+            // said the queue was empty when it was polled, not that it still
+            // is: the last packets may have been queued since, just before
+            // the tunnel finished. Only an empty `try_piece` says the stream
+            // may end; otherwise hand out what is left.
             return match self.queue.rx.try_piece(MAX_FRONTEND_PIECE) {
                 Some(piece) => self.item(piece),
                 None => self.end(),
