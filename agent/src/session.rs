@@ -391,6 +391,9 @@ impl Session {
                 _ = cancel.cancelled() => None,
             };
             self.dials.lock().remove(&dial_id);
+            // Only the dial could be cancelled: its token (a node in the
+            // session's tree) is not kept for the connection's life.
+            drop(cancel);
             let stream = match dialed {
                 None => {
                     close_as(

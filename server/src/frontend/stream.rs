@@ -16,8 +16,10 @@ use crate::metrics::{Metrics, Segment};
 use crate::tunnel::{Abort, FrontendQueue, Piece, Tunnel};
 
 pub struct FrontendStream {
-    /// A packet taken off the queue before the response started.
-    first: Option<Packet>,
+    /// A packet taken off the queue before the response started. Boxed:
+    /// tonic keeps this stream for the tunnel's life, and the packet is
+    /// handed out at once (BENCHMARKS.md, P5).
+    first: Option<Box<Packet>>,
     queue: FrontendQueue,
     finished: Pin<Box<WaitForCancellationFutureOwned>>,
     tunnel: Arc<Tunnel>,
@@ -34,7 +36,7 @@ impl FrontendStream {
     ) -> Self {
         let finished = Box::pin(queue.finished.clone().cancelled_owned());
         FrontendStream {
-            first,
+            first: first.map(Box::new),
             queue,
             finished,
             tunnel,
@@ -81,7 +83,7 @@ impl Stream for FrontendStream {
         if self.tunnel.aborted().is_some() {
             return self.end();
         }
-        let first = self.first.take();
+        let first = self.first.take().map(|p| *p);
         match self.queue.rx.poll_piece(cx, MAX_FRONTEND_PIECE, first) {
             Poll::Ready(Some(piece)) => return self.item(piece),
             Poll::Ready(None) => return self.end(),
