@@ -557,6 +557,7 @@ impl Table {
             self.size += len;
 
             // Track the entry
+            super::reserve_entry(&mut self.entries);
             self.entries.push_front(entry);
         }
     }

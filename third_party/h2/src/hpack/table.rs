@@ -337,6 +337,7 @@ impl Table {
     fn insert(&mut self, header: Header, hash: HashValue) {
         self.inserted = self.inserted.wrapping_add(1);
 
+        super::reserve_entry(&mut self.slots);
         self.slots.push_front(Slot {
             hash,
             header,
