@@ -450,12 +450,12 @@ impl Session {
                     // destination has not read for the stall limit.
                     let (c, stalled) = (close.clone(), GateError::Stalled(self.cfg.stall_timeout));
                     RecvGate::Legacy(self.legacy.open(move || {
-                    tracing::warn!(error = %stalled, "closing the connection to give its budget back");
-                    c.close(Some((
-                        CloseReason::Stalled,
-                        format!("{stalled}; connection closed to protect the stream"),
-                    )));
-                }))
+                        tracing::warn!(error = %stalled, "closing the connection to give its budget back");
+                        c.close(Some((
+                            CloseReason::Stalled,
+                            format!("{stalled}; connection closed to protect the stream"),
+                        )));
+                    }))
                 }
             });
             let send = self
