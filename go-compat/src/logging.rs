@@ -779,11 +779,13 @@ where
         id: &tracing::span::Id,
         ctx: Context<'_, S>,
     ) {
-        let mut fields = Fields::default();
+        // A connection's span lives as long as the connection: room for its
+        // fields, not the 4 a first push makes.
+        let mut fields = Fields {
+            message: None,
+            kv: Vec::with_capacity(attrs.metadata().fields().len()),
+        };
         attrs.record(&mut fields);
-        // A connection's span lives as long as the connection: keep room
-        // for its fields, not the 4 a first push makes.
-        fields.kv.shrink_to_fit();
         if let Some(span) = ctx.span(id) {
             span.extensions_mut().insert(fields);
         }
