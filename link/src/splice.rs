@@ -405,11 +405,33 @@ impl Link<'_> {
             if buf.len() < COPY_CHUNK {
                 buf.resize(COPY_CHUNK, 0);
             }
-            let n = match src.try_read(&mut buf[..COPY_CHUNK]) {
-                Ok(0) => return Ok(Copied::Eof),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Copied::Nothing),
-                Err(e) => return Err(read_err(e)),
+            // A read that comes back short has taken everything the socket
+            // held: it reports WouldBlock to `try_io` with the count kept
+            // aside, so that tokio clears the socket's readiness, as its own
+            // `poll_read` does after a short read, and the pump waits for
+            // the next edge instead of reading once more for EAGAIN (one
+            // syscall per wake-up; tokio's tick keeps an edge that came in
+            // between from being lost).
+            let mut short = None;
+            let read = src.try_io(Interest::READABLE, || {
+                let n =
+                    rustix::net::recv(src, &mut buf[..COPY_CHUNK], rustix::net::RecvFlags::empty())
+                        .map_err(io::Error::from)?
+                        .0;
+                if n > 0 && n < COPY_CHUNK {
+                    short = Some(n);
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            });
+            let n = match (read, short) {
+                (_, Some(n)) => n,
+                (Ok(0), None) => return Ok(Copied::Eof),
+                (Ok(n), None) => n,
+                (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(Copied::Nothing);
+                }
+                (Err(e), None) => return Err(read_err(e)),
             };
             let sent = match dst.try_write(&buf[..n]) {
                 Ok(m) => m,
@@ -597,6 +619,68 @@ mod tests {
             assert_eq!(bytes, want, "{path:?}");
             assert_eq!(heard.client.load(Ordering::Relaxed), 4, "{path:?}");
             assert_eq!(heard.upstream.load(Ordering::Relaxed), 4, "{path:?}");
+        }
+    }
+
+    /// Short exchanges one after another, and bursts of two writes, all
+    /// arrive: a direction that copies clears its socket's readiness after
+    /// a short read (no read for EAGAIN) and must still wake for every
+    /// later byte, including bytes that come while it is reading.
+    #[tokio::test]
+    async fn every_short_exchange_arrives_after_a_short_read() {
+        for path in PATHS {
+            let (client, mut client_peer) = pair().await;
+            let (upstream, mut upstream_peer) = pair().await;
+            // Without Nagle, so that a write right behind another is not
+            // held for the first one's delayed ACK.
+            for s in [&client, &client_peer, &upstream, &upstream_peer] {
+                s.set_nodelay(true).unwrap_or_else(|e| panic!("{e}"));
+            }
+            let heard = std::sync::Arc::new(Heard::default());
+            let h = heard.clone();
+            let task = tokio::spawn(async move {
+                let opts = RelayOptions::default();
+                run(
+                    path,
+                    client,
+                    upstream,
+                    opts,
+                    &*h,
+                    leaked_count(),
+                    std::future::pending(),
+                )
+                .await
+            });
+            let exchanges = async {
+                let mut sent = 0u64;
+                for i in 0..300usize {
+                    let msg = vec![(i % 251) as u8; 1 + i % 700];
+                    client_peer.write_all(&msg).await?;
+                    if i % 3 == 0 {
+                        // A second write right behind the first.
+                        client_peer.write_all(&msg).await?;
+                    }
+                    let want = if i % 3 == 0 { 2 * msg.len() } else { msg.len() };
+                    let mut got = vec![0; want];
+                    upstream_peer.read_exact(&mut got).await?;
+                    assert!(got.iter().all(|b| *b == msg[0]), "{path:?}: exchange {i}");
+                    upstream_peer.write_all(&got).await?;
+                    let mut back = vec![0; want];
+                    client_peer.read_exact(&mut back).await?;
+                    assert_eq!(back, got, "{path:?}: exchange {i}");
+                    sent += want as u64;
+                }
+                io::Result::Ok(sent)
+            };
+            let sent = tokio::time::timeout(Duration::from_secs(60), exchanges)
+                .await
+                .unwrap_or_else(|_| panic!("{path:?}: an exchange was not relayed"))
+                .unwrap_or_else(|e| panic!("{path:?}: {e}"));
+            drop(client_peer);
+            drop(upstream_peer);
+            let (_, bytes) = task.await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(bytes.from_client, sent, "{path:?}");
+            assert_eq!(bytes.from_upstream, sent, "{path:?}");
         }
     }
 

@@ -142,16 +142,25 @@ async fn serve(listener: TcpListener, port: u16, shared: Arc<Shared>, stop: Canc
         ..AcceptOptions::default()
     };
     let drain = shared.drain.clone();
-    let handler =
-        move |io: TcpStream, _peer, permit| handle(io, port, shared.clone(), stats.clone(), permit);
+    let handler = move |io: TcpStream, peer: String, permit| {
+        handle(
+            io,
+            peer.parse().ok(),
+            port,
+            shared.clone(),
+            stats.clone(),
+            permit,
+        )
+    };
     tokio::select! {
         _ = accept_loop(listener, "nodeport", drain, options, handler) => {}
         _ = stop.cancelled() => {}
     }
 }
 
-/// One NodePort connection, holding `permit` (its place under the
-/// listener's connection limit) until it ends.
+/// One NodePort connection from `peer` (the address the accept returned),
+/// holding `permit` (its place under the listener's connection limit)
+/// until it ends.
 ///
 /// Not an `async fn`: one keeps its parameters twice (as passed and as moved
 /// into its body), and this future is most of what a held connection costs
@@ -162,6 +171,7 @@ async fn serve(listener: TcpListener, port: u16, shared: Arc<Shared>, stop: Canc
 )]
 fn handle(
     client: TcpStream,
+    peer: Option<SocketAddr>,
     port: u16,
     shared: Arc<Shared>,
     listener: ListenerStats,
@@ -177,9 +187,10 @@ fn handle(
             tracing::debug!(error = %e, "client keepalive not set");
         }
         let expect = shared.config.accept_proxy_protocol.node_ports;
-        let conn = shared.connections.open("nodeport", client.peer_addr().ok());
+        let peer = peer.or_else(|| client.peer_addr().ok());
+        let conn = shared.connections.open("nodeport", peer);
         conn.set_target(format_args!("node port {port}"));
-        let (downstream, early) = match Downstream::of(&client, expect, &shared).await {
+        let (downstream, early) = match Downstream::of(&client, peer, expect, &shared).await {
             Ok(d) => d,
             Err(e) => {
                 conn.set_close(e.cause(), e.reason());
@@ -255,7 +266,7 @@ mod tests {
         let client = TcpStream::connect(addr)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let size = size_of_val(&handle(client, addr.port(), shared, stats, None));
+        let size = size_of_val(&handle(client, None, addr.port(), shared, stats, None));
         eprintln!("NodePort connection future: {size} bytes");
         assert!(size <= 1984, "NodePort connection future: {size} bytes");
     }

@@ -217,11 +217,11 @@ impl NodePortProxy {
                 "sni",
                 drain.clone(),
                 limit(&stats, shared.config.accept_proxy_protocol.sni),
-                move |io: TcpStream, _, permit| {
+                move |io: TcpStream, peer: String, permit| {
                     let (s, stats) = (s.clone(), stats.clone());
                     async move {
                         let _permit = permit;
-                        crate::listeners::sni::handle(io, s, stats).await;
+                        crate::listeners::sni::handle(io, peer.parse().ok(), s, stats).await;
                     }
                 },
             ));
@@ -535,6 +535,7 @@ mod task_size {
             TcpStream::connect(addr)
                 .await
                 .unwrap_or_else(|e| panic!("{e}")),
+            None,
             shared.clone(),
             stats.clone(),
         );

@@ -3,6 +3,7 @@
 //! through untouched. Anything that is not a routable ClientHello within the
 //! time and size limits is closed.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use link::debug_connections::{CloseReason, Tracked};
@@ -37,7 +38,7 @@ pub enum SniError {
     #[error(transparent)]
     ProxyHeader(#[from] crate::relay::proxy_protocol::ProxyHeaderError),
     #[error("client {0} is not in the allow-list of server name {1}")]
-    Denied(std::net::SocketAddr, String),
+    Denied(SocketAddr, String),
     #[error(transparent)]
     Upstream(#[from] crate::relay::upstream::UpstreamError),
 }
@@ -76,16 +77,23 @@ impl SniError {
 /// is plaintext, as alerts before the ServerHello are.
 const ACCESS_DENIED_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49];
 
-pub async fn handle(client: TcpStream, shared: Arc<Shared>, listener: ListenerStats) {
+/// One SNI connection from `peer` (the address the accept returned).
+pub async fn handle(
+    client: TcpStream,
+    peer: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    listener: ListenerStats,
+) {
     listener.downstream_cx_total.increment(1);
     let active = Active::new(&listener.downstream_cx_active);
     shared.metrics.tcp.downstream_cx_total.increment(1);
     if let Err(e) = shared.config.connection.downstream_keepalive.apply(&client) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
-    let conn = shared.connections.open("sni", client.peer_addr().ok());
+    let peer = peer.or_else(|| client.peer_addr().ok());
+    let conn = shared.connections.open("sni", peer);
     conn.set_state("handshake");
-    match serve(client, &shared, &conn).await {
+    match serve(client, peer, &shared, &conn).await {
         // The routed connection goes on in a task of its own, and this one
         // ends: a held connection costs that task's memory alone, and a
         // silent one, not yet routed, only this task's smaller one.
@@ -136,9 +144,15 @@ pub(crate) struct Held {
     _slot: daemon::listen::SlotHandle,
 }
 
-async fn serve(client: TcpStream, shared: &Shared, conn: &Tracked) -> Result<Routed, SniError> {
+async fn serve(
+    client: TcpStream,
+    peer: Option<SocketAddr>,
+    shared: &Shared,
+    conn: &Tracked,
+) -> Result<Routed, SniError> {
     let (downstream, mut buf) = Box::pin(Downstream::of(
         &client,
+        peer,
         shared.config.accept_proxy_protocol.sni,
         shared,
     ))

@@ -52,12 +52,12 @@ pub async fn handle(mut client: TcpStream, l: Arc<TunnelListener>) {
         tracing::debug!(error = %e, "client keepalive not set");
     }
     let expect = shared.config.accept_proxy_protocol.tunneling;
-    let conn = shared
-        .connections
-        .open("tunneling", client.peer_addr().ok());
+    let peer = client.peer_addr().ok();
+    let conn = shared.connections.open("tunneling", peer);
     conn.set_state("handshake");
     // Nothing is buffered until the client sends.
-    let (downstream, mut buf) = match Box::pin(Downstream::of(&client, expect, shared)).await {
+    let (downstream, mut buf) = match Box::pin(Downstream::of(&client, peer, expect, shared)).await
+    {
         Ok(d) => d,
         Err(e) => {
             conn.set_close(e.cause(), e.reason());

@@ -51,17 +51,21 @@ pub struct Downstream {
 }
 
 impl Downstream {
-    /// The connection's addresses, then, when the listener expects a PROXY
-    /// header, the header's (read within the PROXY timeout), with the bytes
-    /// the client sent after it.
+    /// The connection's addresses (`peer` as the accept returned it, when
+    /// it did: one `getpeername` fewer per connection), then, when the
+    /// listener expects a PROXY header, the header's (read within the PROXY
+    /// timeout), with the bytes the client sent after it.
     pub async fn of(
         client: &TcpStream,
+        peer: Option<SocketAddr>,
         expect_proxy_header: bool,
         shared: &Shared,
     ) -> Result<(Downstream, Vec<u8>), crate::relay::proxy_protocol::ProxyHeaderError> {
         let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
         let mut d = Downstream {
-            source: client.peer_addr().unwrap_or(unspecified),
+            source: peer
+                .or_else(|| client.peer_addr().ok())
+                .unwrap_or(unspecified),
             local: client.local_addr().unwrap_or(unspecified),
         };
         if !expect_proxy_header {
