@@ -546,6 +546,26 @@ mod tests {
         Box::leak(Box::new(PipeCount::new()))
     }
 
+    /// `run` with default options and no tally, in a task of its own,
+    /// until both sides end.
+    fn spawn_relay(
+        path: Path,
+        client: TcpStream,
+        upstream: TcpStream,
+        pipes: &'static PipeCount,
+    ) -> tokio::task::JoinHandle<(RelayEnd, RelayBytes)> {
+        let opts = RelayOptions::default();
+        tokio::spawn(run(
+            path,
+            client,
+            upstream,
+            opts,
+            &(),
+            pipes,
+            std::future::pending(),
+        ))
+    }
+
     async fn run(
         path: Path,
         client: TcpStream,
@@ -636,21 +656,7 @@ mod tests {
             for s in [&client, &client_peer, &upstream, &upstream_peer] {
                 s.set_nodelay(true).unwrap_or_else(|e| panic!("{e}"));
             }
-            let heard = std::sync::Arc::new(Heard::default());
-            let h = heard.clone();
-            let task = tokio::spawn(async move {
-                let opts = RelayOptions::default();
-                run(
-                    path,
-                    client,
-                    upstream,
-                    opts,
-                    &*h,
-                    leaked_count(),
-                    std::future::pending(),
-                )
-                .await
-            });
+            let task = spawn_relay(path, client, upstream, leaked_count());
             let exchanges = async {
                 let mut sent = 0u64;
                 for i in 0..300usize {
@@ -694,19 +700,7 @@ mod tests {
             let (client, client_peer) = pair().await;
             let (upstream, upstream_peer) = pair().await;
             let pipes = leaked_count();
-            let task = tokio::spawn(async move {
-                let opts = RelayOptions::default();
-                run(
-                    path,
-                    client,
-                    upstream,
-                    opts,
-                    &(),
-                    pipes,
-                    std::future::pending(),
-                )
-                .await
-            });
+            let task = spawn_relay(path, client, upstream, pipes);
             let send_recv = |peer: TcpStream| {
                 let data = data.clone();
                 async move {
