@@ -86,7 +86,38 @@ struct Use {
     window: Duration,
 }
 
+/// Per second, with `SOAK_ISOLATION_PACE=N`: the working cluster's timed
+/// connections and 64 KiB writes on its streaming connection (back to back
+/// without it). A paced working cluster leaves its CPU idle part of the
+/// time, as a proxy with CPU to spare has.
+fn pace() -> Option<f64> {
+    env_rate("SOAK_ISOLATION_PACE")
+}
+
+/// With `SOAK_ISOLATION_FLOOD_RATE=N`: each faulty cluster's flood opens N
+/// connections a second (as fast as the proxy takes them without it).
+fn flood_rate() -> Option<f64> {
+    env_rate("SOAK_ISOLATION_FLOOD_RATE")
+}
+
+fn env_rate(name: &str) -> Option<f64> {
+    let v = std::env::var(name).ok()?;
+    let r: f64 = v
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}={v}: not a number: {e}"));
+    (r > 0.0).then_some(r)
+}
+
+/// A tick every 1/`per_second` s that skips what it missed (a slow
+/// connection does not make the next ones come in a burst).
+fn ticker(per_second: f64) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    t
+}
+
 async fn use_working_cluster(sni: SocketAddr, until: impl Fn() -> bool) -> Use {
+    let pace = pace();
     let hello = client_hello(ECHO);
     let start = Instant::now();
     let echoed = Arc::new(AtomicU64::new(0));
@@ -104,7 +135,15 @@ async fn use_working_cluster(sni: SocketAddr, until: impl Fn() -> bool) -> Use {
             let (mut r, mut w) = s.into_split();
             let writer = tokio::spawn(async move {
                 let block = vec![7u8; 64 << 10];
-                while w.write_all(&block).await.is_ok() {}
+                let mut tick = pace.map(ticker);
+                loop {
+                    if let Some(t) = &mut tick {
+                        t.tick().await;
+                    }
+                    if w.write_all(&block).await.is_err() {
+                        break;
+                    }
+                }
             });
             let mut buf = vec![0u8; 64 << 10];
             let mut skip = hello.len() as u64;
@@ -125,7 +164,11 @@ async fn use_working_cluster(sni: SocketAddr, until: impl Fn() -> bool) -> Use {
     };
     let mut times = Vec::new();
     let mut failed = 0;
+    let mut tick = pace.map(ticker);
     while until() || start.elapsed() < Duration::from_secs(1) {
+        if let Some(t) = &mut tick {
+            t.tick().await;
+        }
         match one(sni, &hello).await {
             Some(t) => times.push(t),
             None => failed += 1,
@@ -199,23 +242,27 @@ fn mb_s(u: &Use) -> f64 {
     u.bytes as f64 / u.window.as_secs_f64() / 1e6
 }
 
-/// `n` SNI connections to `host`, at most 256 connecting at once; each
-/// sends its ClientHello and is held until the proxy closes it or the
-/// flood is dropped.
+/// `n` SNI connections to `host`, at most 256 connecting at once (and with
+/// `rate`, started that many a second); each sends its ClientHello and is
+/// held until the proxy closes it or the flood is dropped.
 struct Flood {
     made: Arc<AtomicUsize>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Flood {
-    fn start(sni: SocketAddr, host: &str, n: usize) -> Flood {
+    fn start(sni: SocketAddr, host: &str, n: usize, rate: Option<f64>) -> Flood {
+        let t0 = tokio::time::Instant::now();
         let made = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(tokio::sync::Semaphore::new(256));
         let hello = Arc::new(client_hello(host));
         let tasks = (0..n)
-            .map(|_| {
+            .map(|i| {
                 let (made, gate, hello) = (made.clone(), gate.clone(), hello.clone());
                 tokio::spawn(async move {
+                    if let Some(r) = rate {
+                        tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / r)).await;
+                    }
                     let Ok(permit) = gate.acquire_owned().await else {
                         return;
                     };
@@ -254,7 +301,11 @@ pub async fn flooder(args: &[String]) {
     daemon::process::raise_open_files_limit();
     let sni: SocketAddr = args[0].parse().unwrap();
     let n: usize = args[1].parse().unwrap();
-    let floods: Vec<Flood> = args[2..].iter().map(|h| Flood::start(sni, h, n)).collect();
+    let rate = flood_rate();
+    let floods: Vec<Flood> = args[2..]
+        .iter()
+        .map(|h| Flood::start(sni, h, n, rate))
+        .collect();
     while floods.iter().map(Flood::made).sum::<usize>() < n * floods.len() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -486,6 +537,22 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
             ),
             None => "not pinned (SOAK_FLOODS_UNPINNED, or taskset or a second CPU missing): every process shares the CPUs".into(),
         },
+        String::new(),
+    );
+    report.figure(
+        section,
+        "pace (SOAK_ISOLATION_PACE, SOAK_ISOLATION_FLOOD_RATE)".into(),
+        format!(
+            "working cluster: {}; floods: {}",
+            match pace() {
+                Some(r) => format!("{r} connections a second and {r} × 64 KiB a second streamed"),
+                None => "connections back to back, streaming as fast as echoed".into(),
+            },
+            match flood_rate() {
+                Some(r) => format!("{r} connections a second to each faulty cluster"),
+                None => "as fast as the proxy takes them".into(),
+            }
+        ),
         String::new(),
     );
     report.figure(
