@@ -3,7 +3,10 @@
 //! sent to a blackholed cluster (connects never answered) and to a stalled
 //! one (accepts, never reads) while the third is used normally: its
 //! connection times and throughput against its quiet figures, the faulty
-//! clusters' circuit breakers, the process's RSS.
+//! clusters' circuit breakers, the process's RSS. By default the floods
+//! come as fast as the proxy takes them and the working cluster keeps its
+//! CPU busy; `SOAK_ISOLATION_FLOOD_RATE` and `SOAK_ISOLATION_PACE` set both
+//! to fixed rates (RELIABILITY.md, "A storm at a fixed rate").
 
 use std::net::SocketAddr;
 use std::path::Path;
