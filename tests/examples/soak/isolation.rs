@@ -263,6 +263,8 @@ impl Flood {
             .map(|i| {
                 let (made, gate, hello) = (made.clone(), gate.clone(), hello.clone());
                 tokio::spawn(async move {
+                    // The flood's schedule (connection i at i/rate s), a
+                    // rate and not a wait for anything to be ready.
                     if let Some(r) = rate {
                         tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / r)).await;
                     }
