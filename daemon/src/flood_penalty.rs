@@ -79,8 +79,9 @@ struct Flagged {
     next: Instant,
 }
 
-/// What one address's penalty is keyed by.
-fn key(ip: IpAddr) -> IpAddr {
+/// What one address's penalty is keyed by: an IPv4 address, or the /64 of
+/// an IPv6 one (IPv4-mapped addresses are IPv4).
+pub(crate) fn key(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(v6) => {
             let bits = u128::from(v6) & !((1u128 << 64) - 1);

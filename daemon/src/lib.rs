@@ -30,4 +30,5 @@ pub mod otlp;
 pub mod prefixed;
 pub mod process;
 pub mod signals;
+pub mod slow_lane;
 pub mod tls;

@@ -37,3 +37,13 @@ pub const MAX_FLAGGED_SOURCES: usize = 4096;
 /// turn (`crate::flood_penalty`); one that would wait longer is closed. With
 /// the penalty's rate this bounds how many of an address's connections wait.
 pub const MAX_FLOOD_PENALTY_WAIT: Duration = Duration::from_secs(10);
+
+/// Client addresses a slow lane steers at once (`crate::slow_lane`); past
+/// it, the one whose penalty ends first is forgotten. Each takes two
+/// instructions of the kernel's program (IPv6: five), and a classic BPF
+/// program may have 4,096.
+pub const MAX_SLOW_LANE_SOURCES: usize = 512;
+/// A slow lane's listen backlog: the flagged clients' connections the kernel
+/// completes and queues for the process; past it, it drops their SYNs and
+/// the clients retry on their own schedule, at no cost to the process.
+pub const SLOW_LANE_BACKLOG: i32 = 64;

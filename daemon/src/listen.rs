@@ -68,14 +68,25 @@ pub fn bind_unix_for(
 /// Binds `host:port`. An empty host means every interface, both families when
 /// the machine has IPv6 (Go's `:port`).
 pub async fn bind_tcp(host: &str, port: u16) -> io::Result<TcpListener> {
+    bind_tcp_opts(host, port, false).await
+}
+
+/// [`bind_tcp`] with `SO_REUSEPORT` set, so that a slow lane
+/// ([`crate::slow_lane`]) can join it; nothing else of ours binds it twice.
+pub(crate) async fn bind_tcp_reuse_port(host: &str, port: u16) -> io::Result<TcpListener> {
+    bind_tcp_opts(host, port, true).await
+}
+
+async fn bind_tcp_opts(host: &str, port: u16, reuse_port: bool) -> io::Result<TcpListener> {
     // `::` is every interface too: both families where IPv6 exists, IPv4
     // alone where it does not.
     if host.is_empty() || matches!(host, "::" | "[::]") {
         let any6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port);
-        if let Ok(l) = bind_socket(any6, true) {
+        if let Ok(l) = bind_socket(any6, true, reuse_port) {
             return Ok(l);
         }
-        return TcpListener::bind(("0.0.0.0", port)).await;
+        let any4 = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), port);
+        return bind_socket(any4, false, reuse_port);
     }
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.trim_matches(['[', ']']), port))
         .await?
@@ -85,7 +96,7 @@ pub async fn bind_tcp(host: &str, port: u16) -> io::Result<TcpListener> {
         format!("no address for {host}"),
     );
     for addr in addrs {
-        match bind_socket(addr, false) {
+        match bind_socket(addr, false, reuse_port) {
             Ok(l) => return Ok(l),
             Err(e) => last = e,
         }
@@ -94,7 +105,7 @@ pub async fn bind_tcp(host: &str, port: u16) -> io::Result<TcpListener> {
     // still work where the loopback has no IPv4 address (IPv6-only pods).
     if host == "127.0.0.1" && last.kind() == io::ErrorKind::AddrNotAvailable {
         let v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), port);
-        if let Ok(l) = bind_socket(v6, false) {
+        if let Ok(l) = bind_socket(v6, false, reuse_port) {
             tracing::info!(
                 port,
                 "no IPv4 loopback address here; bound [::1] instead of 127.0.0.1"
@@ -105,7 +116,7 @@ pub async fn bind_tcp(host: &str, port: u16) -> io::Result<TcpListener> {
     Err(last)
 }
 
-fn bind_socket(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
+fn bind_socket(addr: SocketAddr, dual_stack: bool, reuse_port: bool) -> io::Result<TcpListener> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
@@ -115,6 +126,9 @@ fn bind_socket(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
         socket.set_only_v6(false)?;
     }
     socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(1024)?;

@@ -264,6 +264,7 @@ pub async fn start(ports: Ports) -> anyhow::Result<Running> {
             stats: Some(bind(ports.stats, "nodeport-proxy stats").await?),
             admin: Some(bind(ports.admin, "nodeport-proxy admin").await?),
             sni: Some(bind(ports.sni, "nodeport-proxy SNI").await?),
+            sni_slow_lane: None,
             tunneling: Some(bind(ports.tunneling, "nodeport-proxy tunneling").await?),
             node_ports: vec![
                 bind(ports.node_port_tls, "a node port").await?,

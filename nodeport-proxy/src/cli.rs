@@ -133,6 +133,8 @@ go_compat::typed_flags! {
         max_buffered_bytes_per_cluster: i64,
         #[flag("tunneling-flood-penalty", defaults().tunneling_flood_penalty, "after a tunneling connection is closed for an HTTP/2 control-frame flood (GOAWAY ENHANCE_YOUR_CALM), new connections from its client address (IPv6: its /64) start at most 10 a second for this long after its last flood; the rest wait (up to 10 s) or are closed (reason flood_penalty); behind -accept-proxy-protocol, the address the PROXY header names (0: off)")]
         tunneling_flood_penalty: Duration,
+        #[flag("sni-overflow-slow-lane", defaults().sni_overflow_slow_lane, "after an SNI connection is refused by a cluster's bound (upstream_cx_overflow, upstream_rq_pending_overflow, upstream_buffer_overflow), the kernel sends its client address's (IPv6: /64's) new SNI connections to a listening socket of their own, accepted 10 a second, for this long after its last refusal; past 64 waiting there it drops their SYNs and the clients retry; it needs the clients' own addresses: not with -accept-proxy-protocol=sni, nor behind a load balancer or kube-proxy that hides them (externalTrafficPolicy: Cluster) (0: off)")]
+        sni_overflow_slow_lane: Duration,
         #[flag("worker-threads", 0, "runtime worker threads (0: one per core)")]
         worker_threads: i64,
         #[embed(with_kkp_logging())]
@@ -328,6 +330,7 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
         tunnel_windows: tunnel_windows(&f, &p)?,
         tunnel_memory_budget: at_least(&f.tunneling_memory_budget, 1 << 20)?,
         tunneling_flood_penalty: f.tunneling_flood_penalty,
+        sni_overflow_slow_lane: f.sni_overflow_slow_lane,
         cluster_limits: crate::relay::admission::ClusterLimits {
             max_connections: not_negative(
                 f.max_connections_per_cluster,
@@ -345,6 +348,13 @@ pub fn from_values(v: &Values) -> Result<Cli, String> {
     };
     if config.expose_annotation_key.is_empty() {
         return Err("-expose-annotation-key must not be empty".into());
+    }
+    if !config.sni_overflow_slow_lane.is_zero() && config.accept_proxy_protocol.sni {
+        return Err(
+            "-sni-overflow-slow-lane cannot be used with -accept-proxy-protocol=sni: the kernel \
+             steers by the address that connects, which is then the load balancer's"
+                .into(),
+        );
     }
     let kubernetes = (kind == "kubernetes").then(|| crate::sources::kube::KubeSource {
         kubeconfig,
@@ -486,6 +496,18 @@ mod tests {
             .err()
             .unwrap_or_default();
         assert!(e.contains("-max-pending-connects-per-cluster"), "{e}");
+    }
+
+    #[test]
+    fn the_slow_lane_is_off_by_default_and_refused_behind_proxy_headers() {
+        let cli = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.config.sni_overflow_slow_lane, Duration::ZERO);
+        let on = parse(&["-sni-overflow-slow-lane=30s"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(on.config.sni_overflow_slow_lane, Duration::from_secs(30));
+        let Err(e) = parse(&["-sni-overflow-slow-lane=30s", "-accept-proxy-protocol=sni"]) else {
+            panic!("the slow lane was taken behind PROXY headers");
+        };
+        assert!(e.contains("-accept-proxy-protocol=sni"), "{e}");
     }
 
     #[test]

@@ -161,6 +161,12 @@ pub struct ProxyConfig {
     /// at most `limits::FLOOD_PENALTY_RATE` a second for this long; zero:
     /// off.
     pub tunneling_flood_penalty: Duration,
+    /// `-sni-overflow-slow-lane`: after an SNI connection is refused by a
+    /// cluster's bound, its client address's new SNI connections take the
+    /// listener's slow lane (`daemon::slow_lane`) for this long; zero: off.
+    /// The SNI listener must then come with its lane
+    /// ([`crate::Listeners::sni_slow_lane`]).
+    pub sni_overflow_slow_lane: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -199,6 +205,7 @@ impl Default for ProxyConfig {
             tunnel_memory_budget: crate::limits::DEFAULT_MEMORY_BUDGET,
             cluster_limits: crate::relay::admission::ClusterLimits::default(),
             tunneling_flood_penalty: crate::limits::DEFAULT_FLOOD_PENALTY,
+            sni_overflow_slow_lane: Duration::ZERO,
         }
     }
 }

@@ -51,6 +51,25 @@ async fn bind(cli: &cli::Cli, port: u16, what: &str) -> anyhow::Result<Option<Tc
     Ok(Some(l))
 }
 
+/// The SNI listener, with its slow lane when `-sni-overflow-slow-lane` is on.
+async fn bind_sni(
+    cli: &cli::Cli,
+) -> anyhow::Result<(Option<TcpListener>, Option<daemon::slow_lane::SlowLane>)> {
+    let period = cli.config.sni_overflow_slow_lane;
+    if cli.sni_port == 0 || period.is_zero() {
+        return Ok((bind(cli, cli.sni_port, "SNI").await?, None));
+    }
+    let (l, lane) = daemon::slow_lane::bind(&cli.bind_address.to_string(), cli.sni_port, period)
+        .await
+        .with_context(|| {
+            format!(
+                "binding SNI listener with its slow lane (-sni-overflow-slow-lane) on {}:{}",
+                cli.bind_address, cli.sni_port
+            )
+        })?;
+    Ok((Some(l), Some(lane)))
+}
+
 /// The admin listener is a debugging aid: one that cannot be bound is
 /// reported and the proxy serves without it.
 async fn bind_admin(cli: &cli::Cli) -> Option<TcpListener> {
@@ -74,10 +93,12 @@ async fn serve(cli: cli::Cli) -> anyhow::Result<()> {
     if matches!(cli.config.source, nodeport_proxy::TableSource::Inline(_)) {
         tracing::warn!("-source=demo: serving the embedded demo routing table");
     }
+    let (sni, sni_slow_lane) = bind_sni(&cli).await?;
     let listeners = Listeners {
         admin: bind_admin(&cli).await,
         stats: bind(&cli, cli.stats_port, "stats").await?,
-        sni: bind(&cli, cli.sni_port, "SNI").await?,
+        sni,
+        sni_slow_lane,
         tunneling: bind(&cli, cli.tunneling_port, "tunneling").await?,
         node_ports: Vec::new(),
     };

@@ -152,7 +152,17 @@ pub async fn start_proxy(
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("table.json");
     std::fs::write(&file, inventory.to_string()).unwrap();
-    let (stats, sni, tunnel) = (loopback().await, loopback().await, loopback().await);
+    let (stats, tunnel) = (loopback().await, loopback().await);
+    // With -sni-overflow-slow-lane the SNI listener comes with its lane, as
+    // the binary binds it.
+    let (sni, sni_slow_lane) = if config.sni_overflow_slow_lane.is_zero() {
+        (loopback().await, None)
+    } else {
+        let (l, lane) = daemon::slow_lane::bind("127.0.0.1", 0, config.sni_overflow_slow_lane)
+            .await
+            .unwrap();
+        (l, Some(lane))
+    };
     let admin = loopback().await;
     let admin_addr = admin.local_addr().unwrap();
     let addrs = (
@@ -168,6 +178,7 @@ pub async fn start_proxy(
         admin: Some(admin),
         stats: Some(stats),
         sni: Some(sni),
+        sni_slow_lane,
         tunneling: Some(tunnel),
         node_ports,
     };

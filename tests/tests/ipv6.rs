@@ -195,6 +195,7 @@ async fn nodeport_proxy_and_tunnel_agent_on_ipv6_loopback() {
             tunneling: Some(tunnel),
             node_ports: vec![node_port],
             admin: None,
+            sni_slow_lane: None,
         },
     )
     .await

@@ -467,3 +467,104 @@ async fn a_stalled_cluster_stops_at_its_buffered_bytes() {
         c.abort();
     }
 }
+
+/// A connection from `source` to the SNI listener.
+async fn connect_from(p: &Proxy, source: [u8; 4]) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((source, 0))).unwrap();
+    socket.connect(p.sni).await.unwrap()
+}
+
+/// The working cluster answers a fresh connection from `source`.
+async fn echo_from(p: &Proxy, source: [u8; 4]) {
+    let mut s = connect_from(p, source).await;
+    let hello = client_hello(ECHO);
+    s.write_all(&hello).await.unwrap();
+    let mut back = vec![0u8; hello.len()];
+    tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut back))
+        .await
+        .expect("the working cluster stopped answering")
+        .unwrap();
+    assert_eq!(back, hello);
+}
+
+async fn proxy_metric(p: &Proxy, name: &str) -> f64 {
+    let (_, text) = p.stats_get("/stats/prometheus").await;
+    metric(&text, &format!("{name} "))
+}
+
+/// With `-sni-overflow-slow-lane`, a client refused by a cluster's bound
+/// is flagged, and the kernel sends its next connections to the slow lane
+/// (they are still served, and counted as taken from it) while other
+/// clients' connections reach the listener as before. Off (the default),
+/// the same refusal flags nobody.
+#[tokio::test]
+async fn a_client_refused_by_a_bound_takes_the_slow_lane() {
+    const OPEN: usize = 2;
+    const FLOODER: [u8; 4] = [127, 0, 0, 2];
+    const WORKER: [u8; 4] = [127, 0, 0, 1];
+    for on in [true, false] {
+        let hole = dest::blackhole().await;
+        let stall = dest::stalled().await;
+        let echo = dest::echo().await;
+        let mut cfg = test_config();
+        cfg.cluster_limits = ClusterLimits {
+            max_connections: OPEN,
+            max_pending: 0,
+            max_buffered: 0,
+        };
+        if on {
+            cfg.sni_overflow_slow_lane = Duration::from_secs(600);
+        }
+        let p = start_proxy(&inventory3(hole.addr, stall.addr, echo), vec![], cfg).await;
+        let stall_cluster = "cluster-c/stall-https";
+        // The stalled cluster's bound, taken by the flooder's connections.
+        let mut held = Vec::new();
+        for _ in 0..OPEN {
+            let mut s = connect_from(&p, FLOODER).await;
+            s.write_all(&client_hello(STALL)).await.unwrap();
+            held.push(s);
+        }
+        wait_metric(&p, "envoy_cluster_upstream_cx_active", stall_cluster, |v| {
+            v >= OPEN as f64
+        })
+        .await;
+        assert_eq!(
+            proxy_metric(&p, "nodeport_proxy_slow_lane_clients").await,
+            0.0
+        );
+        // One more is refused at once.
+        let mut refused = connect_from(&p, FLOODER).await;
+        refused.write_all(&client_hello(STALL)).await.unwrap();
+        let mut b = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(30), refused.read(&mut b))
+            .await
+            .expect("the refused connection was not closed");
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        assert_eq!(
+            cluster_metric(&p, "envoy_cluster_upstream_cx_overflow", stall_cluster).await,
+            1.0
+        );
+        let flagged = if on { 1.0 } else { 0.0 };
+        assert_eq!(
+            proxy_metric(&p, "nodeport_proxy_slow_lane_clients").await,
+            flagged
+        );
+        // Another client is not slowed: its connection reaches the listener.
+        echo_works(&p).await;
+        echo_from(&p, WORKER).await;
+        assert_eq!(
+            proxy_metric(&p, "nodeport_proxy_slow_lane_accepted_total").await,
+            0.0
+        );
+        // The flagged client still reaches a working cluster, by the lane.
+        echo_from(&p, FLOODER).await;
+        assert_eq!(
+            proxy_metric(&p, "nodeport_proxy_slow_lane_accepted_total").await,
+            flagged,
+            "slow lane {}",
+            if on { "on" } else { "off" }
+        );
+        drop(held);
+    }
+}

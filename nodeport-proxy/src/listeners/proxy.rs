@@ -34,6 +34,9 @@ pub struct Listeners {
     /// `/debug/connections` (Envoy's admin port, on loopback).
     pub admin: Option<TcpListener>,
     pub sni: Option<TcpListener>,
+    /// The SNI listener's slow lane (`-sni-overflow-slow-lane`), bound
+    /// with it by `daemon::slow_lane::bind`.
+    pub sni_slow_lane: Option<daemon::slow_lane::SlowLane>,
     pub tunneling: Option<TcpListener>,
     /// Used for the node ports they are bound to; other node ports are bound
     /// on `node_port_bind_address` when they appear in the table.
@@ -57,6 +60,10 @@ pub enum ProxyError {
     Source(SourceError),
     #[error("listener: {0}")]
     Listener(#[from] std::io::Error),
+    #[error(
+        "-sni-overflow-slow-lane is on, but the SNI listener was not bound with its slow lane (daemon::slow_lane::bind)"
+    )]
+    NoSlowLane,
     #[error("-access-log {path}: {source}")]
     AccessLog {
         path: String,
@@ -77,6 +84,19 @@ fn listener_address(l: &TcpListener) -> String {
     l.local_addr()
         .map(|a| format!("{}_{}", a.ip(), a.port()))
         .unwrap_or_default()
+}
+
+/// Lets flagged addresses whose period has passed back onto the SNI
+/// listener, until the drain starts.
+async fn prune_every_second(steering: Arc<daemon::slow_lane::Steering>, drain: Drain) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = drain.draining() => return,
+            _ = tick.tick() => steering.prune(),
+        }
+    }
 }
 
 impl NodePortProxy {
@@ -115,6 +135,14 @@ impl NodePortProxy {
                 .as_ref()
                 .and_then(|l| l.local_addr().ok()),
         };
+        let lane = match (
+            listeners.sni_slow_lane,
+            config.sni_overflow_slow_lane.is_zero(),
+        ) {
+            (_, true) => None,
+            (None, false) => return Err(ProxyError::NoSlowLane),
+            (Some(lane), false) => Some(lane),
+        };
         let sync = SourceSync::new();
         let readiness = Arc::new(Readiness::new(
             store.subscribe(),
@@ -145,6 +173,13 @@ impl NodePortProxy {
                 attempts: config.upstream_connect_attempts,
                 keepalive: config.connection.upstream_keepalive,
             },
+            slow_lane: lane.as_ref().map(|l| {
+                let (gauge, steering) = (metrics.slow_lane_clients.clone(), l.steering.clone());
+                metrics.watch_slow_lane(Box::new(move || {
+                    gauge.set(steering.flagged() as f64);
+                }));
+                l.steering.clone()
+            }),
             windows: {
                 let pool = link::h2window::Pool::new(config.tunnel_memory_budget);
                 metrics.watch_windows(pool.clone());
@@ -211,20 +246,42 @@ impl NodePortProxy {
         if let Some(l) = listeners.sni {
             tracing::info!(addr = ?addrs.sni, "serving SNI listener");
             let stats = metrics.listener(&listener_address(&l));
-            let s = shared.clone();
-            tokio::spawn(accept_loop(
-                l,
-                "sni",
-                drain.clone(),
-                limit(&stats, shared.config.accept_proxy_protocol.sni),
+            let options = limit(&stats, shared.config.accept_proxy_protocol.sni);
+            let handler = {
+                let s = shared.clone();
                 move |io: TcpStream, peer: String, permit| {
                     let (s, stats) = (s.clone(), stats.clone());
                     async move {
                         let _permit = permit;
                         crate::listeners::sni::handle(io, peer.parse().ok(), s, stats).await;
                     }
-                },
-            ));
+                }
+            };
+            if let Some(lane) = lane {
+                // The lane shares the listener's connection limit, and takes
+                // its connections at a rate of its own.
+                let m = metrics.clone();
+                let lane_options = AcceptOptions {
+                    rate: Some(Arc::new(daemon::accept_rate::AcceptRate::new(
+                        crate::limits::SLOW_LANE_RATE,
+                        1.0,
+                    ))),
+                    ..options.clone()
+                };
+                let h = handler.clone();
+                tokio::spawn(accept_loop(
+                    lane.listener,
+                    "sni-slow-lane",
+                    drain.clone(),
+                    lane_options,
+                    move |io: TcpStream, peer: String, permit| {
+                        m.slow_lane_accepted.increment(1);
+                        h(io, peer, permit)
+                    },
+                ));
+                tokio::spawn(prune_every_second(lane.steering, drain.clone()));
+            }
+            tokio::spawn(accept_loop(l, "sni", drain.clone(), options, handler));
         }
         if let Some(l) = listeners.tunneling {
             tracing::info!(addr = ?addrs.tunneling, "serving tunneling listener");

@@ -16,6 +16,7 @@ use crate::relay::access_log::Access;
 use crate::relay::client_hello::{self, Hello, HelloError};
 use crate::relay::first_bytes;
 use crate::relay::session::{Active, Downstream, Listener, Session, Shared};
+use crate::relay::upstream::UpstreamError;
 use crate::routing::names::SniHost;
 use crate::routing::table::Route;
 use crate::stats::metrics::{ListenerStats, Rejections};
@@ -244,7 +245,19 @@ pub(crate) fn routed_task(held: Held, mut r: Routed) -> impl Future<Output = ()>
         // the connection's life.
         let upstream = match session.connect(r.hello.len()).await {
             Ok(upstream) => upstream,
-            Err(e) => return closed(e.into(), shared, conn, &held.rejected),
+            Err(e) => {
+                // A bound's refusal flags the client; any other failure
+                // keeps a flagged client flagged (on its lane it no longer
+                // reaches the bound).
+                if let Some(lane) = &shared.slow_lane {
+                    let ip = session.downstream.source.ip();
+                    match e {
+                        UpstreamError::Overflow { .. } => lane.flag(ip),
+                        _ => lane.extend(ip),
+                    }
+                }
+                return closed(e.into(), shared, conn, &held.rejected);
+            }
         };
         session
             .relay(link::duplex::Plain(r.client), r.hello.into(), upstream)

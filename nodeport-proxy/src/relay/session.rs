@@ -40,6 +40,9 @@ pub struct Shared {
     pub connections: Connections,
     /// The budget and totals of the tunneling connections' HTTP/2 windows.
     pub windows: Arc<link::h2window::Pool>,
+    /// Where an SNI client refused by a cluster's bound is flagged
+    /// (`-sni-overflow-slow-lane`); `None` when off.
+    pub slow_lane: Option<Arc<daemon::slow_lane::Steering>>,
 }
 
 /// The client as allow-lists, logs and upstreams see it: the connection's
@@ -410,5 +413,6 @@ pub(crate) fn test_shared() -> Arc<Shared> {
         drain,
         access_log: None,
         connections: Connections::new(),
+        slow_lane: None,
     })
 }

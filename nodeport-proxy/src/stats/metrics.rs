@@ -39,6 +39,8 @@ pub struct Metrics {
     pub source_synced: Gauge,
     /// Brings `source_synced` up to date before a scrape (readiness.rs).
     sync_probe: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Brings `slow_lane_clients` up to date before a scrape.
+    slow_lane_probe: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     pub node_ports_unbound: Gauge,
     pub node_port_bind_failures: Counter,
     pub access_log_dropped: Counter,
@@ -47,6 +49,10 @@ pub struct Metrics {
     /// Ours: new tunneling connections that waited because their address
     /// flooded (`-tunneling-flood-penalty`).
     pub flood_penalty_delayed: Counter,
+    /// Ours: SNI connections taken from the slow lane, and the client
+    /// addresses it holds (`-sni-overflow-slow-lane`).
+    pub slow_lane_accepted: Counter,
+    pub slow_lane_clients: Gauge,
     routes_node_port: Gauge,
     routes_sni: Gauge,
     routes_tunnel: Gauge,
@@ -207,11 +213,14 @@ impl Metrics {
             ),
             source_synced: r.gauge("nodeport_proxy_source_synced", &[]),
             sync_probe: std::sync::OnceLock::new(),
+            slow_lane_probe: std::sync::OnceLock::new(),
             node_ports_unbound: r.gauge("nodeport_proxy_node_ports_unbound", &[]),
             node_port_bind_failures: r.counter("nodeport_proxy_node_port_bind_failures_total", &[]),
             access_log_dropped: r.counter("nodeport_proxy_access_log_dropped_total", &[]),
             tunneling_floods: r.counter("nodeport_proxy_tunneling_floods_total", &[]),
             flood_penalty_delayed: r.counter("nodeport_proxy_flood_penalty_delayed_total", &[]),
+            slow_lane_accepted: r.counter("nodeport_proxy_slow_lane_accepted_total", &[]),
+            slow_lane_clients: r.gauge("nodeport_proxy_slow_lane_clients", &[]),
             routes_node_port: r.gauge("nodeport_proxy_routes", &[("kind", "nodeport")]),
             routes_sni: r.gauge("nodeport_proxy_routes", &[("kind", "sni")]),
             routes_tunnel: r.gauge("nodeport_proxy_routes", &[("kind", "tunnel")]),
@@ -314,6 +323,11 @@ impl Metrics {
         let _ = self.sync_probe.set(Box::new(probe));
     }
 
+    /// Runs `probe` before every scrape from now on (the first caller wins).
+    pub fn watch_slow_lane(&self, probe: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.slow_lane_probe.set(probe);
+    }
+
     pub fn render(&self, used_only: bool) -> String {
         let mut text = String::new();
         self.render_to(used_only, &mut |chunk| {
@@ -328,6 +342,9 @@ impl Metrics {
     /// whole; stops when `sink` refuses a chunk (the client left).
     pub fn render_to(&self, used_only: bool, sink: daemon::endpoints::Sink<'_>) {
         self.windows.update();
+        if let Some(probe) = self.slow_lane_probe.get() {
+            probe();
+        }
         if let Some(probe) = self.sync_probe.get() {
             probe();
         }
@@ -462,6 +479,14 @@ fn describe(r: &Registry) {
     r.describe_counter(
         "nodeport_proxy_flood_penalty_delayed_total",
         "New tunneling connections that waited for their turn because their client address flooded within -tunneling-flood-penalty.",
+    );
+    r.describe_counter(
+        "nodeport_proxy_slow_lane_accepted_total",
+        "SNI connections taken from the slow lane, where the kernel sends the new connections of client addresses refused by a cluster's bound within -sni-overflow-slow-lane.",
+    );
+    r.describe_gauge(
+        "nodeport_proxy_slow_lane_clients",
+        "Client addresses (IPv6: /64s) whose new SNI connections the kernel sends to the slow lane now (-sni-overflow-slow-lane).",
     );
     r.describe_gauge(
         "nodeport_proxy_routes",

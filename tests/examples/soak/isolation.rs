@@ -103,6 +103,29 @@ fn flood_rate() -> Option<f64> {
     env_rate("SOAK_ISOLATION_FLOOD_RATE")
 }
 
+/// With `SOAK_ISOLATION_FLOOD_SOURCE=ADDR` (a loopback address such as
+/// 127.0.0.2): the floods' connections come from it, not from the timed
+/// client's 127.0.0.1, as a storm from other machines would.
+fn flood_source() -> Option<std::net::IpAddr> {
+    let v = std::env::var("SOAK_ISOLATION_FLOOD_SOURCE").ok()?;
+    Some(
+        v.parse()
+            .unwrap_or_else(|e| panic!("SOAK_ISOLATION_FLOOD_SOURCE={v}: {e}")),
+    )
+}
+
+/// With `SOAK_ISOLATION_SLOW_LANE=D` (e.g. `30s`): nodeport-proxy's
+/// `-sni-overflow-slow-lane`.
+fn slow_lane() -> Option<String> {
+    std::env::var("SOAK_ISOLATION_SLOW_LANE").ok()
+}
+
+/// With `SOAK_ISOLATION_STORM_MAX=S`: a storm window ends after S seconds
+/// even if the floods are not all made (a slowed flood takes far longer).
+fn storm_max() -> Option<Duration> {
+    env_rate("SOAK_ISOLATION_STORM_MAX").map(Duration::from_secs_f64)
+}
+
 fn env_rate(name: &str) -> Option<f64> {
     let v = std::env::var(name).ok()?;
     let r: f64 = v
@@ -215,6 +238,28 @@ async fn drained(stats: SocketAddr, name: &str, cluster: &str) {
     .await;
 }
 
+/// Waits until the slow lane has taken what its backlog held when the
+/// flood ended: its count of connections taken has not moved for 1.5 s
+/// (it takes 10 a second while it holds any). Nothing is told when it
+/// empties, so the count is read every 250 ms, for at most 60 s.
+async fn lane_emptied(stats: SocketAddr) {
+    let (mut last, mut still_since) = (-1.0, Instant::now());
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end {
+        let n = metric(
+            &http_get(stats, "/stats/prometheus").await.1,
+            "nodeport_proxy_slow_lane_accepted_total ",
+        );
+        if n != last {
+            (last, still_since) = (n, Instant::now());
+        } else if still_since.elapsed() >= Duration::from_millis(1500) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("the slow lane still took connections 60 s after the flood ended");
+}
+
 /// `1.06, 1.57, 1.45`.
 fn list(v: &[f64]) -> String {
     v.iter()
@@ -255,6 +300,7 @@ struct Flood {
 
 impl Flood {
     fn start(sni: SocketAddr, host: &str, n: usize, rate: Option<f64>) -> Flood {
+        let source = flood_source();
         let t0 = tokio::time::Instant::now();
         let made = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(tokio::sync::Semaphore::new(256));
@@ -271,7 +317,7 @@ impl Flood {
                     let Ok(permit) = gate.acquire_owned().await else {
                         return;
                     };
-                    let Ok(mut s) = TcpStream::connect(sni).await else {
+                    let Ok(mut s) = connect_from(source, sni).await else {
                         made.fetch_add(1, Ordering::Relaxed);
                         return;
                     };
@@ -297,6 +343,18 @@ impl Drop for Flood {
             t.abort();
         }
     }
+}
+
+async fn connect_from(
+    source: Option<std::net::IpAddr>,
+    to: SocketAddr,
+) -> std::io::Result<TcpStream> {
+    let Some(ip) = source else {
+        return TcpStream::connect(to).await;
+    };
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(ip, 0))?;
+    socket.connect(to).await
 }
 
 /// `--isolation-flood SNI N HOST...`: N connections to each HOST through
@@ -364,7 +422,10 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
             "-envoy-admin-port=0".into(),
             format!("-max-connections-per-cluster={bound}"),
             format!("-max-pending-connects-per-cluster={bound}"),
-        ],
+        ]
+        .into_iter()
+        .chain(slow_lane().map(|d| format!("-sni-overflow-slow-lane={d}")))
+        .collect::<Vec<_>>(),
     );
     let sni = SocketAddr::from(([127, 0, 0, 1], sni_port));
     let stats = SocketAddr::from(([127, 0, 0, 1], stats_port));
@@ -456,9 +517,14 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         let waiter = {
             let flooding = flooding.clone();
             tokio::spawn(async move {
-                storm
-                    .wait_line_within("flood made", Duration::from_secs(600))
-                    .await;
+                let cap = storm_max().unwrap_or(Duration::from_secs(600));
+                // The cap is the window's length, a schedule, not a wait
+                // for anything to be ready.
+                let made = storm.wait_line_within("flood made", Duration::from_secs(600));
+                tokio::select! {
+                    _ = made => {}
+                    _ = tokio::time::sleep(cap) => {}
+                }
                 flooding.store(false, Ordering::Relaxed);
                 (storm, t.elapsed())
             })
@@ -471,6 +537,14 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         storm_busy.push(busy(shared));
         let (storm, made_in) = waiter.await.unwrap();
         flood_times.push(made_in);
+        // A flood cut short by SOAK_ISOLATION_STORM_MAX would go on feeding
+        // the clusters: it ends with its window. (The stalled cluster keeps
+        // its connections: the proxy holds a connection whose client has
+        // gone while the apiserver has not ended its side.)
+        let storm = storm_max().is_none().then_some(storm);
+        if storm.is_none() && slow_lane().is_some() {
+            lane_emptied(stats).await;
+        }
         // The blackholed cluster's last pending connects end at the 1 s
         // connect timeout.
         drained(
@@ -489,7 +563,7 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
             stall.release();
             drained(stats, "envoy_cluster_upstream_cx_active", STALL_CLUSTER).await;
         } else {
-            flooder = Some(storm);
+            flooder = storm;
         }
     }
     let m = http_get(stats, "/stats/prometheus").await.1;
@@ -560,6 +634,21 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         ),
         String::new(),
     );
+    if slow_lane().is_some() || flood_source().is_some() || storm_max().is_some() {
+        report.figure(
+            section,
+            "slow lane (SOAK_ISOLATION_SLOW_LANE, SOAK_ISOLATION_FLOOD_SOURCE, SOAK_ISOLATION_STORM_MAX)".into(),
+            format!(
+                "-sni-overflow-slow-lane={}; floods from {}; storm windows {}; {} connections taken from the lane, {} client addresses on it after the storms",
+                slow_lane().unwrap_or_else(|| "0 (off)".into()),
+                flood_source().map_or("127.0.0.1".into(), |a| a.to_string()),
+                storm_max().map_or("until the floods are made".into(), |d| format!("at most {} s", d.as_secs_f64())),
+                metric(&m, "nodeport_proxy_slow_lane_accepted_total "),
+                metric(&m, "nodeport_proxy_slow_lane_clients "),
+            ),
+            String::new(),
+        );
+    }
     report.figure(
         section,
         format!(
