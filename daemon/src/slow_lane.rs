@@ -324,6 +324,10 @@ mod tests {
         lane.steering.flag(ip("127.0.0.2"));
         assert!(lands(&main, &lane, "127.0.0.2").await);
         assert!(!lands(&main, &lane, "127.0.0.1").await);
+        // How a dual-stack socket names an IPv4 client.
+        lane.steering.flag(ip("::ffff:127.0.0.3"));
+        assert!(lands(&main, &lane, "127.0.0.3").await);
+        assert!(!lands(&main, &lane, "127.0.0.1").await);
     }
 
     /// An address whose period has passed is steered back to the listener.

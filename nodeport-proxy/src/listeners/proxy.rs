@@ -135,9 +135,10 @@ impl NodePortProxy {
                 .as_ref()
                 .and_then(|l| l.local_addr().ok()),
         };
+        // No lane without the flag, nor without an SNI listener (port 0).
         let lane = match (
             listeners.sni_slow_lane,
-            config.sni_overflow_slow_lane.is_zero(),
+            config.sni_overflow_slow_lane.is_zero() || listeners.sni.is_none(),
         ) {
             (_, true) => None,
             (None, false) => return Err(ProxyError::NoSlowLane),
@@ -476,6 +477,28 @@ mod tests {
             }],
         };
         (svc, slice)
+    }
+
+    /// The slow lane is required only where there is an SNI listener.
+    #[tokio::test]
+    async fn the_slow_lane_needs_the_sni_listener_to_come_with_it() {
+        let config = ProxyConfig {
+            sni_overflow_slow_lane: Duration::from_secs(30),
+            ..ProxyConfig::default()
+        };
+        let no_sni = NodePortProxy::start(config.clone(), Listeners::default()).await;
+        assert!(no_sni.is_ok(), "no SNI listener, no lane needed");
+        let sni = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let alone = Listeners {
+            sni: Some(sni),
+            ..Listeners::default()
+        };
+        let Err(e) = NodePortProxy::start(config, alone).await else {
+            panic!("an SNI listener without its lane was taken");
+        };
+        assert!(e.to_string().contains("-sni-overflow-slow-lane"), "{e}");
     }
 
     /// With a single runtime worker (a one-CPU pod), a connection that

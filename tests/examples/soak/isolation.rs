@@ -126,6 +126,14 @@ fn storm_max() -> Option<Duration> {
     env_rate("SOAK_ISOLATION_STORM_MAX").map(Duration::from_secs_f64)
 }
 
+/// With `SOAK_ISOLATION_SPIN_STORMS=1`: the spinning process of the quiet
+/// windows runs beside the flooding process during the storms too, so that
+/// the flooders' CPU is as busy in both (a flood slowed by the slow lane
+/// leaves it mostly idle).
+fn spin_storms() -> bool {
+    std::env::var("SOAK_ISOLATION_SPIN_STORMS").is_ok_and(|v| v == "1")
+}
+
 fn env_rate(name: &str) -> Option<f64> {
     let v = std::env::var(name).ok()?;
     let r: f64 = v
@@ -499,6 +507,12 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         quiet_cpu.push((cpu_seconds(pid) - cpu) / t.elapsed().as_secs_f64());
         quiet_busy.push(busy(shared));
         drop(spinning);
+        // With SOAK_ISOLATION_SPIN_STORMS the flooders' CPU is kept busy
+        // during the storm too, whatever the flooding process does there.
+        let storm_spinning = match spin_storms() {
+            true => spin(&pinning, storm_max().unwrap_or(Duration::from_secs(600))).await,
+            false => None,
+        };
         // The floods come from a process of their own, so that the timed
         // client does not share a runtime with 20,000 flooding tasks.
         let mut storm = Pinning::spawn_flooder(
@@ -535,6 +549,7 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         storms.push(use_working_cluster(sni, || flooding.load(Ordering::Relaxed)).await);
         storm_cpu.push((cpu_seconds(pid) - cpu) / t.elapsed().as_secs_f64());
         storm_busy.push(busy(shared));
+        drop(storm_spinning);
         let (storm, made_in) = waiter.await.unwrap();
         flood_times.push(made_in);
         // A flood cut short by SOAK_ISOLATION_STORM_MAX would go on feeding
@@ -634,15 +649,16 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         ),
         String::new(),
     );
-    if slow_lane().is_some() || flood_source().is_some() || storm_max().is_some() {
+    if slow_lane().is_some() || flood_source().is_some() || storm_max().is_some() || spin_storms() {
         report.figure(
             section,
-            "slow lane (SOAK_ISOLATION_SLOW_LANE, SOAK_ISOLATION_FLOOD_SOURCE, SOAK_ISOLATION_STORM_MAX)".into(),
+            "slow lane (SOAK_ISOLATION_SLOW_LANE, SOAK_ISOLATION_FLOOD_SOURCE, SOAK_ISOLATION_STORM_MAX, SOAK_ISOLATION_SPIN_STORMS)".into(),
             format!(
-                "-sni-overflow-slow-lane={}; floods from {}; storm windows {}; {} connections taken from the lane, {} client addresses on it after the storms",
+                "-sni-overflow-slow-lane={}; floods from {}; storm windows {}{}; {} connections taken from the lane, {} client addresses on it after the storms",
                 slow_lane().unwrap_or_else(|| "0 (off)".into()),
                 flood_source().map_or("127.0.0.1".into(), |a| a.to_string()),
                 storm_max().map_or("until the floods are made".into(), |d| format!("at most {} s", d.as_secs_f64())),
+                if spin_storms() { ", the flooders' CPU kept busy beside the flood" } else { "" },
                 metric(&m, "nodeport_proxy_slow_lane_accepted_total "),
                 metric(&m, "nodeport_proxy_slow_lane_clients "),
             ),
