@@ -734,8 +734,15 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
     report.figure(
         section,
         format!(
-            "the floods: {} connections made in (each storm)",
-            2 * flood_n
+            "the floods: {} connections made in (each storm){}",
+            2 * flood_n,
+            match storm_max() {
+                Some(d) => format!(
+                    "; {} s: cut there (SOAK_ISOLATION_STORM_MAX), not all made",
+                    d.as_secs_f64()
+                ),
+                None => String::new(),
+            }
         ),
         flood_times
             .iter()
