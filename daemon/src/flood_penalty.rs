@@ -79,6 +79,25 @@ struct Flagged {
     next: Instant,
 }
 
+/// Before one more entry goes into `map`, which holds at most `max`: the
+/// entries whose time (`until`) has passed are dropped, and if it is still
+/// full, the one whose time ends first. Shared with `crate::slow_lane`.
+pub(crate) fn make_room<K: Copy + Eq + std::hash::Hash, V>(
+    map: &mut HashMap<K, V>,
+    max: usize,
+    now: Instant,
+    until: impl Fn(&V) -> Instant,
+) {
+    if map.len() >= max {
+        map.retain(|_, v| until(v) > now);
+    }
+    if map.len() >= max
+        && let Some(first) = map.iter().min_by_key(|(_, v)| until(v)).map(|(k, _)| *k)
+    {
+        map.remove(&first);
+    }
+}
+
 /// What one address's penalty is keyed by: an IPv4 address, or the /64 of
 /// an IPv6 one (IPv4-mapped addresses are IPv4).
 pub(crate) fn key(ip: IpAddr) -> IpAddr {
@@ -121,14 +140,7 @@ impl FloodPenalty {
             f.until = until;
             return;
         }
-        if map.len() >= MAX_FLAGGED_SOURCES {
-            map.retain(|_, f| f.until > now);
-        }
-        if map.len() >= MAX_FLAGGED_SOURCES
-            && let Some(first) = map.iter().min_by_key(|(_, f)| f.until).map(|(k, _)| *k)
-        {
-            map.remove(&first);
-        }
+        make_room(&mut map, MAX_FLAGGED_SOURCES, now, |f| f.until);
         map.insert(source, Flagged { until, next: now });
     }
 

@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use crate::flood_penalty::key;
+use crate::flood_penalty::{key, make_room};
 use crate::limits::{MAX_SLOW_LANE_SOURCES, SLOW_LANE_BACKLOG};
 
 /// Longer periods are taken as this (a century).
@@ -80,7 +80,7 @@ impl SlowLane {
         socket.bind(&local.into())?;
         // Before the lane listens: without a program the kernel would spread
         // connections over both sockets by hash.
-        attach(main, &program(&[]))?;
+        attach(main, program(&[]))?;
         socket.listen(SLOW_LANE_BACKLOG)?;
         let group = OwnedFd::from(socket.try_clone()?);
         let steering = std::sync::Arc::new(Steering {
@@ -115,14 +115,7 @@ impl Steering {
             *u = until;
             return;
         }
-        if map.len() >= MAX_SLOW_LANE_SOURCES {
-            map.retain(|_, u| *u > now);
-        }
-        if map.len() >= MAX_SLOW_LANE_SOURCES
-            && let Some(first) = map.iter().min_by_key(|(_, u)| **u).map(|(k, _)| *k)
-        {
-            map.remove(&first);
-        }
+        make_room(&mut map, MAX_SLOW_LANE_SOURCES, now, |u| *u);
         map.insert(k, until);
         tracing::info!(client = %k, period = ?self.period, "client address flagged: its new connections take the slow lane");
         self.steer(&map);
@@ -159,15 +152,14 @@ impl Steering {
 
     fn steer(&self, map: &HashMap<IpAddr, Instant>) {
         let addrs: Vec<IpAddr> = map.keys().copied().collect();
-        if let Err(e) = attach(&self.group, &program(&addrs)) {
+        if let Err(e) = attach(&self.group, program(&addrs)) {
             // The last program stays: connections keep their lanes.
             tracing::warn!(error = %e, "the slow lane's steering could not be updated");
         }
     }
 }
 
-fn attach(fd: &impl AsFd, prog: &[sock_filter]) -> io::Result<()> {
-    let mut prog = prog.to_vec();
+fn attach(fd: &impl AsFd, mut prog: Vec<sock_filter>) -> io::Result<()> {
     let len = u16::try_from(prog.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "slow lane program too long"))?;
     let fprog = sock_fprog {
@@ -358,7 +350,7 @@ mod tests {
             .map(|i| IpAddr::from(std::net::Ipv6Addr::new(0xfd00, 0, 0, i as u16, 0, 0, 0, 1)));
         let longest = program(&v6.collect::<Vec<_>>());
         assert!(longest.len() <= 4096, "{} instructions", longest.len());
-        attach(&lane.steering.group, &longest).unwrap_or_else(|e| panic!("{e}"));
+        attach(&lane.steering.group, longest).unwrap_or_else(|e| panic!("{e}"));
         lane.steering.flag(ip("127.0.0.9"));
         tokio::time::advance(Duration::from_millis(1)).await;
         for i in 0..MAX_SLOW_LANE_SOURCES {

@@ -771,20 +771,7 @@ mod tests {
         for path in PATHS {
             let (client, mut client_peer) = pair().await;
             let (upstream, upstream_peer) = pair().await;
-            let task = tokio::spawn(async move {
-                let opts = RelayOptions::default();
-                let pipes = leaked_count();
-                run(
-                    path,
-                    client,
-                    upstream,
-                    opts,
-                    &(),
-                    pipes,
-                    std::future::pending(),
-                )
-                .await
-            });
+            let task = spawn_relay(path, client, upstream, leaked_count());
             rustix::net::sockopt::set_socket_linger(&upstream_peer, Some(Duration::ZERO))
                 .unwrap_or_else(|e| panic!("{e}"));
             drop(upstream_peer);

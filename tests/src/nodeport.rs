@@ -365,13 +365,21 @@ pub async fn h2_client(proxy: SocketAddr) -> h2::client::SendRequest<bytes::Byte
 /// A TCP connection to `to` from the loopback address `from` (any of
 /// 127.0.0.0/8), for a test that needs a second client address.
 pub async fn connect_from(from: std::net::IpAddr, to: SocketAddr) -> tokio::net::TcpStream {
+    try_connect_from(from, to).await.unwrap()
+}
+
+/// [`connect_from`] that hands back its error (a flood's connections may
+/// fail).
+pub async fn try_connect_from(
+    from: std::net::IpAddr,
+    to: SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
     let socket = match from {
-        std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-        std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-    }
-    .unwrap();
-    socket.bind(SocketAddr::new(from, 0)).unwrap();
-    socket.connect(to).await.unwrap()
+        std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(from, 0))?;
+    socket.connect(to).await
 }
 
 /// An HTTP/2 client on `io` with Nagle's algorithm off, as tunnel-agent

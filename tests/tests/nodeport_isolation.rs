@@ -461,15 +461,13 @@ async fn a_stalled_cluster_stops_at_its_buffered_bytes() {
 }
 
 /// A connection from `source` to the SNI listener.
-async fn connect_from(p: &Proxy, source: [u8; 4]) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::from((source, 0))).unwrap();
-    socket.connect(p.sni).await.unwrap()
+async fn sni_from(p: &Proxy, source: [u8; 4]) -> TcpStream {
+    connect_from(source.into(), p.sni).await
 }
 
 /// The working cluster answers a fresh connection from `source`.
 async fn echo_from(p: &Proxy, source: [u8; 4]) {
-    let mut s = connect_from(p, source).await;
+    let mut s = sni_from(p, source).await;
     let hello = client_hello(ECHO);
     s.write_all(&hello).await.unwrap();
     let mut back = vec![0u8; hello.len()];
@@ -513,7 +511,7 @@ async fn a_client_refused_by_a_bound_takes_the_slow_lane() {
         // The stalled cluster's bound, taken by the flooder's connections.
         let mut held = Vec::new();
         for _ in 0..OPEN {
-            let mut s = connect_from(&p, FLOODER).await;
+            let mut s = sni_from(&p, FLOODER).await;
             s.write_all(&client_hello(STALL)).await.unwrap();
             held.push(s);
         }
@@ -526,7 +524,7 @@ async fn a_client_refused_by_a_bound_takes_the_slow_lane() {
             0.0
         );
         // One more is refused at once.
-        let mut refused = connect_from(&p, FLOODER).await;
+        let mut refused = sni_from(&p, FLOODER).await;
         refused.write_all(&client_hello(STALL)).await.unwrap();
         let mut b = [0u8; 64];
         let n = tokio::time::timeout(Duration::from_secs(30), refused.read(&mut b))

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 
 use daemon::drain::Drain;
 use daemon::listen::{AcceptOptions, Slots, accept_loop};
+use metrics::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, watch};
 
@@ -87,14 +88,21 @@ fn listener_address(l: &TcpListener) -> String {
 }
 
 /// Lets flagged addresses whose period has passed back onto the SNI
-/// listener, until the drain starts.
-async fn prune_every_second(steering: Arc<daemon::slow_lane::Steering>, drain: Drain) {
+/// listener, until the drain starts; `clients` follows how many are left.
+async fn prune_every_second(
+    steering: Arc<daemon::slow_lane::Steering>,
+    clients: Gauge,
+    drain: Drain,
+) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = drain.draining() => return,
-            _ = tick.tick() => steering.prune(),
+            _ = tick.tick() => {
+                steering.prune();
+                clients.set(steering.flagged() as f64);
+            }
         }
     }
 }
@@ -174,13 +182,7 @@ impl NodePortProxy {
                 attempts: config.upstream_connect_attempts,
                 keepalive: config.connection.upstream_keepalive,
             },
-            slow_lane: lane.as_ref().map(|l| {
-                let (gauge, steering) = (metrics.slow_lane_clients.clone(), l.steering.clone());
-                metrics.watch_slow_lane(Box::new(move || {
-                    gauge.set(steering.flagged() as f64);
-                }));
-                l.steering.clone()
-            }),
+            slow_lane: lane.as_ref().map(|l| l.steering.clone()),
             windows: {
                 let pool = link::h2window::Pool::new(config.tunnel_memory_budget);
                 metrics.watch_windows(pool.clone());
@@ -280,7 +282,11 @@ impl NodePortProxy {
                         h(io, peer, permit)
                     },
                 ));
-                tokio::spawn(prune_every_second(lane.steering, drain.clone()));
+                tokio::spawn(prune_every_second(
+                    lane.steering,
+                    metrics.slow_lane_clients.clone(),
+                    drain.clone(),
+                ));
             }
             tokio::spawn(accept_loop(l, "sni", drain.clone(), options, handler));
         }

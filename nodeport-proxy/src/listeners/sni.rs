@@ -252,7 +252,11 @@ pub(crate) fn routed_task(held: Held, mut r: Routed) -> impl Future<Output = ()>
                 if let Some(lane) = &shared.slow_lane {
                     let ip = session.downstream.source.ip();
                     match e {
-                        UpstreamError::Overflow { .. } => lane.flag(ip),
+                        UpstreamError::Overflow { .. } => {
+                            lane.flag(ip);
+                            let clients = &shared.metrics.slow_lane_clients;
+                            clients.set(lane.flagged() as f64);
+                        }
                         _ => lane.extend(ip),
                     }
                 }

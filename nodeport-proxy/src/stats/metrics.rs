@@ -39,8 +39,6 @@ pub struct Metrics {
     pub source_synced: Gauge,
     /// Brings `source_synced` up to date before a scrape (readiness.rs).
     sync_probe: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
-    /// Brings `slow_lane_clients` up to date before a scrape.
-    slow_lane_probe: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     pub node_ports_unbound: Gauge,
     pub node_port_bind_failures: Counter,
     pub access_log_dropped: Counter,
@@ -213,7 +211,6 @@ impl Metrics {
             ),
             source_synced: r.gauge("nodeport_proxy_source_synced", &[]),
             sync_probe: std::sync::OnceLock::new(),
-            slow_lane_probe: std::sync::OnceLock::new(),
             node_ports_unbound: r.gauge("nodeport_proxy_node_ports_unbound", &[]),
             node_port_bind_failures: r.counter("nodeport_proxy_node_port_bind_failures_total", &[]),
             access_log_dropped: r.counter("nodeport_proxy_access_log_dropped_total", &[]),
@@ -323,11 +320,6 @@ impl Metrics {
         let _ = self.sync_probe.set(Box::new(probe));
     }
 
-    /// Runs `probe` before every scrape from now on (the first caller wins).
-    pub fn watch_slow_lane(&self, probe: Box<dyn Fn() + Send + Sync>) {
-        let _ = self.slow_lane_probe.set(probe);
-    }
-
     pub fn render(&self, used_only: bool) -> String {
         let mut text = String::new();
         self.render_to(used_only, &mut |chunk| {
@@ -342,9 +334,6 @@ impl Metrics {
     /// whole; stops when `sink` refuses a chunk (the client left).
     pub fn render_to(&self, used_only: bool, sink: daemon::endpoints::Sink<'_>) {
         self.windows.update();
-        if let Some(probe) = self.slow_lane_probe.get() {
-            probe();
-        }
         if let Some(probe) = self.sync_probe.get() {
             probe();
         }

@@ -18,7 +18,9 @@ use integration_tests::dest;
 use integration_tests::http_get;
 use integration_tests::k8s::free_port;
 use integration_tests::konnectivity::metric;
-use integration_tests::nodeport::{client_hello, inventory, service, slices, with_mapping};
+use integration_tests::nodeport::{
+    client_hello, inventory, service, slices, try_connect_from, with_mapping,
+};
 use integration_tests::procs::{Proc, status_kib};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -325,7 +327,11 @@ impl Flood {
                     let Ok(permit) = gate.acquire_owned().await else {
                         return;
                     };
-                    let Ok(mut s) = connect_from(source, sni).await else {
+                    let connected = match source {
+                        Some(ip) => try_connect_from(ip, sni).await,
+                        None => TcpStream::connect(sni).await,
+                    };
+                    let Ok(mut s) = connected else {
                         made.fetch_add(1, Ordering::Relaxed);
                         return;
                     };
@@ -351,18 +357,6 @@ impl Drop for Flood {
             t.abort();
         }
     }
-}
-
-async fn connect_from(
-    source: Option<std::net::IpAddr>,
-    to: SocketAddr,
-) -> std::io::Result<TcpStream> {
-    let Some(ip) = source else {
-        return TcpStream::connect(to).await;
-    };
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(ip, 0))?;
-    socket.connect(to).await
 }
 
 /// `--isolation-flood SNI N HOST...`: N connections to each HOST through
@@ -531,13 +525,12 @@ pub async fn run(report: &mut Report, scale: Scale, bins: Option<&Path>) {
         let waiter = {
             let flooding = flooding.clone();
             tokio::spawn(async move {
-                let cap = storm_max().unwrap_or(Duration::from_secs(600));
-                // The cap is the window's length, a schedule, not a wait
-                // for anything to be ready.
+                // With a cap, the window ends there whether or not the
+                // flood has been made.
                 let made = storm.wait_line_within("flood made", Duration::from_secs(600));
-                tokio::select! {
-                    _ = made => {}
-                    _ = tokio::time::sleep(cap) => {}
+                match storm_max() {
+                    Some(cap) => drop(tokio::time::timeout(cap, made).await),
+                    None => drop(made.await),
                 }
                 flooding.store(false, Ordering::Relaxed);
                 (storm, t.elapsed())
